@@ -1,0 +1,26 @@
+# Two commands do all the set-up: `make demo` (the main job) and `make test` (the test suite).
+# Both create .venv on first use with the local CPU build of torch, so no CUDA wheel is downloaded.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+OUT ?= $(HOME)/.cache/priorattn/priors
+
+.PHONY: demo test lint bench
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e ".[test]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) -m priorattn plot-priors --out $(OUT)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest
+
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check src tests benchmarks
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/attention.py

@@ -1,0 +1,167 @@
+"""``priorattn.attention``: validate once at the boundary, then hand off to a route."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..priors import Prior, Uniform
+from ..ssmax import Scaling, SSMax
+from .masks import Masking
+from .memeff import memeff_attention
+from .reference import reference_attention
+from .sdpa import sdpa_attention
+
+ROUTES = {"reference": reference_attention, "sdpa": sdpa_attention, "memeff": memeff_attention}
+BACKENDS = ("auto", *ROUTES)
+
+#: ``auto`` folds into SDPA only when the prior's exact span covers at least this many queries.
+MIN_FOLD_SPAN = 256
+
+
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    prior: Prior | None = None,
+    causal: bool = True,
+    scale: float | None = None,
+    q_pos: Tensor | None = None,
+    k_pos: Tensor | None = None,
+    doc_ids: Tensor | tuple[Tensor, Tensor] | None = None,
+    key_padding_mask: Tensor | None = None,
+    window: int | None = None,
+    ssmax: Tensor | SSMax | None = None,
+    backend: str = "auto",
+) -> Tensor:
+    """Attention with a log-prior: ``softmax_j(scale <q_i, k_j> + K_h(q_pos[i], k_pos[j]))``.
+
+    Args:
+        q: ``(B, H, Lq, Dk)``. k: ``(B, Hkv, Lk, Dk)``. v: ``(B, Hkv, Lk, Dv)``; ``H % Hkv == 0``
+            (grouped-query attention: query head h reads key/value head ``h // (H // Hkv)``).
+        prior: a :class:`~priorattn.priors.Prior`; its log-prior is added unscaled (seed 000 Eq. 23).
+            ``None`` or ``Uniform()`` is standard attention.
+        causal: key j is visible to query i iff ``k_pos[j] <= q_pos[i]``.
+        scale: content scale, default ``1 / sqrt(Dk)``.
+        q_pos, k_pos: integer positions ``(L,)`` or ``(B, L)``; default ``k_pos = arange(Lk)`` and
+            ``q_pos = arange(Lk - Lq, Lk)``, so queries are the newest keys (KV-cache decoding).
+        doc_ids: ``(B, Lk)`` document ids of the keys (queries take the last ``Lq``), or a pair
+            ``(q_doc_ids (B, Lq), k_doc_ids (B, Lk))``: attention stays inside a document.
+        key_padding_mask: ``(B, Lk)`` bool, True marks a padding key to ignore.
+        window: keep only keys with ``0 <= q_pos - k_pos < window`` (``|q_pos - k_pos| < window``
+            when not causal): sliding-window attention.
+        ssmax: per-head SSMax scales ``(H,)`` or an :class:`~priorattn.SSMax` module: logits of query
+            i are multiplied by ``s_h log n_i``, ``n_i`` its number of visible keys. A bare tensor
+            scales the prior too; use ``SSMax(..., scale_prior=False)`` to scale content only.
+        backend: ``"reference"`` (dense definition), ``"sdpa"`` (prior folded into q/k lanes, one
+            unmodified SDPA call), ``"memeff"`` (blockwise, any prior, O(L) memory), or ``"auto"``.
+
+    Returns:
+        ``(B, H, Lq, Dv)``. A query that sees no key at all returns zeros, never NaN.
+    """
+    B, H, Lq, Dk = _check_qkv(q, k, v)
+    Lk = k.shape[2]
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if prior is not None and not isinstance(prior, Prior):
+        raise TypeError(f"prior must be a priorattn.priors.Prior, got {type(prior).__name__}")
+    if prior is not None and prior.num_heads is not None and prior.num_heads != H:
+        raise ValueError(f"prior has {prior.num_heads} heads but q has {H}")
+    if prior is not None:
+        prior.check_finite()
+    if isinstance(prior, Uniform):
+        prior = None
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive int, got {window!r}")
+    q_pos = _positions("q_pos", q_pos, B, Lq, torch.arange(Lk - Lq, Lk, device=q.device))
+    k_pos = _positions("k_pos", k_pos, B, Lk, torch.arange(Lk, device=q.device))
+    q_doc, k_doc = _doc_ids(doc_ids, B, Lq, Lk)
+    masking = Masking(causal, q_pos, k_pos, q_doc, k_doc, _padding(key_padding_mask, B, Lk), window)
+    scaling = _scaling(ssmax, H)
+    scale = 1.0 / math.sqrt(Dk) if scale is None else float(scale)
+    if backend == "auto":
+        backend = _choose(q, prior, masking)
+    return ROUTES[backend](q, k, v, prior, masking, scale, scaling)
+
+
+def _choose(q: Tensor, prior: Prior | None, masking: Masking) -> str:
+    """Fastest exact route: fold into SDPA where possible, otherwise the blockwise route."""
+    if prior is None:
+        return "sdpa"
+    if prior.can_fold(masking.causal):
+        span = prior.fold_span(q.dtype)
+        if span is None or span >= min(q.shape[2], MIN_FOLD_SPAN):
+            return "sdpa"
+    return "memeff"
+
+
+def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int, int, int]:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.dim() != 4:
+            shape = tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 4-D tensor (B, heads, L, D), got {shape}")
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be floating point, got {t.dtype}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    B, H, Lq, Dk = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise ValueError(f"batch sizes differ: q {B}, k {k.shape[0]}, v {v.shape[0]}")
+    if k.shape[:3] != v.shape[:3]:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree on (B, Hkv, Lk)")
+    if k.shape[3] != Dk:
+        raise ValueError(f"q has head width {Dk} but k has {k.shape[3]}")
+    if H % k.shape[1] != 0:
+        raise ValueError(f"k has {k.shape[1]} heads but q has {H}: H must be a multiple of Hkv")
+    return B, H, Lq, Dk
+
+
+def _positions(name: str, pos: Tensor | None, B: int, L: int, default: Tensor) -> Tensor:
+    """Positions as ``(B or 1, L)`` int64."""
+    if pos is None:
+        return default[None]
+    if not isinstance(pos, Tensor) or pos.is_floating_point() or pos.is_complex() \
+            or pos.dtype == torch.bool:
+        kind = pos.dtype if isinstance(pos, Tensor) else type(pos).__name__
+        raise TypeError(f"{name} must be an integer tensor, got {kind}")
+    if pos.shape not in ((L,), (B, L), (1, L)):
+        raise ValueError(f"{name} must have shape ({L},) or ({B}, {L}), got {tuple(pos.shape)}")
+    return pos.long().reshape(-1, L)
+
+
+def _doc_ids(doc_ids, B: int, Lq: int, Lk: int) -> tuple[Tensor | None, Tensor | None]:
+    if doc_ids is None:
+        return None, None
+    if isinstance(doc_ids, Tensor):
+        q_doc, k_doc = doc_ids[..., Lk - Lq:], doc_ids
+    else:
+        q_doc, k_doc = doc_ids
+    for name, ids, L in (("q doc_ids", q_doc, Lq), ("doc_ids", k_doc, Lk)):
+        if ids.is_floating_point() or ids.shape != (B, L):
+            raise ValueError(f"{name} must be an integer tensor of shape ({B}, {L}), "
+                             f"got {ids.dtype} {tuple(ids.shape)}")
+    return q_doc, k_doc
+
+
+def _padding(mask: Tensor | None, B: int, Lk: int) -> Tensor | None:
+    if mask is None:
+        return None
+    if mask.dtype != torch.bool or mask.shape != (B, Lk):
+        raise ValueError(f"key_padding_mask must be a bool tensor of shape ({B}, {Lk}) with True "
+                         f"at padding keys, got {mask.dtype} {tuple(mask.shape)}")
+    return mask
+
+
+def _scaling(ssmax: Tensor | SSMax | None, H: int) -> Scaling | None:
+    if ssmax is None:
+        return None
+    scaling = ssmax.scaling() if isinstance(ssmax, SSMax) else Scaling(ssmax, True)
+    if not isinstance(scaling.s, Tensor) or scaling.s.shape != (H,):
+        shape = tuple(scaling.s.shape) if isinstance(scaling.s, Tensor) else scaling.s
+        raise ValueError(f"ssmax must hold one scale per query head ({H},), got {shape}")
+    if not torch.isfinite(scaling.s).all():
+        raise ValueError("ssmax scales have non-finite values")
+    return scaling

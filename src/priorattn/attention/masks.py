@@ -1,0 +1,68 @@
+"""Which keys each query may see: causal order, documents, padding and a sliding window.
+
+All masks are defined on positions, not indices, so a query block of a KV-cache decode step sees
+exactly what it would see in the full forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+#: Largest number of (query, key) cells a mask is built for at once when counting visible keys.
+COUNT_CHUNK_CELLS = 1 << 22
+
+
+@dataclass(frozen=True)
+class Masking:
+    """The masks of one attention call, on ``(B or 1, L)`` positions and ``(B, L)`` document ids."""
+
+    causal: bool
+    q_pos: Tensor  # (B or 1, Lq) int64
+    k_pos: Tensor  # (B or 1, Lk) int64
+    q_doc: Tensor | None = None  # (B, Lq)
+    k_doc: Tensor | None = None  # (B, Lk)
+    key_padding: Tensor | None = None  # (B, Lk) bool, True marks a padding key
+    window: int | None = None
+
+    @property
+    def masks_anything(self) -> bool:
+        return (self.causal or self.q_doc is not None or self.key_padding is not None
+                or self.window is not None)
+
+    @property
+    def default_positions(self) -> bool:
+        """Positions are ``k = arange(Lk)`` and ``q = arange(Lk - Lq, Lk)`` (the common case)."""
+        Lq, Lk = self.q_pos.shape[-1], self.k_pos.shape[-1]
+        k = torch.arange(Lk, device=self.k_pos.device)
+        return bool((self.k_pos == k).all() and (self.q_pos == k[Lk - Lq:]).all())
+
+    @property
+    def plain_causal(self) -> bool:
+        """Causal with default positions and nothing else masked."""
+        return (self.causal and self.q_doc is None and self.key_padding is None
+                and self.window is None and self.default_positions)
+
+    def visible(self, rows: slice = slice(None), cols: slice = slice(None)) -> Tensor:
+        """``(B or 1, 1, lq, lk)`` bool: True where query ``rows`` may attend to key ``cols``."""
+        q_pos, k_pos = self.q_pos[:, rows], self.k_pos[:, cols]
+        lag = q_pos[:, :, None] - k_pos[:, None, :]
+        keep = torch.ones_like(lag, dtype=torch.bool)
+        if self.causal:
+            keep &= lag >= 0
+        if self.window is not None:
+            keep &= (lag if self.causal else lag.abs()) < self.window
+        if self.q_doc is not None:
+            keep = keep & (self.q_doc[:, rows, None] == self.k_doc[:, None, cols])
+        if self.key_padding is not None:
+            keep = keep & ~self.key_padding[:, None, cols]
+        return keep[:, None]
+
+    def visible_keys(self) -> Tensor:
+        """Number of keys each query sees, ``(B or 1, Lq)``: the ``n_i`` of SSMax."""
+        Lq, Lk = self.q_pos.shape[-1], self.k_pos.shape[-1]
+        step = max(1, COUNT_CHUNK_CELLS // max(Lk, 1))
+        counts = [self.visible(slice(s, s + step)).sum(-1)[:, 0] for s in range(0, Lq, step)]
+        return torch.cat(counts, dim=-1)

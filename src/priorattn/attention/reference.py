@@ -1,0 +1,59 @@
+"""The definition of prior attention: materialize every logit, then softmax.
+
+``logits[b,h,i,j] = scale * <q_i, k_j> + K_h(q_pos[i], k_pos[j])`` (seed 000 Eq. 11 and 23: the
+log-prior is added unscaled); with SSMax the logits of query i are multiplied by ``s_h log n_i``
+(the log-prior too when ``SSMax.scale_prior``); then the masks, softmax over keys, and the weighted
+sum of values. A query that sees no key returns zeros. Every other route is tested against this one.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ..priors import Prior
+from ..ssmax import Scaling
+from .grouped import grouped_scores, grouped_values
+from .masks import Masking
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Logits and softmax run in float32 for half-precision inputs."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def masked_softmax(logits: Tensor, visible: Tensor) -> Tensor:
+    """Softmax over keys where ``visible``; rows with no visible key get all-zero weights.
+
+    Masked cells take the dtype's most negative finite value rather than -inf, so an empty row is a
+    finite (discarded) softmax and its gradient stays finite.
+    """
+    logits = logits.masked_fill(~visible, torch.finfo(logits.dtype).min)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.where(visible.any(dim=-1, keepdim=True), probs, 0.0)
+
+
+def prior_logits(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking, rows: slice,
+                 cols: slice, scale: float, ssmax: Scaling | None, visible: Tensor) -> Tensor:
+    """Logits of query ``rows`` against key ``cols``, ``(B, H, lq, lk)``, for q/k already sliced."""
+    dtype = compute_dtype(q.dtype)
+    content = scale * grouped_scores(q.to(dtype), k.to(dtype))
+    log_prior = None
+    if prior is not None:
+        log_prior = prior.log_prior(masking.q_pos[:, rows], masking.k_pos[:, cols]).to(dtype)
+    if ssmax is not None:
+        factor = ssmax.factor(visible.sum(-1)[:, 0]).to(dtype)
+        content = content * factor
+        if log_prior is not None and ssmax.scale_prior:
+            log_prior = log_prior * factor
+    return content if log_prior is None else content + log_prior
+
+
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, prior: Prior | None, masking: Masking,
+                        scale: float, ssmax: Scaling | None) -> Tensor:
+    """Dense prior attention: ``(B, H, Lq, Dv)``. Memory grows as ``Lq * Lk``."""
+    everything = slice(None)
+    visible = masking.visible()
+    logits = prior_logits(q, k, prior, masking, everything, everything, scale, ssmax, visible)
+    probs = masked_softmax(logits, visible)
+    return grouped_values(probs, v.to(probs.dtype)).to(v.dtype)

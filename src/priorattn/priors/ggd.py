@@ -1,0 +1,60 @@
+"""BAM's Generalized-Gaussian positional prior (seed 003 Section 2.3, parameterization of App. C)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .base import Prior, alibi_slopes, per_head, relative_positions
+
+PARAMETERS = ("alpha", "beta", "mu")
+
+
+class GGD(Prior):
+    """``b_ij = -exp(theta_alpha) * (|(j - i) - (exp(theta_mu) - exp(-theta_mu))| + eps) ** theta_beta``.
+
+    Seed 003 App. C: scale ``alpha = exp(-theta_alpha / theta_beta)``, shape ``beta = theta_beta``,
+    location ``mu = 2 sinh(theta_mu)``. ``eps`` keeps negative shapes finite at ``j - i = mu``;
+    a negative ``theta_beta`` inverts the prior towards distant keys (seed 003 Theorems 3-4).
+
+    ``init="uniform"`` sets every parameter to 0, a constant prior (standard attention);
+    ``init="alibi"`` sets ``theta_beta = 1``, ``theta_mu = 0`` and ``theta_alpha = log(slope_h)``,
+    which is ALiBi up to ``eps``. Only the parameters named in ``trainable`` receive gradients.
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        init: str = "uniform",
+        trainable: tuple[str, ...] = ("alpha", "beta"),
+        eps: float = 1e-5,
+    ):
+        super().__init__()
+        unknown = set(trainable) - set(PARAMETERS)
+        if unknown:
+            raise ValueError(f"trainable names unknown parameters {sorted(unknown)}; "
+                             f"choose from {PARAMETERS}")
+        if init == "uniform":
+            alpha, beta = torch.zeros(num_heads), torch.zeros(num_heads)
+        elif init == "alibi":
+            alpha, beta = alibi_slopes(num_heads).log(), torch.ones(num_heads)
+        else:
+            raise ValueError(f"init must be 'uniform' or 'alibi', got {init!r}")
+        dtype = torch.get_default_dtype()
+        self.num_heads = num_heads
+        self.eps = eps
+        self.theta_alpha = nn.Parameter(alpha.to(dtype), requires_grad="alpha" in trainable)
+        self.theta_beta = nn.Parameter(beta.to(dtype), requires_grad="beta" in trainable)
+        self.theta_mu = nn.Parameter(torch.zeros(num_heads, dtype=dtype),
+                                     requires_grad="mu" in trainable)
+
+    def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        offset = -relative_positions(q_pos, k_pos, self.theta_alpha.dtype)  # j - i
+        mu = torch.exp(self.theta_mu) - torch.exp(-self.theta_mu)
+        gap = (offset - per_head(mu)).abs() + self.eps
+        return -per_head(self.theta_alpha.exp()) * gap ** per_head(self.theta_beta)
+
+    def extra_repr(self) -> str:
+        trainable = [n for n in PARAMETERS if getattr(self, f"theta_{n}").requires_grad]
+        return f"num_heads={self.num_heads}, eps={self.eps:g}, trainable={tuple(trainable)}"
+

@@ -1,0 +1,156 @@
+"""GOAT's learnable spectral prior with a key-only sink (seed 000 Section 4, Algorithm 1)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .base import FoldLanes, Prior, alibi_slopes, concat_lanes, key_lane_centred, key_linear_span
+from .base import per_head, relative_positions
+
+
+def geometric_freqs(num_freqs: int, base: float) -> Tensor:
+    """``w_r = base^(-r / (R - 1))``, r = 0..R-1: from one radian per token down to ``1 / base``."""
+    return base ** (-torch.arange(num_freqs, dtype=torch.float64) / max(num_freqs - 1, 1))
+
+
+def phases(pos: Tensor, freqs: Tensor) -> tuple[Tensor, Tensor]:
+    """``cos(w_r * pos)`` and ``sin(w_r * pos)``, ``(..., L, R)``, in ``freqs.dtype``.
+
+    The angle is formed in float64: at position 10^5 a float32 angle is off by ~0.01 rad.
+    """
+    angle = pos.to(torch.float64)[..., None] * freqs.to(torch.float64)
+    return angle.cos().to(freqs.dtype), angle.sin().to(freqs.dtype)
+
+
+class GOATSink(nn.Module):
+    """The key-only log-prior ``u_h(j)`` (seed 000 Eq. 19): a sink and absolute default per key.
+
+    ``u_h(j) = -decay_h * j / train_len + MLP_h([cos(v_m j), sin(v_m j), j / train_len,
+    log(1 + j) / log(1 + train_len)])``: a learnable linear decay plus a small MLP over sinusoidal and
+    length-normalised inputs, so it is defined at every length, including unseen ones.
+    The MLP's output layer starts at zero, so a new sink is ``u = 0`` (standard attention).
+    """
+
+    def __init__(self, num_heads: int, num_freqs: int = 8, hidden: int = 16,
+                 train_len: int = 2048, freq_base: float = 10_000.0):
+        super().__init__()
+        if train_len < 1:
+            raise ValueError(f"train_len must be >= 1, got {train_len}")
+        dtype = torch.get_default_dtype()
+        self.num_heads = num_heads
+        self.train_len = train_len
+        self.register_buffer("freqs", geometric_freqs(num_freqs, freq_base).to(dtype))
+        self.decay = nn.Parameter(torch.zeros(num_heads, dtype=dtype))
+        self.mlp = nn.Sequential(nn.Linear(2 * num_freqs + 2, hidden), nn.SiLU(),
+                                 nn.Linear(hidden, num_heads))
+        nn.init.zeros_(self.mlp[2].weight)
+        nn.init.zeros_(self.mlp[2].bias)
+
+    def forward(self, k_pos: Tensor) -> Tensor:
+        """``u_h(j)`` as ``(..., H, Lk)`` for integer key positions ``(..., Lk)`` (non-negative)."""
+        dtype = self.freqs.dtype
+        cos, sin = phases(k_pos, self.freqs)
+        position = k_pos.to(dtype)[..., None]
+        features = torch.cat(
+            [cos, sin, position / self.train_len,
+             torch.log1p(position) / math.log1p(self.train_len)], dim=-1)
+        u = self.mlp(features) - self.decay * position / self.train_len  # (..., Lk, H)
+        return u.transpose(-1, -2)
+
+
+class GOAT(Prior):
+    """``K_h(i, j) = sum_r alpha[h,r] cos(w_r (i-j)) + beta[h,r] sin(w_r (i-j)) + u_h(j) - m_h |i-j|``.
+
+    - Relative part (seed 000 Eq. 12): ``num_freqs`` fixed geometric frequencies in buffer ``freqs``
+      (a parameter with ``learnable_freqs=True``, the paper's open question 2).
+    - ``sink=True``: the key-only ``u_h(j)`` of :class:`GOATSink` (Eq. 19).
+    - ``slope=True``: the ALiBi-equivalent recency term (App. F.3); it folds only under a causal
+      mask, where it is the key-linear lane ``m_h j`` (Prop. F.6).
+
+    ``init="uniform"`` starts at ``K = 0``: standard attention, exactly. ``init="recency"`` starts
+    at ALiBi: the slope takes the ALiBi slopes, or, with ``slope=False``, the spectral weights are
+    fitted by least squares to ``-m_h d`` over lags ``d`` in ``[0, train_len)``.
+
+    Folding (Eq. 17-21): ``q`` lanes ``[alpha cos(w i) + beta sin(w i), alpha sin(w i) - beta cos(w i)]``,
+    ``k`` lanes ``[cos(w j), sin(w j)]`` (2R lanes shared by every head), then one sink lane
+    ``1 . u_h(j)`` and one slope lane ``m_h . (j - centre)``.
+    """
+
+    def __init__(self, num_heads: int, num_freqs: int = 8, *, sink: bool = True, slope: bool = True,
+                 init: str = "uniform", learnable_freqs: bool = False, freq_base: float = 10_000.0,
+                 train_len: int = 2048, sink_freqs: int = 8, sink_hidden: int = 16):
+        super().__init__()
+        if num_freqs < 0:
+            raise ValueError(f"num_freqs must be >= 0, got {num_freqs}")
+        if init not in ("uniform", "recency"):
+            raise ValueError(f"init must be 'uniform' or 'recency', got {init!r}")
+        dtype = torch.get_default_dtype()
+        self.num_heads = num_heads
+        freqs = geometric_freqs(num_freqs, freq_base).to(dtype)
+        if learnable_freqs:
+            self.freqs = nn.Parameter(freqs)
+        else:
+            self.register_buffer("freqs", freqs)
+        self.alpha = nn.Parameter(torch.zeros(num_heads, num_freqs, dtype=dtype))
+        self.beta = nn.Parameter(torch.zeros(num_heads, num_freqs, dtype=dtype))
+        self.sink = GOATSink(num_heads, sink_freqs, sink_hidden, train_len, freq_base) if sink else None
+        self.slope = nn.Parameter(torch.zeros(num_heads, dtype=dtype)) if slope else None
+        if init == "recency":
+            self._init_recency(train_len)
+
+    @torch.no_grad()
+    def _init_recency(self, fit_len: int) -> None:
+        slopes = alibi_slopes(self.num_heads)
+        if self.slope is not None:
+            self.slope.copy_(slopes)
+            return
+        lag = torch.arange(fit_len, dtype=torch.float64)
+        cos, sin = phases(lag, self.freqs.double())
+        design = torch.cat([cos, sin, torch.ones(fit_len, 1, dtype=torch.float64)], dim=-1)
+        target = -slopes[None, :] * lag[:, None]  # (fit_len, H); the constant column absorbs rows
+        weights = torch.linalg.lstsq(design, target).solution  # (2R + 1, H)
+        R = self.freqs.numel()
+        self.alpha.copy_(weights[:R].T)
+        self.beta.copy_(weights[R:2 * R].T)
+
+    def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        dtype = self.alpha.dtype
+        lag = relative_positions(q_pos, k_pos, torch.float64)  # (..., 1, Lq, Lk)
+        cos, sin = phases(lag, self.freqs)  # (..., 1, Lq, Lk, R)
+        K = (cos * self.alpha[:, None, None, :]).sum(-1) + (sin * self.beta[:, None, None, :]).sum(-1)
+        if self.sink is not None:
+            K = K + self.sink(k_pos)[..., :, None, :]
+        if self.slope is not None:
+            K = K - per_head(self.slope) * lag.to(dtype).abs()
+        return K
+
+    def can_fold(self, causal: bool) -> bool:
+        return causal or self.slope is None
+
+    def fold(self, q_pos: Tensor, k_pos: Tensor) -> FoldLanes:
+        # seed 000 Eq. 17-18: spectral rotation of q, Fourier features of k.
+        cos_q, sin_q = (t[..., None, :, :] for t in phases(q_pos, self.freqs))  # (..., 1, Lq, R)
+        cos_k, sin_k = phases(k_pos, self.freqs)
+        alpha, beta = self.alpha[:, None, :], self.beta[:, None, :]  # (H, 1, R)
+        parts = [FoldLanes(
+            torch.cat([alpha * cos_q + beta * sin_q, alpha * sin_q - beta * cos_q], dim=-1),
+            torch.cat([cos_k, sin_k], dim=-1)[..., None, :, :],
+        )]
+        if self.sink is not None:  # Eq. 19: <1, u_h(j)>
+            ones = torch.ones_like(cos_q[..., :1]).expand(*cos_q.shape[:-3], self.num_heads,
+                                                          q_pos.shape[-1], 1)
+            parts.append(FoldLanes(ones, self.sink(k_pos)[..., None]))
+        if self.slope is not None:  # Prop. F.6: -m (i - j) = m j + row constant
+            q = per_head(self.slope).expand(*q_pos.shape[:-1], self.num_heads, q_pos.shape[-1], 1)
+            parts.append(FoldLanes(q, key_lane_centred(q_pos, k_pos, self.slope.dtype)))
+        return concat_lanes(parts)
+
+    def fold_span(self, dtype: torch.dtype) -> int | None:
+        return None if self.slope is None else key_linear_span(self.slope, dtype)
+
+    def extra_repr(self) -> str:
+        return (f"num_heads={self.num_heads}, num_freqs={self.alpha.shape[1]}, "
+                f"sink={self.sink is not None}, slope={self.slope is not None}")

@@ -1,0 +1,35 @@
+"""A product of priors: their log-priors add."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .base import FoldLanes, Prior, concat_lanes
+
+
+class Sum(Prior):
+    """``K = K_1 + K_2 + ...``; folds when every part folds (their lanes are concatenated)."""
+
+    def __init__(self, *priors: Prior):
+        super().__init__()
+        if not priors:
+            raise ValueError("Sum needs at least one prior")
+        heads = {p.num_heads for p in priors if p.num_heads is not None}
+        if len(heads) > 1:
+            raise ValueError(f"Sum of priors with different head counts {sorted(heads)}")
+        self.num_heads = heads.pop() if heads else None
+        self.parts = nn.ModuleList(priors)
+
+    def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        return sum(p.log_prior(q_pos, k_pos) for p in self.parts)
+
+    def can_fold(self, causal: bool) -> bool:
+        return all(p.can_fold(causal) for p in self.parts)
+
+    def fold(self, q_pos: Tensor, k_pos: Tensor) -> FoldLanes:
+        return concat_lanes([p.fold(q_pos, k_pos) for p in self.parts])
+
+    def fold_span(self, dtype: torch.dtype) -> int | None:
+        spans = [s for s in (p.fold_span(dtype) for p in self.parts) if s is not None]
+        return min(spans) if spans else None
