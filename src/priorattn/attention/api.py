@@ -123,8 +123,7 @@ def _positions(name: str, pos: Tensor | None, B: int, L: int, default: Tensor) -
     """Positions as ``(B or 1, L)`` int64."""
     if pos is None:
         return default[None]
-    if not isinstance(pos, Tensor) or pos.is_floating_point() or pos.is_complex() \
-            or pos.dtype == torch.bool:
+    if not isinstance(pos, Tensor) or pos.is_floating_point() or pos.is_complex() or pos.dtype == torch.bool:
         kind = pos.dtype if isinstance(pos, Tensor) else type(pos).__name__
         raise TypeError(f"{name} must be an integer tensor, got {kind}")
     if pos.shape not in ((L,), (B, L), (1, L)):
@@ -136,13 +135,14 @@ def _doc_ids(doc_ids, B: int, Lq: int, Lk: int) -> tuple[Tensor | None, Tensor |
     if doc_ids is None:
         return None, None
     if isinstance(doc_ids, Tensor):
-        q_doc, k_doc = doc_ids[..., Lk - Lq:], doc_ids
+        q_doc, k_doc = doc_ids[..., Lk - Lq :], doc_ids
     else:
         q_doc, k_doc = doc_ids
     for name, ids, L in (("q doc_ids", q_doc, Lq), ("doc_ids", k_doc, Lk)):
         if ids.is_floating_point() or ids.shape != (B, L):
-            raise ValueError(f"{name} must be an integer tensor of shape ({B}, {L}), "
-                             f"got {ids.dtype} {tuple(ids.shape)}")
+            raise ValueError(
+                f"{name} must be an integer tensor of shape ({B}, {L}), got {ids.dtype} {tuple(ids.shape)}"
+            )
     return q_doc, k_doc
 
 
@@ -150,8 +150,10 @@ def _padding(mask: Tensor | None, B: int, Lk: int) -> Tensor | None:
     if mask is None:
         return None
     if mask.dtype != torch.bool or mask.shape != (B, Lk):
-        raise ValueError(f"key_padding_mask must be a bool tensor of shape ({B}, {Lk}) with True "
-                         f"at padding keys, got {mask.dtype} {tuple(mask.shape)}")
+        raise ValueError(
+            f"key_padding_mask must be a bool tensor of shape ({B}, {Lk}) with True "
+            f"at padding keys, got {mask.dtype} {tuple(mask.shape)}"
+        )
     return mask
 
 

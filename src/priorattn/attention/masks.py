@@ -29,21 +29,27 @@ class Masking:
 
     @property
     def masks_anything(self) -> bool:
-        return (self.causal or self.q_doc is not None or self.key_padding is not None
-                or self.window is not None)
+        return (
+            self.causal or self.q_doc is not None or self.key_padding is not None or self.window is not None
+        )
 
     @property
     def default_positions(self) -> bool:
         """Positions are ``k = arange(Lk)`` and ``q = arange(Lk - Lq, Lk)`` (the common case)."""
         Lq, Lk = self.q_pos.shape[-1], self.k_pos.shape[-1]
         k = torch.arange(Lk, device=self.k_pos.device)
-        return bool((self.k_pos == k).all() and (self.q_pos == k[Lk - Lq:]).all())
+        return bool((self.k_pos == k).all() and (self.q_pos == k[Lk - Lq :]).all())
 
     @property
     def plain_causal(self) -> bool:
         """Causal with default positions and nothing else masked."""
-        return (self.causal and self.q_doc is None and self.key_padding is None
-                and self.window is None and self.default_positions)
+        return (
+            self.causal
+            and self.q_doc is None
+            and self.key_padding is None
+            and self.window is None
+            and self.default_positions
+        )
 
     def visible(self, rows: slice = slice(None), cols: slice = slice(None)) -> Tensor:
         """``(B or 1, 1, lq, lk)`` bool: True where query ``rows`` may attend to key ``cols``."""

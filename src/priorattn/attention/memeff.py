@@ -24,15 +24,34 @@ from .sdpa import fold_qk, visible_columns
 BLOCK = 128
 
 
-def attend_block(q: Tensor, k: Tensor, v: Tensor, prior: Prior | None, masking: Masking,
-                 rows: slice, cols: slice, scale: float, ssmax: Scaling | None) -> Tensor:
+def attend_block(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    prior: Prior | None,
+    masking: Masking,
+    rows: slice,
+    cols: slice,
+    scale: float,
+    ssmax: Scaling | None,
+) -> Tensor:
     """Output of query ``rows`` against key ``cols``; q, k, v arrive already sliced."""
     visible = masking.visible(rows, cols)
     if prior is not None and prior.can_fold(masking.causal):
         dtype = compute_dtype(q.dtype)
         factor = None if ssmax is None else ssmax.factor(visible.sum(-1)[:, 0])
-        q2, k2, v = fold_qk(q.to(dtype), k.to(dtype), v, prior, masking, rows, cols, scale, factor,
-                            ssmax is not None and ssmax.scale_prior)
+        q2, k2, v = fold_qk(
+            q.to(dtype),
+            k.to(dtype),
+            v,
+            prior,
+            masking,
+            rows,
+            cols,
+            scale,
+            factor,
+            ssmax is not None and ssmax.scale_prior,
+        )
         logits = grouped_scores(q2, k2)
     else:
         logits = prior_logits(q, k, prior, masking, rows, cols, scale, ssmax, visible)
@@ -40,15 +59,32 @@ def attend_block(q: Tensor, k: Tensor, v: Tensor, prior: Prior | None, masking: 
     return grouped_values(probs, v.to(probs.dtype)).to(v.dtype)
 
 
-def memeff_attention(q: Tensor, k: Tensor, v: Tensor, prior: Prior | None, masking: Masking,
-                     scale: float, ssmax: Scaling | None) -> Tensor:
+def memeff_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    prior: Prior | None,
+    masking: Masking,
+    scale: float,
+    ssmax: Scaling | None,
+) -> Tensor:
     """Blockwise prior attention: ``(B, H, Lq, Dv)`` with O(BLOCK * Lk) attention memory."""
     grad = torch.is_grad_enabled()
     outputs = []
     for start in range(0, q.shape[2], BLOCK):
         rows = slice(start, min(start + BLOCK, q.shape[2]))
         cols = visible_columns(masking, rows)
-        args = (q[:, :, rows], k[:, :, cols], v[:, :, cols], prior, masking, rows, cols, scale, ssmax)
+        args = (
+            q[:, :, rows],
+            k[:, :, cols],
+            v[:, :, cols],
+            prior,
+            masking,
+            rows,
+            cols,
+            scale,
+            ssmax,
+        )
         if grad:
             outputs.append(checkpoint(attend_block, *args, use_reentrant=False))
         else:

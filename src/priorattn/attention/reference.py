@@ -33,8 +33,17 @@ def masked_softmax(logits: Tensor, visible: Tensor) -> Tensor:
     return torch.where(visible.any(dim=-1, keepdim=True), probs, 0.0)
 
 
-def prior_logits(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking, rows: slice,
-                 cols: slice, scale: float, ssmax: Scaling | None, visible: Tensor) -> Tensor:
+def prior_logits(
+    q: Tensor,
+    k: Tensor,
+    prior: Prior | None,
+    masking: Masking,
+    rows: slice,
+    cols: slice,
+    scale: float,
+    ssmax: Scaling | None,
+    visible: Tensor,
+) -> Tensor:
     """Logits of query ``rows`` against key ``cols``, ``(B, H, lq, lk)``, for q/k already sliced."""
     dtype = compute_dtype(q.dtype)
     content = scale * grouped_scores(q.to(dtype), k.to(dtype))
@@ -49,8 +58,15 @@ def prior_logits(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking, ro
     return content if log_prior is None else content + log_prior
 
 
-def reference_attention(q: Tensor, k: Tensor, v: Tensor, prior: Prior | None, masking: Masking,
-                        scale: float, ssmax: Scaling | None) -> Tensor:
+def reference_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    prior: Prior | None,
+    masking: Masking,
+    scale: float,
+    ssmax: Scaling | None,
+) -> Tensor:
     """Dense prior attention: ``(B, H, Lq, Dv)``. Memory grows as ``Lq * Lk``."""
     everything = slice(None)
     visible = masking.visible()

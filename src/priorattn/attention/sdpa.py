@@ -20,9 +20,18 @@ from .masks import Masking
 MASK_CHUNK_CELLS = 1 << 22
 
 
-def fold_qk(q: Tensor, k: Tensor, v: Tensor, prior: Prior | None, masking: Masking, rows: slice,
-            cols: slice, scale: float, factor: Tensor | None,
-            scale_prior: bool) -> tuple[Tensor, Tensor, Tensor]:
+def fold_qk(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    prior: Prior | None,
+    masking: Masking,
+    rows: slice,
+    cols: slice,
+    scale: float,
+    factor: Tensor | None,
+    scale_prior: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
     """``q'``, ``k'``, ``v'`` whose plain inner product is the (SSMax-scaled) prior logit.
 
     ``q`` holds query ``rows`` and ``k``, ``v`` key ``cols`` already. Key lanes that differ per query
@@ -66,29 +75,54 @@ def visible_columns(masking: Masking, rows: slice) -> slice:
     return slice(0, Lk - Lq + rows.stop)
 
 
-def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, prior: Prior | None, masking: Masking,
-                   scale: float, ssmax: Scaling | None) -> Tensor:
+def sdpa_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    prior: Prior | None,
+    masking: Masking,
+    scale: float,
+    ssmax: Scaling | None,
+) -> Tensor:
     """Prior attention through ``torch.nn.functional.scaled_dot_product_attention``."""
     if prior is not None and not prior.can_fold(masking.causal):
         raise ValueError(
             f"backend='sdpa' needs a prior that folds into q/k lanes; {type(prior).__name__} does not"
-            f"{' without a causal mask' if not masking.causal else ''}: use backend='memeff'")
+            f"{' without a causal mask' if not masking.causal else ''}: use backend='memeff'"
+        )
     Lq, Lk = q.shape[2], k.shape[2]
     counts = masking.visible_keys() if ssmax is not None else None
     outputs = []
     for rows in query_chunks(masking, prior, q.dtype):
         cols = visible_columns(masking, rows)
         factor = None if counts is None else ssmax.factor(counts[:, rows])
-        q2, k2, v2 = fold_qk(q[:, :, rows], k[:, :, cols], v[:, :, cols], prior, masking, rows,
-                             cols, scale, factor, ssmax is not None and ssmax.scale_prior)
+        q2, k2, v2 = fold_qk(
+            q[:, :, rows],
+            k[:, :, cols],
+            v[:, :, cols],
+            prior,
+            masking,
+            rows,
+            cols,
+            scale,
+            factor,
+            ssmax is not None and ssmax.scale_prior,
+        )
         is_causal = masking.plain_causal and Lq == Lk and rows == slice(0, Lq)
         mask = None
         if masking.masks_anything and not is_causal:
             mask = masking.visible(rows, cols)
             if bool(mask.all()):
                 mask = None
-        out = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, is_causal=is_causal,
-                                             scale=1.0, enable_gqa=q2.shape[1] != k2.shape[1])
+        out = F.scaled_dot_product_attention(
+            q2,
+            k2,
+            v2,
+            attn_mask=mask,
+            is_causal=is_causal,
+            scale=1.0,
+            enable_gqa=q2.shape[1] != k2.shape[1],
+        )
         if mask is not None:
             out = torch.where(mask.any(dim=-1, keepdim=True), out, 0.0)
         outputs.append(out)

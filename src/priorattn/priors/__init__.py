@@ -7,4 +7,14 @@ from .goat import GOAT, GOATSink
 from .sum import Sum
 from .uniform import Uniform
 
-__all__ = ["ALiBi", "FoldLanes", "GGD", "GOAT", "GOATSink", "Prior", "Sum", "Uniform", "alibi_slopes"]
+__all__ = [
+    "ALiBi",
+    "FoldLanes",
+    "GGD",
+    "GOAT",
+    "GOATSink",
+    "Prior",
+    "Sum",
+    "Uniform",
+    "alibi_slopes",
+]

@@ -5,8 +5,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import FoldLanes, Prior, alibi_slopes, key_lane_centred, key_linear_span, per_head
-from .base import relative_positions
+from .base import (
+    FoldLanes,
+    Prior,
+    alibi_slopes,
+    key_lane_centred,
+    key_linear_span,
+    per_head,
+    relative_positions,
+)
 
 
 class ALiBi(Prior):

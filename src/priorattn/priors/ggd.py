@@ -32,8 +32,9 @@ class GGD(Prior):
         super().__init__()
         unknown = set(trainable) - set(PARAMETERS)
         if unknown:
-            raise ValueError(f"trainable names unknown parameters {sorted(unknown)}; "
-                             f"choose from {PARAMETERS}")
+            raise ValueError(
+                f"trainable names unknown parameters {sorted(unknown)}; choose from {PARAMETERS}"
+            )
         if init == "uniform":
             alpha, beta = torch.zeros(num_heads), torch.zeros(num_heads)
         elif init == "alibi":
@@ -45,8 +46,7 @@ class GGD(Prior):
         self.eps = eps
         self.theta_alpha = nn.Parameter(alpha.to(dtype), requires_grad="alpha" in trainable)
         self.theta_beta = nn.Parameter(beta.to(dtype), requires_grad="beta" in trainable)
-        self.theta_mu = nn.Parameter(torch.zeros(num_heads, dtype=dtype),
-                                     requires_grad="mu" in trainable)
+        self.theta_mu = nn.Parameter(torch.zeros(num_heads, dtype=dtype), requires_grad="mu" in trainable)
 
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         offset = -relative_positions(q_pos, k_pos, self.theta_alpha.dtype)  # j - i
@@ -57,4 +57,3 @@ class GGD(Prior):
     def extra_repr(self) -> str:
         trainable = [n for n in PARAMETERS if getattr(self, f"theta_{n}").requires_grad]
         return f"num_heads={self.num_heads}, eps={self.eps:g}, trainable={tuple(trainable)}"
-

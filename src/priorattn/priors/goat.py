@@ -7,8 +7,16 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .base import FoldLanes, Prior, alibi_slopes, concat_lanes, key_lane_centred, key_linear_span
-from .base import per_head, relative_positions
+from .base import (
+    FoldLanes,
+    Prior,
+    alibi_slopes,
+    concat_lanes,
+    key_lane_centred,
+    key_linear_span,
+    per_head,
+    relative_positions,
+)
 
 
 def geometric_freqs(num_freqs: int, base: float) -> Tensor:
@@ -34,8 +42,14 @@ class GOATSink(nn.Module):
     The MLP's output layer starts at zero, so a new sink is ``u = 0`` (standard attention).
     """
 
-    def __init__(self, num_heads: int, num_freqs: int = 8, hidden: int = 16,
-                 train_len: int = 2048, freq_base: float = 10_000.0):
+    def __init__(
+        self,
+        num_heads: int,
+        num_freqs: int = 8,
+        hidden: int = 16,
+        train_len: int = 2048,
+        freq_base: float = 10_000.0,
+    ):
         super().__init__()
         if train_len < 1:
             raise ValueError(f"train_len must be >= 1, got {train_len}")
@@ -44,8 +58,9 @@ class GOATSink(nn.Module):
         self.train_len = train_len
         self.register_buffer("freqs", geometric_freqs(num_freqs, freq_base).to(dtype))
         self.decay = nn.Parameter(torch.zeros(num_heads, dtype=dtype))
-        self.mlp = nn.Sequential(nn.Linear(2 * num_freqs + 2, hidden), nn.SiLU(),
-                                 nn.Linear(hidden, num_heads))
+        self.mlp = nn.Sequential(
+            nn.Linear(2 * num_freqs + 2, hidden), nn.SiLU(), nn.Linear(hidden, num_heads)
+        )
         nn.init.zeros_(self.mlp[2].weight)
         nn.init.zeros_(self.mlp[2].bias)
 
@@ -55,8 +70,14 @@ class GOATSink(nn.Module):
         cos, sin = phases(k_pos, self.freqs)
         position = k_pos.to(dtype)[..., None]
         features = torch.cat(
-            [cos, sin, position / self.train_len,
-             torch.log1p(position) / math.log1p(self.train_len)], dim=-1)
+            [
+                cos,
+                sin,
+                position / self.train_len,
+                torch.log1p(position) / math.log1p(self.train_len),
+            ],
+            dim=-1,
+        )
         u = self.mlp(features) - self.decay * position / self.train_len  # (..., Lk, H)
         return u.transpose(-1, -2)
 
@@ -79,9 +100,20 @@ class GOAT(Prior):
     ``1 . u_h(j)`` and one slope lane ``m_h . (j - centre)``.
     """
 
-    def __init__(self, num_heads: int, num_freqs: int = 8, *, sink: bool = True, slope: bool = True,
-                 init: str = "uniform", learnable_freqs: bool = False, freq_base: float = 10_000.0,
-                 train_len: int = 2048, sink_freqs: int = 8, sink_hidden: int = 16):
+    def __init__(
+        self,
+        num_heads: int,
+        num_freqs: int = 8,
+        *,
+        sink: bool = True,
+        slope: bool = True,
+        init: str = "uniform",
+        learnable_freqs: bool = False,
+        freq_base: float = 10_000.0,
+        train_len: int = 2048,
+        sink_freqs: int = 8,
+        sink_hidden: int = 16,
+    ):
         super().__init__()
         if num_freqs < 0:
             raise ValueError(f"num_freqs must be >= 0, got {num_freqs}")
@@ -114,7 +146,7 @@ class GOAT(Prior):
         weights = torch.linalg.lstsq(design, target).solution  # (2R + 1, H)
         R = self.freqs.numel()
         self.alpha.copy_(weights[:R].T)
-        self.beta.copy_(weights[R:2 * R].T)
+        self.beta.copy_(weights[R : 2 * R].T)
 
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         dtype = self.alpha.dtype
@@ -135,13 +167,16 @@ class GOAT(Prior):
         cos_q, sin_q = (t[..., None, :, :] for t in phases(q_pos, self.freqs))  # (..., 1, Lq, R)
         cos_k, sin_k = phases(k_pos, self.freqs)
         alpha, beta = self.alpha[:, None, :], self.beta[:, None, :]  # (H, 1, R)
-        parts = [FoldLanes(
-            torch.cat([alpha * cos_q + beta * sin_q, alpha * sin_q - beta * cos_q], dim=-1),
-            torch.cat([cos_k, sin_k], dim=-1)[..., None, :, :],
-        )]
+        parts = [
+            FoldLanes(
+                torch.cat([alpha * cos_q + beta * sin_q, alpha * sin_q - beta * cos_q], dim=-1),
+                torch.cat([cos_k, sin_k], dim=-1)[..., None, :, :],
+            )
+        ]
         if self.sink is not None:  # Eq. 19: <1, u_h(j)>
-            ones = torch.ones_like(cos_q[..., :1]).expand(*cos_q.shape[:-3], self.num_heads,
-                                                          q_pos.shape[-1], 1)
+            ones = torch.ones_like(cos_q[..., :1]).expand(
+                *cos_q.shape[:-3], self.num_heads, q_pos.shape[-1], 1
+            )
             parts.append(FoldLanes(ones, self.sink(k_pos)[..., None]))
         if self.slope is not None:  # Prop. F.6: -m (i - j) = m j + row constant
             q = per_head(self.slope).expand(*q_pos.shape[:-1], self.num_heads, q_pos.shape[-1], 1)
@@ -152,5 +187,7 @@ class GOAT(Prior):
         return None if self.slope is None else key_linear_span(self.slope, dtype)
 
     def extra_repr(self) -> str:
-        return (f"num_heads={self.num_heads}, num_freqs={self.alpha.shape[1]}, "
-                f"sink={self.sink is not None}, slope={self.slope is not None}")
+        return (
+            f"num_heads={self.num_heads}, num_freqs={self.alpha.shape[1]}, "
+            f"sink={self.sink is not None}, slope={self.slope is not None}"
+        )

@@ -1,0 +1,64 @@
+"""Bad input gets a clear error naming the problem."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import priorattn
+from priorattn.priors import GGD, GOAT, ALiBi
+
+q = torch.randn(1, 4, 5, 8)
+kv = torch.randn(1, 2, 5, 8)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (
+            dict(k=torch.randn(1, 3, 5, 8), v=torch.randn(1, 3, 5, 8)),
+            ValueError,
+            "k has 3 heads but q has 4",
+        ),
+        (dict(k=torch.randn(1, 2, 5, 6)), ValueError, "head width 8 but k has 6"),
+        (dict(v=torch.randn(1, 2, 4, 8)), ValueError, "must agree on"),
+        (dict(q=torch.randn(4, 5, 8)), ValueError, "q must be a 4-D tensor"),
+        (dict(q=q.double()), TypeError, "share a dtype"),
+        (dict(q_pos=torch.arange(5.0)), TypeError, "q_pos must be an integer tensor"),
+        (dict(k_pos=torch.arange(4)), ValueError, r"k_pos must have shape \(5,\)"),
+        (dict(prior=ALiBi(3)), ValueError, "prior has 3 heads but q has 4"),
+        (dict(prior=GGD(4), backend="sdpa"), ValueError, "GGD does not"),
+        (dict(prior=GOAT(4, 2), causal=False, backend="sdpa"), ValueError, "without a causal mask"),
+        (dict(backend="flash"), ValueError, "backend must be one of"),
+        (dict(window=0), ValueError, "window must be a positive int"),
+        (dict(ssmax=torch.ones(3)), ValueError, r"one scale per query head \(4,\)"),
+        (dict(key_padding_mask=torch.zeros(1, 5)), ValueError, "key_padding_mask must be a bool"),
+        (
+            dict(doc_ids=torch.zeros(1, 4, dtype=torch.long)),
+            ValueError,
+            "must be an integer tensor",
+        ),
+        (dict(prior="alibi"), TypeError, "prior must be a priorattn.priors.Prior"),
+    ],
+)
+def test_bad_input_names_the_problem(kwargs, error, message):
+    args = dict(q=q, k=kv, v=kv)
+    args.update(kwargs)
+    with pytest.raises(error, match=message):
+        priorattn.attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
+def test_non_finite_prior_parameter_is_named():
+    prior = GGD(4)
+    with torch.no_grad():
+        prior.theta_beta[1] = float("nan")
+    with pytest.raises(ValueError, match="GGD.theta_beta has non-finite values"):
+        priorattn.attention(q, kv, kv, prior=prior)
+
+
+def test_defaults_put_queries_at_the_end_of_the_keys():
+    """With Lq < Lk the queries are the newest keys: a decode step equals the full pass's tail."""
+    x = torch.randn(1, 2, 9, 8)
+    full = priorattn.attention(x, x, x, prior=ALiBi(2))
+    tail = priorattn.attention(x[:, :, -3:], x, x, prior=ALiBi(2))
+    assert torch.allclose(full[:, :, -3:], tail, atol=1e-6)

@@ -1,0 +1,195 @@
+"""Every route equals the reference route, forward and backward, over shapes, dtypes and masks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from factories import PRIOR_NAMES, make_prior
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import priorattn
+from priorattn.attention import memeff
+from priorattn.priors import GGD, ALiBi
+
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-5, torch.bfloat16: 4e-2}
+
+
+@st.composite
+def problems(draw):
+    """A random attention call: shapes, GQA, positions, masks, prior, SSMax."""
+    B = draw(st.integers(1, 2))
+    Hkv = draw(st.integers(1, 2))
+    H = Hkv * draw(st.sampled_from([1, 2]))
+    Lk = draw(st.integers(1, 40))
+    Lq = draw(st.integers(1, Lk))
+    causal = draw(st.booleans())
+    offset = draw(st.sampled_from([0, 0, 3, 1000]))
+    options = dict(
+        B=B,
+        H=H,
+        Hkv=Hkv,
+        Lq=Lq,
+        Lk=Lk,
+        Dk=draw(st.sampled_from([4, 8])),
+        Dv=draw(st.sampled_from([4, 6])),
+        causal=causal,
+        offset=offset,
+        prior=draw(st.sampled_from(PRIOR_NAMES)),
+        seed=draw(st.integers(0, 2**16)),
+        window=draw(st.sampled_from([None, None, 1, 5])),
+        docs=draw(st.booleans()),
+        padding=draw(st.booleans()),
+        ssmax=draw(st.booleans()),
+        batched_pos=draw(st.booleans()),
+    )
+    return options
+
+
+def build(o, dtype):
+    gen = torch.Generator().manual_seed(o["seed"])
+    q = torch.randn(o["B"], o["H"], o["Lq"], o["Dk"], generator=gen, dtype=torch.float64)
+    k = torch.randn(o["B"], o["Hkv"], o["Lk"], o["Dk"], generator=gen, dtype=torch.float64)
+    v = torch.randn(o["B"], o["Hkv"], o["Lk"], o["Dv"], generator=gen, dtype=torch.float64)
+    kwargs = dict(causal=o["causal"], window=o["window"])
+    Lq, Lk, off = o["Lq"], o["Lk"], o["offset"]
+    if off or o["batched_pos"]:
+        shift = (
+            torch.tensor([[0], [7]])[: o["B"]] if o["batched_pos"] else torch.zeros(1, 1, dtype=torch.long)
+        )
+        k_pos = off + torch.arange(Lk)[None] + shift
+        kwargs.update(k_pos=k_pos, q_pos=k_pos[:, Lk - Lq :])
+    if o["docs"]:
+        kwargs["doc_ids"] = torch.randint(0, 3, (o["B"], Lk), generator=gen).sort(-1).values
+    if o["padding"]:
+        kwargs["key_padding_mask"] = torch.rand(o["B"], Lk, generator=gen) < 0.2
+    prior = make_prior(o["prior"], o["H"], o["seed"])
+    ssmax = (torch.rand(o["H"], generator=gen, dtype=torch.float64) + 0.5) if o["ssmax"] else None
+    return [t.to(dtype) for t in (q, k, v)], prior, ssmax, kwargs
+
+
+def run(backend, q, k, v, prior, ssmax, kwargs):
+    """Output and the gradients of a random projection of it w.r.t. everything learnable."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    s = None if ssmax is None else ssmax.detach().clone().requires_grad_()
+    out = priorattn.attention(*leaves, prior=prior, ssmax=s, backend=backend, **kwargs)
+    weights = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)
+    params = [p for p in prior.parameters() if p.requires_grad]
+    inputs = leaves + params + ([s] if s is not None else [])
+    grads = torch.autograd.grad((out.double() * weights).sum(), inputs, allow_unused=True)
+    grads = [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)]
+    return out, grads
+
+
+def assert_close(actual, expected, tol, what):
+    scale = expected.abs().max().item() + 1.0
+    err = (actual.double() - expected.double()).abs().max().item()
+    assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol:g} x {scale:.3g}"
+
+
+def check_route(backend, o, dtype):
+    (q, k, v), prior, ssmax, kwargs = build(o, dtype)
+    if backend == "sdpa" and not prior.can_fold(o["causal"]):
+        with pytest.raises(ValueError, match="folds into q/k lanes"):
+            priorattn.attention(q, k, v, prior=prior, backend="sdpa", **kwargs)
+        return
+    # The definition, in float64 from the same (possibly rounded) inputs.
+    ref_out, ref_grads = run("reference", *(t.double() for t in (q, k, v)), prior, ssmax, kwargs)
+    out, grads = run(backend, q, k, v, prior, ssmax, kwargs)
+    assert out.dtype == dtype and out.shape == ref_out.shape
+    assert torch.isfinite(out).all()
+    tol = TOLERANCE[dtype]
+    assert_close(out, ref_out, tol, "output")
+    for i, (g, r) in enumerate(zip(grads, ref_grads)):
+        assert_close(g, r, 20 * tol, f"gradient {i}")
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "memeff"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@settings(max_examples=40, deadline=None)
+@given(o=problems())
+def test_route_matches_reference(backend, dtype, o):
+    check_route(backend, o, dtype)
+
+
+@pytest.mark.parametrize("prior", ["alibi", "ggd_negative", "goat", "sum"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_memeff_many_blocks_matches_reference(prior, dtype, monkeypatch):
+    monkeypatch.setattr(memeff, "BLOCK", 16)
+    o = dict(
+        B=2,
+        H=4,
+        Hkv=2,
+        Lq=70,
+        Lk=90,
+        Dk=8,
+        Dv=8,
+        causal=True,
+        offset=5,
+        prior=prior,
+        seed=1,
+        window=None,
+        docs=True,
+        padding=False,
+        ssmax=True,
+        batched_pos=False,
+    )
+    check_route("memeff", o, dtype)
+
+
+def test_route_on_the_reference_itself_is_float64_definition():
+    o = dict(
+        B=1,
+        H=2,
+        Hkv=1,
+        Lq=9,
+        Lk=12,
+        Dk=4,
+        Dv=4,
+        causal=True,
+        offset=0,
+        prior="goat",
+        seed=0,
+        window=3,
+        docs=False,
+        padding=True,
+        ssmax=True,
+        batched_pos=False,
+    )
+    check_route("reference", o, torch.float32)
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "memeff"])
+def test_query_with_no_visible_key_returns_zeros(backend):
+    q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    pad = torch.tensor([[True, True, True, False, False, False]])
+    # Query 0 sits at position 2 and sees keys 0..2, all padding.
+    out = priorattn.attention(q.requires_grad_(), k, v, prior=ALiBi(2), key_padding_mask=pad, backend=backend)
+    assert torch.equal(out[:, :, 0], torch.zeros(1, 2, 8))
+    assert torch.isfinite(out).all()
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_alibi_fold_stays_exact_at_long_positions(dtype):
+    """Key-linear lanes grow with the position; the SDPA route re-centres them per query run."""
+    L, offset = 2048, 1_000_000
+    q, k, v = (torch.randn(1, 8, L, 32, dtype=torch.float64) for _ in range(3))
+    pos = torch.arange(offset, offset + L)
+    kwargs = dict(prior=ALiBi(8).double(), q_pos=pos, k_pos=pos)
+    ref = priorattn.attention(q, k, v, backend="reference", **kwargs)
+    kwargs["prior"] = ALiBi(8)
+    out = priorattn.attention(*(t.to(dtype) for t in (q, k, v)), backend="sdpa", **kwargs)
+    assert_close(out, ref, TOLERANCE[dtype], "ALiBi via SDPA at position 1e6")
+
+
+def test_auto_never_builds_a_dense_bias_for_ggd(monkeypatch):
+    from priorattn.attention import api
+
+    calls = []
+    monkeypatch.setitem(api.ROUTES, "reference", lambda *a: calls.append("reference"))
+    monkeypatch.setitem(api.ROUTES, "memeff", lambda *a: calls.append("memeff"))
+    q = torch.randn(1, 2, 300, 8)
+    priorattn.attention(q, q, q, prior=GGD(2))
+    assert calls == ["memeff"]

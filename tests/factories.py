@@ -1,0 +1,39 @@
+"""Test factories: priors with random (non-trivial) parameters, in float64 when asked."""
+
+from __future__ import annotations
+
+import torch
+
+from priorattn.priors import GGD, GOAT, ALiBi, Prior, Sum, Uniform
+
+PRIOR_NAMES = ("uniform", "alibi", "ggd", "ggd_negative", "goat", "goat_noslope", "sum")
+
+
+def make_prior(name: str, heads: int, seed: int = 0, dtype=torch.float64) -> Prior:
+    """A prior whose parameters are random, so every term of its formula matters."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=1.0):
+        return (torch.rand(*shape, generator=gen, dtype=torch.float64) * 2 - 1) * scale
+
+    if name == "uniform":
+        prior = Uniform()
+    elif name == "alibi":
+        prior = ALiBi(heads)
+    elif name in ("ggd", "ggd_negative"):
+        prior = GGD(heads, init="alibi", trainable=("alpha", "beta", "mu"))
+        with torch.no_grad():
+            prior.theta_alpha.copy_(rand(heads) - 1.0)
+            beta = rand(heads, scale=0.5) + (-0.6 if name == "ggd_negative" else 1.0)
+            prior.theta_beta.copy_(beta)
+            prior.theta_mu.copy_(rand(heads, scale=0.5))
+    elif name in ("goat", "goat_noslope"):
+        prior = GOAT(heads, 3, slope=name == "goat", train_len=64, sink_freqs=2, sink_hidden=4)
+        with torch.no_grad():
+            for p in prior.parameters():
+                p.copy_(rand(*p.shape, scale=0.5))
+    elif name == "sum":
+        return Sum(make_prior("alibi", heads, seed, dtype), make_prior("goat", heads, seed + 1, dtype))
+    else:
+        raise ValueError(name)
+    return prior.to(dtype)

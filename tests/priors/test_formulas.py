@@ -1,0 +1,149 @@
+"""Each prior's log-prior against its formula in the seed, computed independently here."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from factories import make_prior
+
+from priorattn.priors import GGD, GOAT, ALiBi, Sum, Uniform, alibi_slopes
+
+
+def grid(Lq, Lk, offset=0):
+    return torch.arange(offset, offset + Lq), torch.arange(Lk)
+
+
+def test_alibi_slopes_match_press_et_al():
+    assert torch.allclose(alibi_slopes(8), torch.tensor([2.0**-i for i in range(1, 9)], dtype=torch.float64))
+    # Non power of two: first the 4-head sequence, then every other slope of the 8-head one.
+    expected = [0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125]
+    assert alibi_slopes(6).tolist() == expected
+
+
+def test_alibi_log_prior_is_minus_slope_times_distance():
+    prior = ALiBi(4).double()
+    q_pos, k_pos = grid(5, 9, offset=4)
+    K = prior.log_prior(q_pos, k_pos)
+    for h, m in enumerate(alibi_slopes(4).tolist()):
+        for i, qi in enumerate(q_pos.tolist()):
+            for j, kj in enumerate(k_pos.tolist()):
+                assert K[h, i, j].item() == pytest.approx(-m * abs(qi - kj))
+
+
+def ggd_by_hand(ta, tb, tm, i, j, eps=1e-5):
+    # seed 003 App. C: b_ij = -e^{ta} (|(j - i) - (e^{tm} - e^{-tm})| + eps)^{tb}
+    return -math.exp(ta) * (abs((j - i) - (math.exp(tm) - math.exp(-tm))) + eps) ** tb
+
+
+@pytest.mark.parametrize("name", ["ggd", "ggd_negative"])
+def test_ggd_matches_appendix_c(name):
+    prior = make_prior(name, 3, seed=5)
+    q_pos, k_pos = grid(6, 10, offset=3)
+    K = prior.log_prior(q_pos, k_pos)
+    for h in range(3):
+        ta, tb, tm = (p[h].item() for p in (prior.theta_alpha, prior.theta_beta, prior.theta_mu))
+        for i, qi in enumerate(q_pos.tolist()):
+            for j, kj in enumerate(k_pos.tolist()):
+                assert K[h, i, j].item() == pytest.approx(ggd_by_hand(ta, tb, tm, qi, kj), rel=1e-12)
+
+
+def test_ggd_uniform_init_is_constant_and_alibi_init_is_alibi():
+    q_pos, k_pos = grid(7, 7)
+    assert torch.equal(GGD(4).double().log_prior(q_pos, k_pos), -torch.ones(4, 7, 7, dtype=torch.float64))
+    ggd = GGD(4, init="alibi").double()
+    assert torch.allclose(ggd.log_prior(q_pos, k_pos), ALiBi(4).double().log_prior(q_pos, k_pos), atol=1e-5)
+
+
+def test_ggd_trainable_selects_parameters():
+    prior = GGD(2, trainable=("beta",))
+    assert [n for n, p in prior.named_parameters() if p.requires_grad] == ["theta_beta"]
+    with pytest.raises(ValueError, match="gamma"):
+        GGD(2, trainable=("gamma",))
+    with pytest.raises(ValueError, match="init"):
+        GGD(2, init="laplace")
+
+
+def test_ggd_negative_beta_is_finite_with_finite_gradients():
+    prior = GGD(2, trainable=("alpha", "beta", "mu")).double()
+    with torch.no_grad():
+        prior.theta_beta.fill_(-1.5)  # at j - i = mu the base is eps: (1e-5)^-1.5 ~ 3e7
+    q_pos, k_pos = grid(16, 16)
+    K = prior.log_prior(q_pos, k_pos)
+    assert torch.isfinite(K).all()
+    K.sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in prior.parameters())
+    # Inverted prior: distant keys are preferred over the diagonal (seed 003 Theorem 3).
+    assert K[0, 15, 0] > K[0, 15, 14]
+
+
+def goat_by_hand(prior, i, j, h):
+    total = 0.0
+    for r, w in enumerate(prior.freqs.tolist()):
+        total += prior.alpha[h, r].item() * math.cos(w * (i - j))
+        total += prior.beta[h, r].item() * math.sin(w * (i - j))
+    sink = prior.sink
+    feats = [math.cos(w * j) for w in sink.freqs.tolist()] + [math.sin(w * j) for w in sink.freqs.tolist()]
+    feats += [j / sink.train_len, math.log1p(j) / math.log1p(sink.train_len)]
+    x = torch.tensor(feats, dtype=torch.float64)
+    hidden = torch.nn.functional.silu(sink.mlp[0].weight @ x + sink.mlp[0].bias)
+    u = (sink.mlp[2].weight @ hidden + sink.mlp[2].bias)[h].item()
+    total += u - sink.decay[h].item() * j / sink.train_len
+    return total - prior.slope[h].item() * abs(i - j)
+
+
+def test_goat_matches_section_4_formula():
+    prior = make_prior("goat", 2, seed=3)
+    q_pos, k_pos = grid(4, 7, offset=3)
+    K = prior.log_prior(q_pos, k_pos)
+    for h in range(2):
+        for i, qi in enumerate(q_pos.tolist()):
+            for j, kj in enumerate(k_pos.tolist()):
+                assert K[h, i, j].item() == pytest.approx(goat_by_hand(prior, qi, kj, h), abs=1e-12)
+
+
+def test_goat_uniform_init_is_exactly_standard_attention():
+    K = GOAT(4, 8).log_prior(*grid(9, 9, offset=100))
+    assert torch.equal(K, torch.zeros_like(K))
+
+
+def test_goat_recency_init_is_alibi():
+    q_pos, k_pos = grid(12, 12)
+    goat = GOAT(4, 8, init="recency").double()
+    assert torch.allclose(goat.log_prior(q_pos, k_pos), ALiBi(4).double().log_prior(q_pos, k_pos))
+
+
+def test_goat_recency_without_slope_approximates_alibi_under_causal_mask():
+    L = 256
+    goat = GOAT(4, 16, slope=False, init="recency", train_len=L).double()
+    q_pos, k_pos = grid(L, L)
+    causal = k_pos[None, :] <= q_pos[:, None]
+    probs = torch.softmax(goat.log_prior(q_pos, k_pos).masked_fill(~causal, -torch.inf), -1)
+    target = torch.softmax(ALiBi(4).double().log_prior(q_pos, k_pos).masked_fill(~causal, -torch.inf), -1)
+    # Total-variation distance between the induced causal priors, averaged over rows.
+    tv = 0.5 * (probs - target).abs().sum(-1).mean()
+    assert tv < 0.1
+
+
+def test_sum_adds_log_priors():
+    a, b = make_prior("alibi", 3), make_prior("goat", 3, seed=2)
+    q_pos, k_pos = grid(5, 8, offset=3)
+    assert torch.allclose(
+        Sum(a, b).log_prior(q_pos, k_pos), a.log_prior(q_pos, k_pos) + b.log_prior(q_pos, k_pos)
+    )
+    with pytest.raises(ValueError, match="head counts"):
+        Sum(ALiBi(2), ALiBi(3))
+
+
+def test_uniform_is_zero():
+    assert torch.equal(Uniform().log_prior(*grid(3, 4)), torch.zeros(1, 3, 4))
+
+
+def test_batched_positions_give_a_batch_dimension(prior_name):
+    prior = make_prior(prior_name, 2)
+    q_pos = torch.tensor([[3, 4], [10, 11]])
+    k_pos = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])
+    K = prior.log_prior(q_pos, k_pos)
+    for b in range(2):
+        assert torch.allclose(K[b], prior.log_prior(q_pos[b], k_pos[b]))
