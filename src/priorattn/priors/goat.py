@@ -143,7 +143,9 @@ class GOAT(Prior):
         cos, sin = phases(lag, self.freqs.double())
         design = torch.cat([cos, sin, torch.ones(fit_len, 1, dtype=torch.float64)], dim=-1)
         target = -slopes[None, :] * lag[:, None]  # (fit_len, H); the constant column absorbs rows
-        weights = torch.linalg.lstsq(design, target).solution  # (2R + 1, H)
+        # SVD-based solve with a cut-off: low frequencies are nearly collinear, and a truncated
+        # basis keeps the weights small enough to store in float32 without losing the fit.
+        weights = torch.linalg.lstsq(design, target, rcond=1e-9, driver="gelsd").solution  # (2R+1, H)
         R = self.freqs.numel()
         self.alpha.copy_(weights[:R].T)
         self.beta.copy_(weights[R : 2 * R].T)
