@@ -25,6 +25,10 @@ def test_fold_equals_log_prior_up_to_row_constants(name, offset):
     k_pos = torch.arange(offset, offset + 10)
     lanes = prior.fold(q_pos, k_pos)
     folded = lanes.q @ lanes.k.transpose(-1, -2)
+    if lanes.key_bias is not None:
+        folded = folded + lanes.key_bias[..., None, :]
+    if lanes.slope is not None:
+        folded = folded + lanes.slope[:, None, None] * k_pos.double()
     visible = k_pos[None, :] <= q_pos[:, None]
     K = prior.log_prior(q_pos, k_pos).expand_as(folded)
     assert torch.allclose(row_centred(folded, visible), row_centred(K, visible), atol=1e-9)
@@ -47,4 +51,5 @@ def test_fold_rules():
 
 def test_goat_keys_lanes_are_shared_across_heads_without_a_sink():
     lanes = GOAT(4, 3, sink=False).fold(torch.arange(5), torch.arange(5))
-    assert lanes.q.shape == (4, 5, 7) and lanes.k.shape == (1, 5, 7)
+    assert lanes.q.shape == (4, 5, 6) and lanes.k.shape == (1, 5, 6) and lanes.key_bias is None
+    assert lanes.slope.shape == (4,)

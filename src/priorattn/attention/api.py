@@ -9,6 +9,7 @@ from torch import Tensor
 
 from ..priors import Prior, Uniform
 from ..ssmax import Scaling, SSMax
+from .folding import slope_span
 from .masks import Masking
 from .memeff import memeff_attention
 from .reference import reference_attention
@@ -92,7 +93,8 @@ def _choose(q: Tensor, prior: Prior | None, masking: Masking) -> str:
     if prior is None:
         return "sdpa"
     if prior.can_fold(masking.causal):
-        span = prior.fold_span(q.dtype)
+        origin = masking.q_pos[:, -1:]
+        span = slope_span(prior.fold(origin, origin), q.dtype)
         if span is None or span >= min(q.shape[2], MIN_FOLD_SPAN):
             return "sdpa"
     return "memeff"

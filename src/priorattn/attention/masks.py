@@ -6,7 +6,8 @@ exactly what it would see in the full forward pass.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -33,14 +34,14 @@ class Masking:
             self.causal or self.q_doc is not None or self.key_padding is not None or self.window is not None
         )
 
-    @property
+    @cached_property
     def default_positions(self) -> bool:
         """Positions are ``k = arange(Lk)`` and ``q = arange(Lk - Lq, Lk)`` (the common case)."""
         Lq, Lk = self.q_pos.shape[-1], self.k_pos.shape[-1]
         k = torch.arange(Lk, device=self.k_pos.device)
         return bool((self.k_pos == k).all() and (self.q_pos == k[Lk - Lq :]).all())
 
-    @property
+    @cached_property
     def plain_causal(self) -> bool:
         """Causal with default positions and nothing else masked."""
         return (
@@ -53,6 +54,12 @@ class Masking:
 
     def visible(self, rows: slice = slice(None), cols: slice = slice(None)) -> Tensor:
         """``(B or 1, 1, lq, lk)`` bool: True where query ``rows`` may attend to key ``cols``."""
+        if self.plain_causal:  # key index <= query index + (Lk - Lq): a shifted lower triangle
+            Lq, Lk = self.q_pos.shape[-1], self.k_pos.shape[-1]
+            r0, r1, _ = rows.indices(Lq)
+            c0, c1, _ = cols.indices(Lk)
+            ones = torch.ones(r1 - r0, c1 - c0, dtype=torch.bool, device=self.q_pos.device)
+            return ones.tril_(r0 - c0 + Lk - Lq)[None, None]
         q_pos, k_pos = self.q_pos[:, rows], self.k_pos[:, cols]
         lag = q_pos[:, :, None] - k_pos[:, None, :]
         keep = torch.ones_like(lag, dtype=torch.bool)
@@ -65,6 +72,13 @@ class Masking:
         if self.key_padding is not None:
             keep = keep & ~self.key_padding[:, None, cols]
         return keep[:, None]
+
+    def reversed_keys(self) -> Masking:
+        """The same masking with the keys taken in reverse order."""
+        flip = lambda t: None if t is None else t.flip(-1)  # noqa: E731
+        return replace(
+            self, k_pos=flip(self.k_pos), k_doc=flip(self.k_doc), key_padding=flip(self.key_padding)
+        )
 
     def visible_keys(self) -> Tensor:
         """Number of keys each query sees, ``(B or 1, Lq)``: the ``n_i`` of SSMax."""

@@ -34,22 +34,13 @@ def masked_softmax(logits: Tensor, visible: Tensor) -> Tensor:
 
 
 def prior_logits(
-    q: Tensor,
-    k: Tensor,
-    prior: Prior | None,
-    masking: Masking,
-    rows: slice,
-    cols: slice,
-    scale: float,
-    ssmax: Scaling | None,
-    visible: Tensor,
+    q: Tensor, k: Tensor, log_prior: Tensor | None, scale: float, ssmax: Scaling | None, visible: Tensor
 ) -> Tensor:
-    """Logits of query ``rows`` against key ``cols``, ``(B, H, lq, lk)``, for q/k already sliced."""
+    """Logits ``(B, H, lq, lk)`` of (already sliced) queries against keys, plus their log-prior tile."""
     dtype = compute_dtype(q.dtype)
     content = scale * grouped_scores(q.to(dtype), k.to(dtype))
-    log_prior = None
-    if prior is not None:
-        log_prior = prior.log_prior(masking.q_pos[:, rows], masking.k_pos[:, cols]).to(dtype)
+    if log_prior is not None:
+        log_prior = log_prior.to(dtype)
     if ssmax is not None:
         factor = ssmax.factor(visible.sum(-1)[:, 0]).to(dtype)
         content = content * factor
@@ -68,8 +59,8 @@ def reference_attention(
     ssmax: Scaling | None,
 ) -> Tensor:
     """Dense prior attention: ``(B, H, Lq, Dv)``. Memory grows as ``Lq * Lk``."""
-    everything = slice(None)
     visible = masking.visible()
-    logits = prior_logits(q, k, prior, masking, everything, everything, scale, ssmax, visible)
+    log_prior = None if prior is None else prior.log_prior(masking.q_pos, masking.k_pos)
+    logits = prior_logits(q, k, log_prior, scale, ssmax, visible)
     probs = masked_softmax(logits, visible)
     return grouped_values(probs, v.to(probs.dtype)).to(v.dtype)

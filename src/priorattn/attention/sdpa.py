@@ -1,9 +1,9 @@
 """The SDPA route: fold the prior into extra q/k lanes and call one unmodified SDPA.
 
-Seed 000 Eq. 20-24 / Algorithm 1: with ``q' = [scale * q, q_lanes]`` and ``k' = [k, k_lanes]``,
-``<q', k'> = scale <q, k> + K(i, j) + c_i`` and SDPA runs with its own scale set to 1, so the
-log-prior enters unscaled and no ``Lq x Lk`` bias is ever built. SSMax multiplies row i of ``q'``
-by ``s_h log n_i``.
+Seed 000 Eq. 20-24 / Algorithm 1: ``q' = [scale * q, q_lanes, 1]``, ``k' = [k, k_lanes, key terms]``
+and SDPA runs with its own scale set to 1, so the log-prior enters unscaled and no ``Lq x Lk`` bias
+is ever built. Queries run in chunks only where needed: a boolean mask is handed to SDPA a few
+million cells at a time, and a key-linear slope is re-centred on each chunk's queries.
 """
 
 from __future__ import annotations
@@ -12,19 +12,20 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..priors import Prior
+from ..priors import FoldLanes, Prior
 from ..ssmax import Scaling
+from .folding import centred_keys, lane_inputs, slope_span
 from .masks import Masking
 
 #: Largest number of (query, key) cells of a boolean mask handed to SDPA in one call.
 MASK_CHUNK_CELLS = 1 << 22
 
 
-def fold_qk(
+def sdpa_inputs(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    prior: Prior | None,
+    lanes: FoldLanes | None,
     masking: Masking,
     rows: slice,
     cols: slice,
@@ -32,36 +33,42 @@ def fold_qk(
     factor: Tensor | None,
     scale_prior: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``q'``, ``k'``, ``v'`` whose plain inner product is the (SSMax-scaled) prior logit.
-
-    ``q`` holds query ``rows`` and ``k``, ``v`` key ``cols`` already. Key lanes that differ per query
-    head (GOAT's sink) expand grouped keys and values to one head per query head.
-    """
-    B, H = q.shape[:2]
-    content = q * scale if factor is None else (q * scale * factor).to(q.dtype)
-    if prior is None:
+    """``q'``, ``k'``, ``v'`` of one SDPA call; ``q`` holds query ``rows``, ``k``, ``v`` key ``cols``."""
+    if lanes is None:
+        content = q * scale if factor is None else (q * scale * factor).to(q.dtype)
         return content, k, v
-    lanes = prior.fold(masking.q_pos[:, rows], masking.k_pos[:, cols])
-    q_lanes = lanes.q if factor is None or not scale_prior else lanes.q * factor
-    Hk = lanes.k.shape[-3]
-    if Hk != 1 and Hk != k.shape[1]:
-        k = k.repeat_interleave(Hk // k.shape[1], dim=1)
-        v = v.repeat_interleave(Hk // v.shape[1], dim=1)
-    q_lanes = q_lanes.to(q.dtype).expand(B, H, *q_lanes.shape[-2:])
-    k_lanes = lanes.k.to(k.dtype).expand(B, k.shape[1], *lanes.k.shape[-2:])
-    return torch.cat([content, q_lanes], dim=-1), torch.cat([k, k_lanes], dim=-1), v
+    q2, k2 = lane_inputs(q, k, lanes, rows, cols, scale, factor, scale_prior)
+    B, H, lq = q.shape[:3]
+    q_extra, k_extra = [], []
+    if lanes.key_bias is not None:  # <1, u_h(j)>: per-head key lane, one key head per query head
+        if k.shape[1] != H:
+            k2, v = k2.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // k.shape[1], 1)
+        q_extra.append(q2.new_ones(1, 1, 1, 1).expand(B, H, lq, 1))
+        k_extra.append(lanes.key_bias[..., cols, None].expand(B, H, -1, 1))
+    if lanes.slope is not None:  # <m_h, k_pos[j] - centre>: shared key lane
+        q_extra.append(lanes.slope[:, None, None].expand(B, H, lq, 1))
+        offset = centred_keys(masking, rows, cols, lanes.slope.dtype)
+        k_extra.append(offset[:, None, :, None].expand(B, k2.shape[1], -1, 1))
+    if not q_extra:
+        return q2, k2, v
+    q_extra = torch.cat(q_extra, dim=-1)
+    if factor is not None and scale_prior:
+        q_extra = q_extra * factor
+    q2 = torch.cat([q2, q_extra.to(q2.dtype)], dim=-1)
+    return q2, torch.cat([k2, torch.cat(k_extra, dim=-1).to(k2.dtype)], dim=-1), v
 
 
-def query_chunks(masking: Masking, prior: Prior | None, dtype: torch.dtype) -> list[slice]:
+def query_chunks(masking: Masking, lanes: FoldLanes | None, dtype: torch.dtype) -> list[slice]:
     """Runs of queries for one SDPA call each.
 
-    A chunk is capped by the prior's :meth:`~Prior.fold_span` (precision of key-linear lanes) and,
+    A chunk is capped by :func:`~.folding.slope_span` (precision of a key-linear slope) and,
     when a boolean mask is needed, by :data:`MASK_CHUNK_CELLS`.
     """
     Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
     step = Lq
-    if prior is not None and prior.fold_span(dtype) is not None:
-        step = min(step, prior.fold_span(dtype))
+    span = None if lanes is None else slope_span(lanes, dtype)
+    if span is not None:
+        step = min(step, span)
     if masking.masks_anything and not (masking.plain_causal and Lq == Lk and step == Lq):
         step = min(step, max(1, MASK_CHUNK_CELLS // max(Lk, 1)))
     return [slice(s, min(s + step, Lq)) for s in range(0, Lq, step)]
@@ -92,27 +99,29 @@ def sdpa_attention(
         )
     Lq, Lk = q.shape[2], k.shape[2]
     counts = masking.visible_keys() if ssmax is not None else None
+    lanes = None if prior is None else prior.fold(masking.q_pos, masking.k_pos)
     outputs = []
-    for rows in query_chunks(masking, prior, q.dtype):
+    for rows in query_chunks(masking, lanes, q.dtype):
         cols = visible_columns(masking, rows)
         factor = None if counts is None else ssmax.factor(counts[:, rows])
-        q2, k2, v2 = fold_qk(
+        scale_prior = ssmax is not None and ssmax.scale_prior
+        q2, k2, v2 = sdpa_inputs(
             q[:, :, rows],
             k[:, :, cols],
             v[:, :, cols],
-            prior,
+            lanes,
             masking,
             rows,
             cols,
             scale,
             factor,
-            ssmax is not None and ssmax.scale_prior,
+            scale_prior,
         )
         is_causal = masking.plain_causal and Lq == Lk and rows == slice(0, Lq)
         mask = None
         if masking.masks_anything and not is_causal:
             mask = masking.visible(rows, cols)
-            if bool(mask.all()):
+            if rows.stop - rows.start == 1 and bool(mask.all()):  # a decode step sees every key
                 mask = None
         out = F.scaled_dot_product_attention(
             q2,
@@ -123,7 +132,7 @@ def sdpa_attention(
             scale=1.0,
             enable_gqa=q2.shape[1] != k2.shape[1],
         )
-        if mask is not None:
+        if mask is not None and not masking.plain_causal:  # plain causal: every query sees itself
             out = torch.where(mask.any(dim=-1, keepdim=True), out, 0.0)
         outputs.append(out)
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)

@@ -5,15 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import (
-    FoldLanes,
-    Prior,
-    alibi_slopes,
-    key_lane_centred,
-    key_linear_span,
-    per_head,
-    relative_positions,
-)
+from .base import FoldLanes, Prior, alibi_slopes, per_head, relative_positions
 
 
 class ALiBi(Prior):
@@ -31,6 +23,10 @@ class ALiBi(Prior):
         self.num_heads = num_heads
         self.register_buffer("slopes", slopes.to(torch.get_default_dtype()))
 
+    @property
+    def is_relative(self) -> bool:
+        return True
+
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         distance = relative_positions(q_pos, k_pos, self.slopes.dtype).abs()
         return -per_head(self.slopes) * distance
@@ -39,12 +35,9 @@ class ALiBi(Prior):
         return causal
 
     def fold(self, q_pos: Tensor, k_pos: Tensor) -> FoldLanes:
-        dtype = self.slopes.dtype
-        q = per_head(self.slopes).expand(*q_pos.shape[:-1], self.num_heads, q_pos.shape[-1], 1)
-        return FoldLanes(q, key_lane_centred(q_pos, k_pos, dtype))
-
-    def fold_span(self, dtype: torch.dtype) -> int | None:
-        return key_linear_span(self.slopes, dtype)
+        # Prop. F.6: -m (i - j) = m j + row constant; no bilinear lanes at all.
+        empty = self.slopes.new_zeros(1, q_pos.shape[-1], 0)
+        return FoldLanes(empty, self.slopes.new_zeros(1, k_pos.shape[-1], 0), slope=self.slopes)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}"

@@ -21,14 +21,27 @@ from torch import Tensor, nn
 
 
 class FoldLanes(NamedTuple):
-    """Lanes that fold a log-prior into q/k: ``<q[..., h, i, :], k[..., h', j, :]> = K_h(i, j) + c_hi``.
+    """A log-prior in bilinear form (seed 000 Eq. 17-21), up to per-query constants:
 
-    ``q``: ``(..., H, Lq, P)``. ``k``: ``(..., Hk, Lk, P)`` with ``Hk`` either 1 (the same key lanes
-    for every head, so grouped-query attention keeps its shared keys) or ``H``.
+    ``K_h(i, j) = <q[..., h, i, :], k[..., 0, j, :]> + key_bias[..., h, j] + slope[h] * k_pos[j] + c_hi``
+
+    - ``q`` ``(..., H, Lq, P)`` and ``k`` ``(..., 1, Lk, P)``: lanes; the key lanes are shared by
+      every head, so grouped-query attention keeps its shared keys.
+    - ``key_bias`` ``(..., H, Lk)`` or None: key-only terms (GOAT's sink ``u_h(j)``, Eq. 19).
+    - ``slope`` ``(H,)`` or None: a key-linear term, ALiBi under a causal mask (Prop. F.6). Routes
+      add it as ``slope * (k_pos - centre)`` with a centre near the queries, because ``slope * k_pos``
+      grows with the position and would swamp the content score in floating point.
     """
 
     q: Tensor
     k: Tensor
+    key_bias: Tensor | None = None
+    slope: Tensor | None = None
+
+    @property
+    def width(self) -> int:
+        """Lanes this fold adds to a q/k head in SDPA form (one each for key bias and slope)."""
+        return self.q.shape[-1] + (self.key_bias is not None) + (self.slope is not None)
 
 
 class Prior(nn.Module):
@@ -41,6 +54,11 @@ class Prior(nn.Module):
         """Dense log-prior ``(..., H, Lq, Lk)`` for integer positions ``(..., Lq)`` and ``(..., Lk)``."""
         raise NotImplementedError
 
+    @property
+    def is_relative(self) -> bool:
+        """Whether the log-prior depends on ``q_pos - k_pos`` only (a Toeplitz matrix per head)."""
+        return False
+
     def can_fold(self, causal: bool) -> bool:
         """Whether :meth:`fold` is exact (up to per-query constants) under this masking."""
         return False
@@ -51,18 +69,9 @@ class Prior(nn.Module):
 
     @property
     def fold_width(self) -> int:
-        """Number of lanes :meth:`fold` appends to q and k."""
+        """Number of lanes the fold adds to each q/k head when it runs through SDPA."""
         origin = torch.zeros(1, dtype=torch.long)
-        return self.fold(origin, origin).q.shape[-1]
-
-    def fold_span(self, dtype: torch.dtype) -> int | None:
-        """Longest run of queries one folded call may cover and stay exact in ``dtype``.
-
-        Lanes that grow with the key position (a key-linear slope) are re-centred on the queries of
-        each call; their magnitude over a run of ``n`` queries is ``slope * n``, which must stay small
-        next to the unit roundoff of ``dtype``. ``None``: no limit.
-        """
-        return None
+        return self.fold(origin, origin).width
 
     def check_finite(self) -> None:
         """Raise a ``ValueError`` naming the first parameter that holds NaN or inf."""
@@ -101,39 +110,15 @@ def alibi_slopes(num_heads: int) -> Tensor:
     return torch.tensor(slopes, dtype=torch.float64)
 
 
-#: Largest magnitude a key-linear lane may reach inside one folded call, per dtype; past it the
-#: rounding of ``slope * (j - centre)`` shows in the logits (measured: tests/attention/test_sdpa.py).
-FOLD_MAGNITUDE = {
-    torch.float64: 2.0**30,
-    torch.float32: 2.0**8,
-    torch.bfloat16: 2.0**0,
-    torch.float16: 2.0**2,
-}
-
-
-def key_linear_span(slopes: Tensor, dtype: torch.dtype) -> int | None:
-    """:meth:`Prior.fold_span` for a prior with key-linear lanes of the given slopes."""
-    largest = float(slopes.detach().abs().max()) if slopes.numel() else 0.0
-    if largest == 0.0:
-        return None
-    return max(1, int(FOLD_MAGNITUDE.get(dtype, FOLD_MAGNITUDE[torch.float32]) / largest))
-
-
-def key_lane_centred(q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> Tensor:
-    """``k_pos[j] - max_i q_pos[i]`` as ``(..., 1, Lk, 1)``: a key-linear lane re-centred on the queries.
-
-    Re-centring adds a per-query constant (softmax ignores it) and keeps the lane small for the keys
-    that matter, so ``slope * lane`` does not swamp the content score in floating point.
-    """
-    centre = q_pos.amax(dim=-1, keepdim=True)
-    return (k_pos - centre).to(dtype)[..., None, :, None]
-
-
 def concat_lanes(parts: list[FoldLanes]) -> FoldLanes:
-    """Concatenate the lanes of several folded priors (their inner products add)."""
+    """The fold of a sum of folded priors: lanes concatenate, key biases and slopes add."""
     q = torch.broadcast_tensors(*[p.q[..., :1] for p in parts])[0].shape[:-1]
     k = torch.broadcast_tensors(*[p.k[..., :1] for p in parts])[0].shape[:-1]
+    key_biases = [p.key_bias for p in parts if p.key_bias is not None]
+    slopes = [p.slope for p in parts if p.slope is not None]
     return FoldLanes(
         torch.cat([p.q.expand(*q, p.q.shape[-1]) for p in parts], dim=-1),
         torch.cat([p.k.expand(*k, p.k.shape[-1]) for p in parts], dim=-1),
+        sum(key_biases) if key_biases else None,
+        sum(slopes) if slopes else None,
     )

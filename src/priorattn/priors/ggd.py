@@ -48,6 +48,10 @@ class GGD(Prior):
         self.theta_beta = nn.Parameter(beta.to(dtype), requires_grad="beta" in trainable)
         self.theta_mu = nn.Parameter(torch.zeros(num_heads, dtype=dtype), requires_grad="mu" in trainable)
 
+    @property
+    def is_relative(self) -> bool:
+        return True
+
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         offset = -relative_positions(q_pos, k_pos, self.theta_alpha.dtype)  # j - i
         mu = torch.exp(self.theta_mu) - torch.exp(-self.theta_mu)

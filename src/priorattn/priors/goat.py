@@ -11,9 +11,6 @@ from .base import (
     FoldLanes,
     Prior,
     alibi_slopes,
-    concat_lanes,
-    key_lane_centred,
-    key_linear_span,
     per_head,
     relative_positions,
 )
@@ -93,7 +90,8 @@ class GOAT(Prior):
 
     ``init="uniform"`` starts at ``K = 0``: standard attention, exactly. ``init="recency"`` starts
     at ALiBi: the slope takes the ALiBi slopes, or, with ``slope=False``, the spectral weights are
-    fitted by least squares to ``-m_h d`` over lags ``d`` in ``[0, train_len)``.
+    fitted by least squares to ``-m_h d`` over lags ``d`` in ``[0, train_len)`` (so it matches
+    ALiBi under a causal mask; future keys are not fitted).
 
     Folding (Eq. 17-21): ``q`` lanes ``[alpha cos(w i) + beta sin(w i), alpha sin(w i) - beta cos(w i)]``,
     ``k`` lanes ``[cos(w j), sin(w j)]`` (2R lanes shared by every head), then one sink lane
@@ -161,6 +159,10 @@ class GOAT(Prior):
             K = K - per_head(self.slope) * lag.to(dtype).abs()
         return K
 
+    @property
+    def is_relative(self) -> bool:
+        return self.sink is None
+
     def can_fold(self, causal: bool) -> bool:
         return causal or self.slope is None
 
@@ -169,24 +171,13 @@ class GOAT(Prior):
         cos_q, sin_q = (t[..., None, :, :] for t in phases(q_pos, self.freqs))  # (..., 1, Lq, R)
         cos_k, sin_k = phases(k_pos, self.freqs)
         alpha, beta = self.alpha[:, None, :], self.beta[:, None, :]  # (H, 1, R)
-        parts = [
-            FoldLanes(
-                torch.cat([alpha * cos_q + beta * sin_q, alpha * sin_q - beta * cos_q], dim=-1),
-                torch.cat([cos_k, sin_k], dim=-1)[..., None, :, :],
-            )
-        ]
-        if self.sink is not None:  # Eq. 19: <1, u_h(j)>
-            ones = torch.ones_like(cos_q[..., :1]).expand(
-                *cos_q.shape[:-3], self.num_heads, q_pos.shape[-1], 1
-            )
-            parts.append(FoldLanes(ones, self.sink(k_pos)[..., None]))
-        if self.slope is not None:  # Prop. F.6: -m (i - j) = m j + row constant
-            q = per_head(self.slope).expand(*q_pos.shape[:-1], self.num_heads, q_pos.shape[-1], 1)
-            parts.append(FoldLanes(q, key_lane_centred(q_pos, k_pos, self.slope.dtype)))
-        return concat_lanes(parts)
-
-    def fold_span(self, dtype: torch.dtype) -> int | None:
-        return None if self.slope is None else key_linear_span(self.slope, dtype)
+        key_bias = None if self.sink is None else self.sink(k_pos)  # Eq. 19: <1, u_h(j)>
+        return FoldLanes(
+            torch.cat([alpha * cos_q + beta * sin_q, alpha * sin_q - beta * cos_q], dim=-1),
+            torch.cat([cos_k, sin_k], dim=-1)[..., None, :, :],
+            key_bias,
+            self.slope,  # Prop. F.6: -m (i - j) = m j + row constant
+        )
 
     def extra_repr(self) -> str:
         return (

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from .base import FoldLanes, Prior, concat_lanes
@@ -24,12 +23,12 @@ class Sum(Prior):
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         return sum(p.log_prior(q_pos, k_pos) for p in self.parts)
 
+    @property
+    def is_relative(self) -> bool:
+        return all(p.is_relative for p in self.parts)
+
     def can_fold(self, causal: bool) -> bool:
         return all(p.can_fold(causal) for p in self.parts)
 
     def fold(self, q_pos: Tensor, k_pos: Tensor) -> FoldLanes:
         return concat_lanes([p.fold(q_pos, k_pos) for p in self.parts])
-
-    def fold_span(self, dtype: torch.dtype) -> int | None:
-        spans = [s for s in (p.fold_span(dtype) for p in self.parts) if s is not None]
-        return min(spans) if spans else None

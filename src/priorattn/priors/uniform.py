@@ -11,6 +11,10 @@ from .base import FoldLanes, Prior
 class Uniform(Prior):
     """``K(i, j) = 0``: standard attention, no positional information."""
 
+    @property
+    def is_relative(self) -> bool:
+        return True
+
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         shape = (*q_pos.shape[:-1], 1, q_pos.shape[-1], k_pos.shape[-1])
         return torch.zeros(shape, dtype=torch.get_default_dtype(), device=q_pos.device)
@@ -20,6 +24,6 @@ class Uniform(Prior):
 
     def fold(self, q_pos: Tensor, k_pos: Tensor) -> FoldLanes:
         dtype = torch.get_default_dtype()
-        q = torch.zeros((*q_pos.shape[:-1], 1, q_pos.shape[-1], 0), dtype=dtype, device=q_pos.device)
-        k = torch.zeros((*k_pos.shape[:-1], 1, k_pos.shape[-1], 0), dtype=dtype, device=k_pos.device)
-        return FoldLanes(q, k)
+        return FoldLanes(
+            torch.zeros(1, q_pos.shape[-1], 0, dtype=dtype), torch.zeros(1, k_pos.shape[-1], 0, dtype=dtype)
+        )
