@@ -23,10 +23,10 @@ from torch.utils.checkpoint import checkpoint
 
 from ..priors import FoldLanes, Prior
 from ..ssmax import Scaling
+from .folding import key_terms, lane_inputs, slope_span
 from .grouped import grouped_scores, grouped_values
 from .masks import Masking
 from .reference import compute_dtype, masked_softmax, prior_logits
-from .folding import key_terms, lane_inputs, slope_span
 
 #: Query rows per block: logits of one block are ``B * H * BLOCK * Lk`` floats.
 BLOCK = 128
