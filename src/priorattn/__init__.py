@@ -4,9 +4,10 @@ Attention logits = content score + a learnable log-prior over positions:
 ``softmax_j(scale <q_i, k_j> + K_h(i, j))``. See ``priorattn.attention`` and ``priorattn.priors``.
 """
 
-from . import priors
+from . import encodings, priors
 from .attention import attention
+from .layers import KVCache, PriorMultiheadAttention
 from .ssmax import SSMax
 
-__all__ = ["SSMax", "attention", "priors"]
+__all__ = ["KVCache", "PriorMultiheadAttention", "SSMax", "attention", "encodings", "priors"]
 __version__ = "0.1.0"

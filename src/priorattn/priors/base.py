@@ -70,7 +70,8 @@ class Prior(nn.Module):
     @property
     def fold_width(self) -> int:
         """Number of lanes the fold adds to each q/k head when it runs through SDPA."""
-        origin = torch.zeros(1, dtype=torch.long)
+        tensors = [*self.parameters(), *self.buffers()]
+        origin = torch.zeros(1, dtype=torch.long, device=tensors[0].device if tensors else None)
         return self.fold(origin, origin).width
 
     def check_finite(self) -> None:

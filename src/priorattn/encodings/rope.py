@@ -1,0 +1,75 @@
+"""Rotary position embedding (Su et al., 2021), with position interpolation (Chen et al., 2023)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def is_integer_tensor(t: object) -> bool:
+    if not isinstance(t, Tensor):
+        return False
+    return not (t.is_floating_point() or t.is_complex() or t.dtype == torch.bool)
+
+
+def describe(t: object) -> str:
+    """``int64 (2, 5)`` for a tensor, the type name otherwise: for error messages."""
+    return f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """``[x1, x2] -> [-x2, x1]`` on the last dim: lane ``r`` pairs with lane ``r + D/2``."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+class RoPE(nn.Module):
+    """Rotate lanes ``(r, r + D/2)`` of q or k by the angle ``theta_r * p / interpolation``.
+
+    ``theta_r = base^(-2r / D)``, ``r = 0 .. D/2 - 1`` (rotate-half convention, as GPT-NeoX and
+    LLaMA). A rotation depends only on the token's own position, so ``<rope(q, i), rope(k, j)>``
+    depends only on ``i - j`` and a KV cache may store keys already rotated. ``interpolation > 1``
+    squeezes positions into the trained range (position interpolation: ``p -> p / interpolation``).
+
+    Angles are formed in float64, then cast to the input's dtype: at position 10^5 a float32 angle
+    is off by ~0.01 rad. No parameters, no buffers: the frequencies are rebuilt per call in float64,
+    so ``.float()`` or ``.half()`` on a parent module cannot round them.
+    """
+
+    def __init__(self, head_dim: int, base: float = 10_000.0, interpolation: float = 1.0):
+        super().__init__()
+        if not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
+            raise ValueError(f"RoPE rotates lane pairs: head_dim must be even, got {head_dim!r}")
+        if not base > 1.0:
+            raise ValueError(f"base must be > 1, got {base!r}")
+        if not interpolation > 0.0:
+            raise ValueError(f"interpolation must be > 0, got {interpolation!r}")
+        self.head_dim = head_dim
+        self.base = float(base)
+        self.interpolation = float(interpolation)
+
+    def freqs(self, device: torch.device | None = None) -> Tensor:
+        """``theta_r = base^(-2r / D)`` as ``(D/2,)`` float64."""
+        lanes = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device)
+        return self.base ** (-lanes / self.head_dim)
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Rotate ``x: (B, H, L, D)`` to integer ``positions: (L,)`` or ``(B, L)``."""
+        if not isinstance(x, Tensor) or x.dim() != 4 or x.shape[-1] != self.head_dim:
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"x must have shape (B, H, L, {self.head_dim}), got {shape}")
+        B, _, L, _ = x.shape
+        if not is_integer_tensor(positions) or positions.shape not in ((L,), (1, L), (B, L)):
+            raise ValueError(
+                f"positions must be an integer tensor of shape ({L},) or ({B}, {L}), "
+                f"got {describe(positions)}"
+            )
+        angle = (positions.to(torch.float64) / self.interpolation)[..., None] * self.freqs(x.device)
+        angle = torch.cat([angle, angle], dim=-1)  # (L, D) or (B, L, D)
+        if angle.dim() == 3:
+            angle = angle[:, None]  # (B, 1, L, D)
+        cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+        return x * cos + rotate_half(x) * sin
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, base={self.base:g}, interpolation={self.interpolation:g}"

@@ -1,0 +1,268 @@
+"""``PriorMultiheadAttention``: drop-in self-attention with a prior, RoPE, SSMax and a KV cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from .attention import BACKENDS, attention
+from .encodings import RoPE, Sinusoidal
+from .encodings.rope import describe, is_integer_tensor
+from .priors import Prior
+from .ssmax import SSMax
+
+
+@dataclass
+class KVCache:
+    """Keys and values seen so far, with what attention needs to mask and place them.
+
+    Keys are stored after RoPE (a rotation depends only on the key's own position), so a decode step
+    rotates only its new tokens. ``positions`` is ``(1, Lc)`` when every sequence shares them.
+    ``key_padding_mask`` is kept so padding (e.g. left padding of a batched prompt) stays invisible
+    to every later query; ``None`` means no key is padding.
+    """
+
+    k: Tensor  # (B, Hkv, Lc, Dq), rotated
+    v: Tensor  # (B, Hkv, Lc, D)
+    positions: Tensor  # (B or 1, Lc) int64
+    doc_ids: Tensor | None = None  # (B, Lc)
+    key_padding_mask: Tensor | None = None  # (B, Lc) bool, True marks a padding key
+
+    def __len__(self) -> int:
+        return self.k.shape[2]
+
+    def extend(self, new: KVCache) -> KVCache:
+        """A cache holding these keys followed by ``new``'s (concatenation along the length)."""
+        if (self.doc_ids is None) != (new.doc_ids is None):
+            if self.doc_ids is None:
+                state = "has no doc_ids but this call gives some"
+            else:
+                state = "has doc_ids but this call gives none"
+            raise ValueError(f"the cache {state}: pass doc_ids on every call or on none")
+        padding = None
+        if self.key_padding_mask is not None or new.key_padding_mask is not None:
+            padding = torch.cat([_no_padding(self), _no_padding(new)], dim=-1)
+        return KVCache(
+            torch.cat([self.k, new.k], dim=2),
+            torch.cat([self.v, new.v], dim=2),
+            _cat_batch(self.positions, new.positions),
+            None if new.doc_ids is None else torch.cat([self.doc_ids, new.doc_ids], dim=-1),
+            padding,
+        )
+
+
+def _no_padding(cache: KVCache) -> Tensor:
+    if cache.key_padding_mask is not None:
+        return cache.key_padding_mask
+    return torch.zeros(cache.k.shape[0], len(cache), dtype=torch.bool, device=cache.k.device)
+
+
+def _cat_batch(a: Tensor, b: Tensor) -> Tensor:
+    """Concatenate ``(B or 1, L)`` tensors along L, broadcasting the batch dim."""
+    B = max(a.shape[0], b.shape[0])
+    return torch.cat([a.expand(B, -1), b.expand(B, -1)], dim=-1)
+
+
+class PriorMultiheadAttention(nn.Module):
+    """Self-attention ``softmax_j(<q_i, k_j> / sqrt(d_q) + K_h(i, j)) v_j`` with a KV cache.
+
+    Args:
+        d_model: width of the input and output.
+        num_heads: query heads ``H``. num_kv_heads: key/value heads ``Hkv`` (grouped-query
+            attention), default ``H``.
+        prior: a :class:`~priorattn.priors.Prior` with ``num_heads`` heads (or head-independent).
+        encoding: ``None``, ``"rope"`` or a :class:`~priorattn.encodings.RoPE` of width ``d_q``,
+            applied to the content q/k at their positions.
+        ssmax: ``None``, ``True`` (a new :class:`~priorattn.SSMax`) or an ``SSMax`` module.
+        causal: key j is visible to query i iff ``pos[j] <= pos[i]``.
+        head_dim: value width ``D`` per head, default ``d_model // num_heads``.
+        window: sliding-window attention (with RoPE: "local RoPE").
+        backend: passed to :func:`priorattn.attention`.
+
+    When the prior folds into q/k lanes (``prior.can_fold(causal)``) the head keeps its width
+    (seed 000 Sec. 4, Algorithm 1): content lanes ``d_q = head_dim - prior.fold_width``, so
+    ``[q_c, q_prior]`` spans ``head_dim`` lanes, while values keep the full ``head_dim``. RoPE
+    rotates lanes in pairs: if that ``d_q`` is odd, one more lane goes to the prior's subspace (the
+    paper's "padded for alignment", a zero lane never built) and ``d_q`` drops by one. A prior that
+    does not fold leaves ``d_q = head_dim``. The content scale is ``1 / sqrt(d_q)`` and the prior
+    enters unscaled (Eq. 23).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        *,
+        prior: Prior | None = None,
+        encoding: RoPE | str | None = None,
+        ssmax: SSMax | bool | None = None,
+        causal: bool = True,
+        num_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        window: int | None = None,
+        backend: str = "auto",
+    ):
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        head_dim = d_model // num_heads if head_dim is None and num_heads > 0 else head_dim
+        sizes = dict(d_model=d_model, num_heads=num_heads, num_kv_heads=num_kv_heads)
+        for name, value in sizes.items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_heads={num_heads} is not a multiple of num_kv_heads={num_kv_heads}: "
+                "each key/value head serves a whole group of query heads"
+            )
+        if not isinstance(head_dim, int) or head_dim < 1:
+            raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+        if window is not None and (not isinstance(window, int) or window < 1):
+            raise ValueError(f"window must be a positive int, got {window!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if prior is not None and not isinstance(prior, Prior):
+            raise TypeError(f"prior must be a priorattn.priors.Prior, got {type(prior).__name__}")
+        if prior is not None and prior.num_heads is not None and prior.num_heads != num_heads:
+            raise ValueError(f"prior has {prior.num_heads} heads but num_heads={num_heads}")
+
+        content_dim = head_dim
+        if prior is not None and prior.can_fold(causal) and prior.fold_width:
+            content_dim = head_dim - prior.fold_width  # seed 000 Algorithm 1: d_c = d_h - d_p
+            if content_dim < 1:
+                raise ValueError(
+                    f"head_dim={head_dim} leaves no content lanes: {type(prior).__name__} folds "
+                    f"into {prior.fold_width} lanes of each head; use head_dim > {prior.fold_width}"
+                )
+            if encoding is not None and content_dim % 2:
+                content_dim -= 1  # one padding lane so RoPE can rotate the content in pairs
+        self.rope = _rope(encoding, content_dim)
+        self.ssmax = _ssmax(ssmax, num_heads)
+
+        self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
+        self.head_dim, self.content_dim = head_dim, content_dim
+        self.prior, self.causal, self.window, self.backend = prior, causal, window, backend
+        self.q_proj = nn.Linear(d_model, num_heads * content_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, num_kv_heads * content_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, num_kv_heads * head_dim, bias=False)
+        self.out_proj = nn.Linear(num_heads * head_dim, d_model, bias=False)
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor | None = None,
+        doc_ids: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[Tensor, KVCache]:
+        """Attend ``x: (B, L, d_model)`` to itself and to ``cache``; return ``(y, cache)``.
+
+        ``positions``: integer ``(L,)`` or ``(B, L)``; default ``len(cache) + arange(L)``.
+        ``doc_ids``: ``(B, L)`` document ids of the new tokens; pass them on every call or on none.
+        ``key_padding_mask``: ``(B, L)`` bool, True marks a new token that no query may attend to
+        (now or in later calls: the mask is cached). The returned cache includes the new tokens.
+        Feeding a sequence in pieces through the cache gives the same outputs as one full pass when
+        ``causal`` (without it, earlier pieces cannot see later ones).
+        """
+        B, L = self._check_input(x, doc_ids, key_padding_mask, cache)
+        positions = self._positions(positions, B, L, 0 if cache is None else len(cache), x.device)
+        H, Hkv, Dq, D = self.num_heads, self.num_kv_heads, self.content_dim, self.head_dim
+        q = self.q_proj(x).view(B, L, H, Dq).transpose(1, 2)  # (B, H, L, Dq)
+        k = self.k_proj(x).view(B, L, Hkv, Dq).transpose(1, 2)  # (B, Hkv, L, Dq)
+        v = self.v_proj(x).view(B, L, Hkv, D).transpose(1, 2)  # (B, Hkv, L, D)
+        if self.rope is not None:
+            q, k = self.rope(q, positions), self.rope(k, positions)
+        new = KVCache(k, v, positions, doc_ids, key_padding_mask)
+        cache = new if cache is None else cache.extend(new)
+        y = attention(
+            q,
+            cache.k,
+            cache.v,
+            prior=self.prior,
+            causal=self.causal,
+            q_pos=positions,
+            k_pos=cache.positions,
+            doc_ids=None if doc_ids is None else (doc_ids, cache.doc_ids),
+            key_padding_mask=cache.key_padding_mask,
+            window=self.window,
+            ssmax=self.ssmax,
+            backend=self.backend,
+        )  # (B, H, L, D)
+        return self.out_proj(y.transpose(1, 2).reshape(B, L, H * D)), cache
+
+    def _check_input(self, x, doc_ids, key_padding_mask, cache) -> tuple[int, int]:
+        if not isinstance(x, Tensor) or x.dim() != 3:
+            raise ValueError(f"x must be a 3-D tensor (B, L, d_model), got {describe(x)}")
+        B, L, d_model = x.shape
+        if d_model != self.d_model:
+            raise ValueError(f"x has d_model={d_model} but the layer was built for {self.d_model}")
+        if doc_ids is not None and (not is_integer_tensor(doc_ids) or doc_ids.shape != (B, L)):
+            raise ValueError(
+                f"doc_ids must be an integer tensor of shape ({B}, {L}), got {describe(doc_ids)}"
+            )
+        mask = key_padding_mask
+        bool_mask = isinstance(mask, Tensor) and mask.dtype == torch.bool
+        if mask is not None and not (bool_mask and mask.shape == (B, L)):
+            raise ValueError(
+                f"key_padding_mask must be a bool tensor of shape ({B}, {L}) with True at padding "
+                f"tokens, got {describe(mask)}"
+            )
+        if cache is not None:
+            if not isinstance(cache, KVCache):
+                raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+            expected = (B, self.num_kv_heads, len(cache), self.content_dim)
+            if tuple(cache.k.shape) != expected:
+                got = tuple(cache.k.shape)
+                raise ValueError(f"cache keys are {got}, expected (B, Hkv, Lc, d_q) = {expected}")
+        return B, L
+
+    @staticmethod
+    def _positions(positions: Tensor | None, B: int, L: int, past: int, device) -> Tensor:
+        """``(B or 1, L)`` int64 positions of the new tokens."""
+        if positions is None:
+            return torch.arange(past, past + L, device=device)[None]
+        if not is_integer_tensor(positions) or positions.shape not in ((L,), (1, L), (B, L)):
+            raise ValueError(
+                f"positions must be an integer tensor of shape ({L},) or ({B}, {L}), "
+                f"got {describe(positions)}"
+            )
+        return positions.long().reshape(-1, L)
+
+    def extra_repr(self) -> str:
+        return (
+            f"d_model={self.d_model}, num_heads={self.num_heads}, "
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+            f"content_dim={self.content_dim}, causal={self.causal}, window={self.window}, "
+            f"backend={self.backend!r}"
+        )
+
+
+def _rope(encoding: RoPE | str | None, content_dim: int) -> RoPE | None:
+    if encoding is None:
+        return None
+    if isinstance(encoding, str):
+        if encoding != "rope":
+            raise ValueError(f"encoding must be None, 'rope' or a RoPE module, got {encoding!r}")
+        return RoPE(content_dim)
+    if isinstance(encoding, Sinusoidal):
+        raise TypeError("Sinusoidal is added to the token embeddings, not inside attention")
+    if not isinstance(encoding, RoPE):
+        kind = type(encoding).__name__
+        raise TypeError(f"encoding must be None, 'rope' or a RoPE module, got {kind}")
+    if encoding.head_dim != content_dim:
+        raise ValueError(f"encoding rotates {encoding.head_dim} lanes but q/k have {content_dim}")
+    return encoding
+
+
+def _ssmax(ssmax: SSMax | bool | None, num_heads: int) -> SSMax | None:
+    if ssmax is None or ssmax is False:
+        return None
+    if ssmax is True:
+        return SSMax(num_heads)
+    if not isinstance(ssmax, SSMax):
+        raise TypeError(f"ssmax must be None, True or an SSMax module, got {type(ssmax).__name__}")
+    if ssmax.num_heads != num_heads:
+        raise ValueError(f"ssmax has {ssmax.num_heads} heads but num_heads={num_heads}")
+    return ssmax
