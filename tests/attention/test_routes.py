@@ -112,9 +112,10 @@ def test_route_matches_reference(backend, dtype, o):
     check_route(backend, o, dtype)
 
 
+@pytest.mark.parametrize("docs", [True, False])
 @pytest.mark.parametrize("prior", ["alibi", "ggd_negative", "goat", "sum"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_memeff_many_blocks_matches_reference(prior, dtype, monkeypatch):
+def test_memeff_many_blocks_matches_reference(prior, dtype, docs, monkeypatch):
     monkeypatch.setattr(memeff, "BLOCK", 16)
     o = dict(
         B=2,
@@ -129,7 +130,7 @@ def test_memeff_many_blocks_matches_reference(prior, dtype, monkeypatch):
         prior=prior,
         seed=1,
         window=None,
-        docs=True,
+        docs=docs,
         padding=False,
         ssmax=True,
         batched_pos=False,

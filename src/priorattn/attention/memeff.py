@@ -1,110 +1,231 @@
 """The memory-efficient route: any prior, forward and backward, attention memory O(L).
 
-Queries are taken in blocks of :data:`BLOCK` rows. Each block builds its logits against the keys it
-can see, softmaxes and reduces them, and keeps only its output. Under autograd each block is
-checkpointed: the backward pass rebuilds one block's logits at a time, so no ``Lq x Lk`` tensor ever
-lives in memory, and the gradients of every prior parameter flow through ordinary autograd.
+Queries are taken in blocks of :data:`BLOCK` rows. A block builds its logits against the keys it can
+see, takes their softmax and weighted sum, and keeps only its output.
+The backward pass (a custom autograd function, as in FlashAttention) rebuilds one block's
+weights at a time, so no ``Lq x Lk`` tensor ever lives in memory.
 
-Where the log-prior of a block comes from, cheapest first:
+Logits are ``<q2_i, k2_j> + bias_ij`` where ``q2``/``k2`` carry the content (and a folded prior's
+lanes) and the bias is whatever part of the prior is not in the lanes, cheapest first:
 
-- a prior that folds: extra q/k lanes (seed 000 Eq. 20-24), no bias at all;
+- a prior that folds: its key-only terms ``u_h(j) + m_h (k_pos[j] - centre)``, one row per block
+  (the slope re-centred on the block's queries, see ``folding.py``);
 - a relative prior (``K`` depends on ``i - j`` only) on contiguous positions: the prior is evaluated
   once on the ``Lq + Lk - 1`` possible lags, and each block's bias is a zero-copy strided view of that
   table. A Toeplitz block becomes a strided (Hankel) view once its keys are taken in reverse order,
   so this path reverses the keys once up front;
 - otherwise: ``prior.log_prior`` on the block's positions.
+
+The bias of a block is a small differentiable function of its inputs (key terms, table, prior
+parameters, SSMax factors); the backward pass rebuilds it under autograd and pulls the gradient of
+the logits back through it, so every prior parameter gets its gradient without custom code.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from ..priors import FoldLanes, Prior
 from ..ssmax import Scaling
-from .folding import key_terms, lane_inputs, slope_span
-from .grouped import grouped_scores, grouped_values
+from .folding import centred_keys, lane_inputs, slope_span
 from .masks import Masking
-from .reference import compute_dtype, masked_softmax, prior_logits
+from .reference import compute_dtype
 
 #: Query rows per block: logits of one block are ``B * H * BLOCK * Lk`` floats.
 BLOCK = 128
 
 
+def run_start(pos: Tensor) -> int | None:
+    """``pos[0, 0]`` when ``pos`` is one run ``start, start + 1, ...`` shared by the batch, else None."""
+    if pos.shape[0] != 1:
+        return None
+    start = int(pos[0, 0])
+    return start if torch.equal(pos[0], start + torch.arange(pos.shape[-1], device=pos.device)) else None
+
+
 def lag_table(prior: Prior, masking: Masking) -> Tensor | None:
-    """``K_h(d)`` for every lag ``d = q_pos - k_pos`` of the call, ``(H, Lq + Lk - 1)``, or None.
+    """``K_h(d)`` for every lag ``d = q_pos - k_pos`` of the call, ``(H or 1, Lq + Lk - 1)``, or None.
 
-    Index ``x`` holds lag ``min_lag + x``. Only for relative priors on positions that are one
-    contiguous run shared by the batch, where ``min_lag = q_pos[0] - k_pos[-1]``.
+    Index ``x`` holds lag ``q_pos[0] - k_pos[-1] + x``. Only for relative priors on positions that
+    are one run shared by the batch.
     """
-    q_pos, k_pos = masking.q_pos, masking.k_pos
-    if not prior.is_relative or q_pos.shape[0] != 1 or k_pos.shape[0] != 1:
+    q0, k0 = run_start(masking.q_pos), run_start(masking.k_pos)
+    if not prior.is_relative or q0 is None or k0 is None:
         return None
-    Lq, Lk = q_pos.shape[-1], k_pos.shape[-1]
-    if not (
-        torch.equal(q_pos[0], q_pos[0, 0] + torch.arange(Lq, device=q_pos.device))
-        and torch.equal(k_pos[0], k_pos[0, 0] + torch.arange(Lk, device=k_pos.device))
-    ):
-        return None
-    lags = q_pos[0, 0] - k_pos[0, -1] + torch.arange(Lq + Lk - 1, device=q_pos.device)
+    Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
+    lags = q0 - (k0 + Lk - 1) + torch.arange(Lq + Lk - 1, device=masking.q_pos.device)
     table = prior.log_prior(lags, torch.zeros(1, dtype=torch.long, device=lags.device))
-    return table.reshape(-1, Lq + Lk - 1).contiguous()  # (H or 1, N)
+    return table.reshape(-1, Lq + Lk - 1).contiguous()
 
 
-def hankel_tile(table: Tensor, rows: slice, num_cols: int, Lk: int) -> Tensor:
-    """Block bias ``(H, lq, lk)`` for query ``rows`` against the last ``num_cols`` reversed keys.
+def hankel_tile(table: Tensor, rows: slice, cols: slice, Lk: int) -> Tensor:
+    """Bias ``(H, lq, lk)`` of query ``rows`` against reversed keys ``cols``: a strided view.
 
-    Reversed key ``j'`` is original key ``Lk - 1 - j'``, so the lag of tile cell ``(i, j)`` is
-    ``min_lag + (rows.start - num_cols + Lk) + i + j``: constant along anti-diagonals, a strided view.
+    Query i and original key j have lag index ``x = i - j + Lk - 1``; with reversed key
+    ``j' = Lk - 1 - j`` that is ``x = i + j'``, constant along anti-diagonals, which ``as_strided``
+    reads without a copy.
     """
-    start = rows.start - num_cols + Lk
-    shape = (table.shape[0], rows.stop - rows.start, num_cols)
+    start = rows.start + cols.start
+    shape = (table.shape[0], rows.stop - rows.start, cols.stop - cols.start)
     return table.as_strided(shape, (table.stride(0), 1, 1), table.storage_offset() + start)
 
 
-def attend_block(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    prior: Prior | None,
-    lanes: FoldLanes | None,
-    table: Tensor | None,
-    masking: Masking,
-    rows: slice,
-    cols: slice,
-    scale: float,
-    ssmax: Scaling | None,
-) -> Tensor:
-    """Output of query ``rows`` against key ``cols``; q, k, v arrive already sliced."""
-    visible = masking.visible(rows, cols)
-    if lanes is not None:
-        dtype = compute_dtype(q.dtype)
-        factor = None if ssmax is None else ssmax.factor(visible.sum(-1)[:, 0]).to(dtype)
-        scale_prior = ssmax is not None and ssmax.scale_prior
-        q2, k2 = lane_inputs(q.to(dtype), k.to(dtype), lanes, rows, cols, scale, factor, scale_prior)
-        logits = grouped_scores(q2, k2)
-        terms = key_terms(lanes, masking, rows, cols)
-        if terms is not None:
-            terms = terms[..., None, :].to(dtype)  # (B or 1, H, 1, lk): the same for every query
-            logits = logits + (terms * factor if factor is not None and scale_prior else terms)
-    else:
+@dataclass(frozen=True)
+class Plan:
+    """What one call's blocks need besides tensors: the keys each block sees, and how to build its bias."""
+
+    masking: Masking  # with the keys reversed when ``reversed_keys``
+    prior: Prior | None  # set only when the bias comes from ``prior.log_prior`` tiles
+    reversed_keys: bool
+    scale_prior: bool  # SSMax multiplies the bias by the row factor
+    step: int
+    causal_offset: int | None  # q_pos[0] - k_pos[0] under causal masking on position runs
+    dtype: torch.dtype  # of the logits
+    triangular: bool  # see is_triangular
+
+    @staticmethod
+    def is_triangular(masking: Masking, causal_offset: int | None) -> bool:
+        """Whether each block's hidden cells are one triangle in its newest ``lq`` keys.
+
+        True for causal masking over position runs with ``0 <= q_pos[0] - k_pos[0] <= Lk - Lq`` and
+        no documents, padding or window: row i then sees keys ``0 .. offset + i`` and every block
+        ends at its last query's own key.
+        """
+        Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
+        return (
+            causal_offset is not None
+            and 0 <= causal_offset <= Lk - Lq
+            and masking.q_doc is None
+            and masking.key_padding is None
+            and masking.window is None
+        )
+
+    def blocks(self) -> list[tuple[slice, slice]]:
+        """Query rows and the key columns they can possibly see (causal: none past the last query)."""
+        Lq, Lk = self.masking.q_pos.shape[-1], self.masking.k_pos.shape[-1]
+        out = []
+        for start in range(0, Lq, self.step):
+            rows = slice(start, min(start + self.step, Lq))
+            bound = Lk if self.causal_offset is None else min(max(self.causal_offset + rows.stop, 0), Lk)
+            if bound > 0:
+                out.append((rows, slice(Lk - bound, Lk) if self.reversed_keys else slice(0, bound)))
+        return out
+
+    def bias(
+        self,
+        rows: slice,
+        cols: slice,
+        key_bias: Tensor | None,
+        slope: Tensor | None,
+        table: Tensor | None,
+        row_scale: Tensor | None,
+    ) -> Tensor | None:
+        """The block's bias ``(B or 1, H or 1, lq or 1, lk)`` from its differentiable sources."""
+        terms = []
+        if key_bias is not None:  # GOAT's sink u_h(j), seed 000 Eq. 19
+            terms.append(key_bias[..., None, cols])
+        if slope is not None:  # m_h (k_pos[j] - centre), seed 000 Prop. F.6
+            offset = centred_keys(self.masking, rows, cols, slope.dtype)
+            terms.append(slope[:, None, None] * offset[:, None, None, :])
         if table is not None:
-            log_prior = hankel_tile(table, rows, k.shape[2], masking.k_pos.shape[-1])
-        elif prior is not None:
-            log_prior = prior.log_prior(masking.q_pos[:, rows], masking.k_pos[:, cols])
-        else:
-            log_prior = None
-        logits = prior_logits(q, k, log_prior, scale, ssmax, visible)
-    probs = masked_softmax(logits, visible)
-    return grouped_values(probs, v.to(probs.dtype)).to(v.dtype)
+            terms.append(hankel_tile(table, rows, cols, self.masking.k_pos.shape[-1])[None])
+        if self.prior is not None:
+            tile = self.prior.log_prior(self.masking.q_pos[:, rows], self.masking.k_pos[:, cols])
+            terms.append(tile.to(self.dtype))
+        if not terms:
+            return None
+        bias = terms[0] if len(terms) == 1 else sum(terms)
+        if row_scale is not None and self.scale_prior:
+            bias = bias * row_scale[:, :, rows]
+        return bias
+
+    def probs(self, q2: Tensor, k2: Tensor, bias: Tensor | None, rows: slice, cols: slice) -> Tensor:
+        """Attention weights ``(B, H, lq, lk)`` of one block; a row with no visible key is all zero."""
+        B, H, lq, _ = q2.shape
+        logits = (grouped(q2, k2.shape[1]) @ k2.transpose(-1, -2)).view(B, H, lq, k2.shape[2])
+        if bias is not None:
+            logits = logits + bias
+        lowest = torch.finfo(logits.dtype).min
+        if self.triangular:  # only the block's newest lq keys can be hidden: an upper triangle
+            hidden = torch.ones(lq, lq, dtype=torch.bool, device=q2.device).triu_(1)
+            if self.reversed_keys:
+                logits[..., :lq].masked_fill_(hidden.flip(-1), lowest)
+            else:
+                logits[..., -lq:].masked_fill_(hidden, lowest)
+            return torch.softmax(logits, dim=-1)
+        visible = self.masking.visible(rows, cols)
+        probs = torch.softmax(logits.masked_fill_(~visible, lowest), dim=-1)
+        return probs.mul_(visible.any(-1, keepdim=True))
 
 
-def key_bound(masking: Masking, rows: slice) -> int:
-    """How many keys (in index order) a block of queries can see: under plain causal masking none
-    past the block's last query, otherwise all."""
-    Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
-    return Lk - Lq + rows.stop if masking.plain_causal else Lk
+def grouped(x: Tensor, Hkv: int) -> Tensor:
+    """``(B, H, L, X) -> (B, Hkv, G * L, X)``: query heads grouped by the key/value head they read."""
+    B, H, L, X = x.shape
+    return x.reshape(B, Hkv, (H // Hkv) * L, X)
+
+
+def sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
+    """Sum ``grad`` over the dimensions that ``shape`` broadcasts (size 1)."""
+    dims = [d for d, (g, s) in enumerate(zip(grad.shape, shape)) if s == 1 and g != 1]
+    return grad.sum(dims, keepdim=True) if dims else grad
+
+
+class BlockwiseAttention(torch.autograd.Function):
+    """Blockwise softmax attention; the backward rebuilds each block's weights (flash-style)."""
+
+    @staticmethod
+    def forward(ctx, plan: Plan, q2, k2, v, key_bias, slope, table, row_scale, *params):
+        B, H, Lq, _ = q2.shape
+        Hkv = v.shape[1]
+        out = q2.new_zeros(B, H, Lq, v.shape[-1])
+        for rows, cols in plan.blocks():
+            bias = plan.bias(rows, cols, key_bias, slope, table, row_scale)
+            probs = plan.probs(q2[:, :, rows], k2[:, :, cols], bias, rows, cols)
+            out[:, :, rows] = (grouped(probs, Hkv) @ v[:, :, cols]).view(B, H, -1, v.shape[-1])
+        ctx.plan, ctx.params = plan, params
+        ctx.save_for_backward(q2, k2, v, out, key_bias, slope, table, row_scale)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        plan: Plan = ctx.plan
+        q2, k2, v, out, *sources = ctx.saved_tensors
+        # Bias sources become fresh leaves so each block's bias can be rebuilt under autograd.
+        leaves = [
+            None if t is None else t.detach().requires_grad_(ctx.needs_input_grad[4 + i])
+            for i, t in enumerate(sources)
+        ]
+        wanted = [t for t in leaves if t is not None and t.requires_grad]
+        wanted += [p for p, need in zip(ctx.params, ctx.needs_input_grad[8:]) if need]
+        B, H, Lq, D = q2.shape
+        Hkv = v.shape[1]
+        dq, dk, dv = torch.zeros_like(q2), torch.zeros_like(k2), torch.zeros_like(v)
+        d_wanted = [torch.zeros_like(t) for t in wanted]
+        delta = (grad_out * out).sum(-1, keepdim=True)  # rowsum(dO * O), the softmax backward's shift
+        for rows, cols in plan.blocks():
+            with torch.enable_grad():
+                bias = plan.bias(rows, cols, *leaves)
+            detached = None if bias is None else bias.detach()
+            probs = plan.probs(q2[:, :, rows], k2[:, :, cols], detached, rows, cols)
+            d_out = grouped(grad_out[:, :, rows], Hkv)
+            dv[:, :, cols] += grouped(probs, Hkv).transpose(-1, -2) @ d_out
+            d_probs = (d_out @ v[:, :, cols].transpose(-1, -2)).view_as(probs)
+            d_logits = probs.mul_(d_probs.sub_(delta[:, :, rows]))  # dS = P * (dP - delta)
+            grouped_d_logits = grouped(d_logits, Hkv)
+            dq[:, :, rows] = (grouped_d_logits @ k2[:, :, cols]).view(B, H, -1, D)
+            dk[:, :, cols] += grouped_d_logits.transpose(-1, -2) @ grouped(q2[:, :, rows], Hkv)
+            if bias is not None and bias.requires_grad:
+                grads = torch.autograd.grad(bias, wanted, sum_to(d_logits, bias.shape), allow_unused=True)
+                for total, g in zip(d_wanted, grads):
+                    if g is not None:
+                        total += g
+        found = iter(d_wanted)
+        source_grads = [next(found) if t is not None and t.requires_grad else None for t in leaves]
+        param_grads = [next(found) if need else None for need in ctx.needs_input_grad[8:]]
+        return (None, dq, dk, dv, *source_grads, *param_grads)
 
 
 def memeff_attention(
@@ -117,33 +238,43 @@ def memeff_attention(
     ssmax: Scaling | None,
 ) -> Tensor:
     """Blockwise prior attention: ``(B, H, Lq, Dv)`` with O(BLOCK * Lk) attention memory."""
-    Lq, Lk = q.shape[2], k.shape[2]
-    folds = prior is not None and prior.can_fold(masking.causal)
-    lanes = prior.fold(masking.q_pos, masking.k_pos) if folds else None
-    table = None if prior is None or folds else lag_table(prior, masking)
-    keys = masking.reversed_keys() if table is not None else masking
-    if table is not None:
-        k, v = k.flip(2), v.flip(2)
-    span = None if lanes is None else slope_span(lanes, compute_dtype(q.dtype))
-    step = BLOCK if span is None else min(BLOCK, span)
-    grad = torch.is_grad_enabled()
-    outputs = []
-    for start in range(0, Lq, step):
-        rows = slice(start, min(start + step, Lq))
-        bound = key_bound(masking, rows)
-        cols = slice(Lk - bound, Lk) if table is not None else slice(0, bound)
-        args = (
-            q[:, :, rows],
-            k[:, :, cols],
-            v[:, :, cols],
-            prior,
-            lanes,
-            table,
-            keys,
-            rows,
-            cols,
-            scale,
-            ssmax,
+    dtype = compute_dtype(q.dtype)
+    factor = None if ssmax is None else ssmax.factor(masking.visible_keys()).to(dtype)
+    scale_prior = ssmax is not None and ssmax.scale_prior
+    lanes: FoldLanes | None = None
+    table = dense = None
+    if prior is not None and prior.can_fold(masking.causal):
+        lanes = prior.fold(masking.q_pos, masking.k_pos)
+        everything = slice(None)
+        q2, k2 = lane_inputs(
+            q.to(dtype), k.to(dtype), lanes, everything, everything, scale, factor, scale_prior
         )
-        outputs.append(checkpoint(attend_block, *args, use_reentrant=False) if grad else attend_block(*args))
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+    else:
+        q2 = q.to(dtype) * scale if factor is None else q.to(dtype) * scale * factor
+        k2 = k.to(dtype)
+        if prior is not None:
+            table = lag_table(prior, masking)
+            dense = prior if table is None else None
+    v2 = v.to(dtype)
+    if table is not None:  # Hankel views need the keys in reverse order
+        k2, v2 = k2.flip(2), v2.flip(2)
+    q0, k0 = run_start(masking.q_pos), run_start(masking.k_pos)
+    causal_offset = q0 - k0 if masking.causal and q0 is not None and k0 is not None else None
+    span = None if lanes is None else slope_span(lanes, dtype)
+    plan = Plan(
+        masking=masking.reversed_keys() if table is not None else masking,
+        prior=dense,
+        reversed_keys=table is not None,
+        scale_prior=scale_prior,
+        step=BLOCK if span is None else min(BLOCK, span),
+        causal_offset=causal_offset,
+        dtype=dtype,
+        triangular=Plan.is_triangular(masking, causal_offset),
+    )
+    key_bias = None if lanes is None or lanes.key_bias is None else lanes.key_bias.to(dtype)
+    slope = None if lanes is None or lanes.slope is None else lanes.slope.to(dtype)
+    table = None if table is None else table.to(dtype)
+    row_scale = factor if scale_prior else None
+    params = [] if dense is None else [p for p in dense.parameters() if p.requires_grad]
+    out = BlockwiseAttention.apply(plan, q2, k2, v2, key_bias, slope, table, row_scale, *params)
+    return out.to(v.dtype)
