@@ -58,18 +58,61 @@ def sdpa_inputs(
     return q2, torch.cat([k2, torch.cat(k_extra, dim=-1).to(k2.dtype)], dim=-1), v
 
 
-def query_chunks(masking: Masking, lanes: FoldLanes | None, dtype: torch.dtype) -> list[slice]:
-    """Runs of queries for one SDPA call each.
+class LowerRightCausal(torch.autograd.Function):
+    """Causal attention of the last ``Lq`` positions over ``Lk`` keys (SDPA scale 1), without a mask.
 
-    A chunk is capped by :func:`~.folding.slope_span` (precision of a key-linear slope) and,
-    when a boolean mask is needed, by :data:`MASK_CHUNK_CELLS`.
+    Query i sees keys ``0 .. Lk - Lq + i``: an unmasked block over the ``Lk - Lq`` older keys plus a
+    square causal block over the newest ``Lq``, each one call of the SDPA CPU kernel, merged by their
+    log-sum-exp. The backward runs the kernel's own backward on each block with the merged output
+    and log-sum-exp, which is exactly the softmax gradient restricted to that block's keys.
+    The kernel wants one head width for q, k and v: the narrower side is padded with zero lanes.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        Dk, Dv = q.shape[-1], v.shape[-1]
+        width = max(Dk, Dv)
+        q, k, v = (F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
+        past = k.shape[2] - q.shape[2]
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        out, lse = flash(q, k[:, :, past:], v[:, :, past:], 0.0, True, scale=1.0)
+        if past:
+            out_old, lse_old = flash(q, k[:, :, :past], v[:, :, :past], 0.0, False, scale=1.0)
+            total = torch.logaddexp(lse, lse_old)  # (B, H, Lq), float32
+            out = out * (lse - total).exp()[..., None] + out_old * (lse_old - total).exp()[..., None]
+            out, lse = out.to(q.dtype), total
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.widths = Dk, Dv
+        return out[..., :Dv]
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        q, k, v, out, lse = ctx.saved_tensors
+        Dk, Dv = ctx.widths
+        grad_out = F.pad(grad_out, (0, v.shape[-1] - Dv)).contiguous()
+        past = k.shape[2] - q.shape[2]
+        backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+        dq, dk, dv = backward(grad_out, q, k[:, :, past:], v[:, :, past:], out, lse, 0.0, True, scale=1.0)
+        if past:
+            dq_old, dk_old, dv_old = backward(
+                grad_out, q, k[:, :, :past], v[:, :, :past], out, lse, 0.0, False, scale=1.0
+            )
+            dq, dk, dv = dq + dq_old, torch.cat([dk_old, dk], dim=2), torch.cat([dv_old, dv], dim=2)
+        return dq[..., :Dk], dk[..., :Dk], dv[..., :Dv]
+
+
+def query_chunks(masking: Masking, lanes: FoldLanes | None, dtype: torch.dtype) -> list[slice]:
+    """Runs of queries for one call each.
+
+    A chunk is capped by :func:`~.folding.slope_span` (precision of a key-linear slope) and, when
+    a boolean mask is needed, by :data:`MASK_CHUNK_CELLS`. Plain causal masking needs no mask.
     """
     Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
     step = Lq
     span = None if lanes is None else slope_span(lanes, dtype)
     if span is not None:
         step = min(step, span)
-    if masking.masks_anything and not (masking.plain_causal and Lq == Lk and step == Lq):
+    if masking.masks_anything and not masking.plain_causal:
         step = min(step, max(1, MASK_CHUNK_CELLS // max(Lk, 1)))
     return [slice(s, min(s + step, Lq)) for s in range(0, Lq, step)]
 
@@ -82,6 +125,21 @@ def visible_columns(masking: Masking, rows: slice) -> slice:
     return slice(0, Lk - Lq + rows.stop)
 
 
+def attend(q2: Tensor, k2: Tensor, v2: Tensor, masking: Masking, rows: slice, cols: slice) -> Tensor:
+    """One call of the SDPA kernel on folded inputs (scale 1), masked as ``masking`` says."""
+    gqa = q2.shape[1] != k2.shape[1]
+    if masking.plain_causal:
+        if k2.shape[2] == q2.shape[2]:
+            return F.scaled_dot_product_attention(q2, k2, v2, is_causal=True, scale=1.0, enable_gqa=gqa)
+        if gqa:
+            group = q2.shape[1] // k2.shape[1]
+            k2, v2 = k2.repeat_interleave(group, dim=1), v2.repeat_interleave(group, dim=1)
+        return LowerRightCausal.apply(q2, k2, v2)
+    mask = masking.visible(rows, cols) if masking.masks_anything else None
+    out = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, scale=1.0, enable_gqa=gqa)
+    return out if mask is None else torch.where(mask.any(dim=-1, keepdim=True), out, 0.0)
+
+
 def sdpa_attention(
     q: Tensor,
     k: Tensor,
@@ -91,20 +149,19 @@ def sdpa_attention(
     scale: float,
     ssmax: Scaling | None,
 ) -> Tensor:
-    """Prior attention through ``torch.nn.functional.scaled_dot_product_attention``."""
+    """Prior attention through the SDPA kernel: one unmodified call unless chunks are needed."""
     if prior is not None and not prior.can_fold(masking.causal):
         raise ValueError(
             f"backend='sdpa' needs a prior that folds into q/k lanes; {type(prior).__name__} does not"
             f"{' without a causal mask' if not masking.causal else ''}: use backend='memeff'"
         )
-    Lq, Lk = q.shape[2], k.shape[2]
     counts = masking.visible_keys() if ssmax is not None else None
     lanes = None if prior is None else prior.fold(masking.q_pos, masking.k_pos)
+    scale_prior = ssmax is not None and ssmax.scale_prior
     outputs = []
     for rows in query_chunks(masking, lanes, q.dtype):
         cols = visible_columns(masking, rows)
         factor = None if counts is None else ssmax.factor(counts[:, rows])
-        scale_prior = ssmax is not None and ssmax.scale_prior
         q2, k2, v2 = sdpa_inputs(
             q[:, :, rows],
             k[:, :, cols],
@@ -117,22 +174,5 @@ def sdpa_attention(
             factor,
             scale_prior,
         )
-        is_causal = masking.plain_causal and Lq == Lk and rows == slice(0, Lq)
-        mask = None
-        if masking.masks_anything and not is_causal:
-            mask = masking.visible(rows, cols)
-            if rows.stop - rows.start == 1 and bool(mask.all()):  # a decode step sees every key
-                mask = None
-        out = F.scaled_dot_product_attention(
-            q2,
-            k2,
-            v2,
-            attn_mask=mask,
-            is_causal=is_causal,
-            scale=1.0,
-            enable_gqa=q2.shape[1] != k2.shape[1],
-        )
-        if mask is not None and not masking.plain_causal:  # plain causal: every query sees itself
-            out = torch.where(mask.any(dim=-1, keepdim=True), out, 0.0)
-        outputs.append(out)
+        outputs.append(attend(q2, k2, v2, masking, rows, cols))
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
