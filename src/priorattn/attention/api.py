@@ -9,13 +9,19 @@ from torch import Tensor
 
 from ..priors import Prior, Uniform
 from ..ssmax import Scaling, SSMax
+from .flex import flex_route
 from .folding import slope_span
 from .masks import Masking
 from .memeff import memeff_attention
 from .reference import reference_attention
 from .sdpa import sdpa_attention
 
-ROUTES = {"reference": reference_attention, "sdpa": sdpa_attention, "memeff": memeff_attention}
+ROUTES = {
+    "reference": reference_attention,
+    "sdpa": sdpa_attention,
+    "memeff": memeff_attention,
+    "flex": flex_route,
+}
 BACKENDS = ("auto", *ROUTES)
 
 #: ``auto`` folds into SDPA only when the prior's exact span covers at least this many queries.
@@ -58,7 +64,8 @@ def attention(
             i are multiplied by ``s_h log n_i``, ``n_i`` its number of visible keys. A bare tensor
             scales the prior too; use ``SSMax(..., scale_prior=False)`` to scale content only.
         backend: ``"reference"`` (dense definition), ``"sdpa"`` (prior folded into q/k lanes, one
-            unmodified SDPA call), ``"memeff"`` (blockwise, any prior, O(L) memory), or ``"auto"``.
+            unmodified SDPA call), ``"memeff"`` (blockwise, any prior, O(L) memory), ``"flex"``
+            (compiled FlexAttention; forward only on the CPU), or ``"auto"`` (never ``"flex"``).
 
     Returns:
         ``(B, H, Lq, Dv)``. A query that sees no key at all returns zeros, never NaN.
