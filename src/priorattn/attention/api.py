@@ -10,9 +10,9 @@ from torch import Tensor
 from ..priors import Prior, Uniform
 from ..ssmax import Scaling, SSMax
 from .flex import flex_route
-from .folding import slope_span
 from .masks import Masking
 from .memeff import memeff_attention
+from .prior_inputs import slope_span
 from .reference import reference_attention
 from .sdpa import sdpa_attention
 
@@ -101,7 +101,7 @@ def _choose(q: Tensor, prior: Prior | None, masking: Masking) -> str:
         return "sdpa"
     if prior.can_fold(masking.causal):
         origin = masking.q_pos[:, -1:]
-        span = slope_span(prior.fold(origin, origin), q.dtype)
+        span = slope_span(prior.fold(origin, origin).slope, q.dtype)
         if span is None or span >= min(q.shape[2], MIN_FOLD_SPAN):
             return "sdpa"
     return "memeff"

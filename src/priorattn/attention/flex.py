@@ -17,9 +17,8 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from ..priors import Prior
 from ..ssmax import Scaling
-from .folding import lane_inputs
 from .masks import Masking
-from .memeff import lag_table
+from .prior_inputs import split_prior
 from .reference import compute_dtype
 
 
@@ -71,26 +70,15 @@ def flex_route(
     factor = None if ssmax is None else ssmax.factor(masking.visible_keys()).to(dtype).expand(B, H, Lq, 1)
     scale_prior = ssmax is not None and ssmax.scale_prior
     q_pos, k_pos = masking.q_pos.expand(B, Lq), masking.k_pos.expand(B, -1)
-    everything = slice(None)
-    key_bias = slope = table = None
-    if prior is not None and prior.can_fold(masking.causal):
-        lanes = prior.fold(masking.q_pos, masking.k_pos)
-        q2, k2 = lane_inputs(
-            q.to(dtype), k.to(dtype), lanes, everything, everything, scale, factor, scale_prior
+    inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, scale_prior)
+    if inputs.dense is not None:
+        raise ValueError(
+            f"backend='flex' needs a prior that folds or a relative prior on contiguous "
+            f"positions; {type(prior).__name__} here is neither: use backend='memeff'"
         )
-        key_bias = None if lanes.key_bias is None else lanes.key_bias.to(dtype).expand(B, H, -1)
-        slope = None if lanes.slope is None else lanes.slope.to(dtype)
-    else:
-        q2 = q.to(dtype) * scale if factor is None else q.to(dtype) * scale * factor
-        k2 = k.to(dtype)
-        if prior is not None:
-            table = lag_table(prior, masking)
-            if table is None:
-                raise ValueError(
-                    f"backend='flex' needs a prior that folds or a relative prior on contiguous "
-                    f"positions; {type(prior).__name__} here is neither: use backend='memeff'"
-                )
-            table = table.to(dtype).expand(H, -1)
+    key_bias = None if inputs.key_bias is None else inputs.key_bias.expand(B, H, -1)
+    slope = inputs.slope
+    table = None if inputs.table is None else inputs.table.expand(H, -1)
     offset = k.shape[2] - 1  # the lag table holds lag (q0 + i) - (k0 + j) at index i - j + Lk - 1
 
     def score_mod(score, b, h, q_idx, kv_idx):
@@ -107,7 +95,13 @@ def flex_route(
 
     mask = block_mask(masking, B)
     out = compiled_flex()(
-        q2, k2, v.to(dtype), score_mod=score_mod, block_mask=mask, scale=1.0, enable_gqa=H != k.shape[1]
+        inputs.q,
+        inputs.k,
+        v.to(dtype),
+        score_mod=score_mod,
+        block_mask=mask,
+        scale=1.0,
+        enable_gqa=H != k.shape[1],
     )
     if masking.masks_anything and not masking.plain_causal:
         out = torch.where(masking.visible_keys()[:, None, :, None] > 0, out, 0.0)

@@ -9,7 +9,7 @@ Logits are ``<q2_i, k2_j> + bias_ij`` where ``q2``/``k2`` carry the content (and
 lanes) and the bias is whatever part of the prior is not in the lanes, cheapest first:
 
 - a prior that folds: its key-only terms ``u_h(j) + m_h (k_pos[j] - centre)``, one row per block
-  (the slope re-centred on the block's queries, see ``folding.py``);
+  (the slope re-centred on the block's queries, see ``prior_inputs.py``);
 - a relative prior (``K`` depends on ``i - j`` only) on contiguous positions: the prior is evaluated
   once on the ``Lq + Lk - 1`` possible lags, and each block's bias is a zero-copy strided view of that
   table. A Toeplitz block becomes a strided (Hankel) view once its keys are taken in reverse order,
@@ -28,37 +28,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..priors import FoldLanes, Prior
+from ..priors import Prior
 from ..ssmax import Scaling
-from .folding import centred_keys, lane_inputs, slope_span
 from .masks import Masking
+from .prior_inputs import centred_keys, run_start, slope_span, split_prior
 from .reference import compute_dtype
 
 #: Query rows per block: logits of one block are ``B * H * BLOCK * Lk`` floats.
 BLOCK = 128
-
-
-def run_start(pos: Tensor) -> int | None:
-    """``pos[0, 0]`` when ``pos`` is one run ``start, start + 1, ...`` shared by the batch, else None."""
-    if pos.shape[0] != 1:
-        return None
-    start = int(pos[0, 0])
-    return start if torch.equal(pos[0], start + torch.arange(pos.shape[-1], device=pos.device)) else None
-
-
-def lag_table(prior: Prior, masking: Masking) -> Tensor | None:
-    """``K_h(d)`` for every lag ``d = q_pos - k_pos`` of the call, ``(H or 1, Lq + Lk - 1)``, or None.
-
-    Index ``x`` holds lag ``q_pos[0] - k_pos[-1] + x``. Only for relative priors on positions that
-    are one run shared by the batch.
-    """
-    q0, k0 = run_start(masking.q_pos), run_start(masking.k_pos)
-    if not prior.is_relative or q0 is None or k0 is None:
-        return None
-    Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
-    lags = q0 - (k0 + Lk - 1) + torch.arange(Lq + Lk - 1, device=masking.q_pos.device)
-    table = prior.log_prior(lags, torch.zeros(1, dtype=torch.long, device=lags.device))
-    return table.reshape(-1, Lq + Lk - 1).contiguous()
 
 
 def hankel_tile(table: Tensor, rows: slice, cols: slice, Lk: int) -> Tensor:
@@ -241,40 +218,26 @@ def memeff_attention(
     dtype = compute_dtype(q.dtype)
     factor = None if ssmax is None else ssmax.factor(masking.visible_keys()).to(dtype)
     scale_prior = ssmax is not None and ssmax.scale_prior
-    lanes: FoldLanes | None = None
-    table = dense = None
-    if prior is not None and prior.can_fold(masking.causal):
-        lanes = prior.fold(masking.q_pos, masking.k_pos)
-        everything = slice(None)
-        q2, k2 = lane_inputs(
-            q.to(dtype), k.to(dtype), lanes, everything, everything, scale, factor, scale_prior
-        )
-    else:
-        q2 = q.to(dtype) * scale if factor is None else q.to(dtype) * scale * factor
-        k2 = k.to(dtype)
-        if prior is not None:
-            table = lag_table(prior, masking)
-            dense = prior if table is None else None
-    v2 = v.to(dtype)
-    if table is not None:  # Hankel views need the keys in reverse order
+    inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, scale_prior)
+    k2, v2 = inputs.k, v.to(dtype)
+    reversed_keys = inputs.table is not None
+    if reversed_keys:  # Hankel views of the lag table need the keys in reverse order
         k2, v2 = k2.flip(2), v2.flip(2)
     q0, k0 = run_start(masking.q_pos), run_start(masking.k_pos)
     causal_offset = q0 - k0 if masking.causal and q0 is not None and k0 is not None else None
-    span = None if lanes is None else slope_span(lanes, dtype)
+    span = None if inputs.slope is None else slope_span(inputs.slope, dtype)
     plan = Plan(
-        masking=masking.reversed_keys() if table is not None else masking,
-        prior=dense,
-        reversed_keys=table is not None,
+        masking=masking.reversed_keys() if reversed_keys else masking,
+        prior=inputs.dense,
+        reversed_keys=reversed_keys,
         scale_prior=scale_prior,
         step=BLOCK if span is None else min(BLOCK, span),
         causal_offset=causal_offset,
         dtype=dtype,
         triangular=Plan.is_triangular(masking, causal_offset),
     )
-    key_bias = None if lanes is None or lanes.key_bias is None else lanes.key_bias.to(dtype)
-    slope = None if lanes is None or lanes.slope is None else lanes.slope.to(dtype)
-    table = None if table is None else table.to(dtype)
     row_scale = factor if scale_prior else None
-    params = [] if dense is None else [p for p in dense.parameters() if p.requires_grad]
-    out = BlockwiseAttention.apply(plan, q2, k2, v2, key_bias, slope, table, row_scale, *params)
+    params = [] if inputs.dense is None else [p for p in inputs.dense.parameters() if p.requires_grad]
+    sources = (inputs.key_bias, inputs.slope, inputs.table, row_scale)
+    out = BlockwiseAttention.apply(plan, inputs.q, k2, v2, *sources, *params)
     return out.to(v.dtype)

@@ -14,8 +14,8 @@ from torch import Tensor
 
 from ..priors import FoldLanes, Prior
 from ..ssmax import Scaling
-from .folding import centred_keys, lane_inputs, slope_span
 from .masks import Masking
+from .prior_inputs import centred_keys, lane_inputs, slope_span
 
 #: Largest number of (query, key) cells of a boolean mask handed to SDPA in one call.
 MASK_CHUNK_CELLS = 1 << 22
@@ -104,12 +104,12 @@ class LowerRightCausal(torch.autograd.Function):
 def query_chunks(masking: Masking, lanes: FoldLanes | None, dtype: torch.dtype) -> list[slice]:
     """Runs of queries for one call each.
 
-    A chunk is capped by :func:`~.folding.slope_span` (precision of a key-linear slope) and, when
+    A chunk is capped by :func:`~.prior_inputs.slope_span` (precision of a key-linear slope) and, when
     a boolean mask is needed, by :data:`MASK_CHUNK_CELLS`. Plain causal masking needs no mask.
     """
     Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
     step = Lq
-    span = None if lanes is None else slope_span(lanes, dtype)
+    span = None if lanes is None else slope_span(lanes.slope, dtype)
     if span is not None:
         step = min(step, span)
     if masking.masks_anything and not masking.plain_causal:

@@ -1,0 +1,146 @@
+"""How the routes consume a prior: folded into q/k lanes, as a lag table, or as dense tiles.
+
+Folding (seed 000 Eq. 20-24) turns a prior's :class:`~priorattn.priors.FoldLanes` into q/k inputs.
+
+With ``q' = [scale * q, q_lanes]`` and ``k' = [k, k_lanes]``, ``<q', k'> = scale <q, k> + <lanes>``:
+the log-prior enters unscaled and no ``Lq x Lk`` bias exists. Key-only terms (sink, slope) are one
+more lane ``<1, u_h(j) + m_h (k_pos[j] - centre)>`` in SDPA, or a broadcast row in the blockwise
+route. SSMax multiplies row i of ``q'`` by ``s_h log n_i`` (the lanes too when it scales the prior).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..priors import FoldLanes, Prior
+from .masks import Masking
+
+#: Largest magnitude the centred slope term may reach within one call, per dtype: past it, rounding
+#: of ``m * (k_pos - centre)`` shows in the logits (tests/attention/test_routes.py measures it).
+SLOPE_MAGNITUDE = {
+    torch.float64: 2.0**30,
+    torch.float32: 2.0**8,
+    torch.bfloat16: 2.0**0,
+    torch.float16: 2.0**2,
+}
+
+
+def slope_span(slope: Tensor | None, dtype: torch.dtype) -> int | None:
+    """Longest run of queries one call may cover with the slope centred on them; None: no limit."""
+    largest = 0.0 if slope is None or not slope.numel() else float(slope.detach().abs().max())
+    if largest == 0.0:
+        return None
+    return max(1, int(SLOPE_MAGNITUDE.get(dtype, SLOPE_MAGNITUDE[torch.float32]) / largest))
+
+
+def lane_inputs(
+    q: Tensor,
+    k: Tensor,
+    lanes: FoldLanes,
+    rows: slice,
+    cols: slice,
+    scale: float,
+    factor: Tensor | None,
+    scale_prior: bool,
+) -> tuple[Tensor, Tensor]:
+    """``[scale * q, q_lanes]`` and ``[k, k_lanes]`` for query ``rows`` and key ``cols``.
+
+    ``q`` and ``k`` arrive sliced; the result has the dtype of ``q``.
+    """
+    B, H, lq = q.shape[:3]
+    content = q * scale if factor is None else q * scale * factor
+    q_lanes = lanes.q[..., rows, :]
+    if factor is not None and scale_prior:
+        q_lanes = q_lanes * factor
+    q_lanes = q_lanes.to(q.dtype).expand(B, H, lq, q_lanes.shape[-1])
+    k_lanes = lanes.k[..., cols, :].to(k.dtype)
+    k_lanes = k_lanes.expand(B, k.shape[1], *k_lanes.shape[-2:])
+    return torch.cat([content.to(q.dtype), q_lanes], dim=-1), torch.cat([k, k_lanes], dim=-1)
+
+
+def centred_keys(masking: Masking, rows: slice, cols: slice, dtype: torch.dtype) -> Tensor:
+    """``k_pos[j] - centre`` ``(B or 1, lk)``, centred on the last query of ``rows``: the slope lane."""
+    centre = masking.q_pos[:, rows].amax(dim=-1, keepdim=True)
+    return (masking.k_pos[:, cols] - centre).to(dtype)
+
+
+def key_terms(lanes: FoldLanes, masking: Masking, rows: slice, cols: slice) -> Tensor | None:
+    """``u_h(j) + m_h (k_pos[j] - centre)``, ``(B or 1, H, lk)``: the key-only part of the prior."""
+    terms = None if lanes.key_bias is None else lanes.key_bias[..., cols]
+    if lanes.slope is not None:
+        offset = centred_keys(masking, rows, cols, lanes.slope.dtype)
+        slope_term = lanes.slope[:, None] * offset[:, None, :]
+        terms = slope_term if terms is None else terms + slope_term
+    return terms
+
+
+def run_start(pos: Tensor) -> int | None:
+    """``pos[0, 0]`` when ``pos`` is one run ``start, start + 1, ...`` shared by the batch, else None."""
+    if pos.shape[0] != 1:
+        return None
+    start = int(pos[0, 0])
+    return start if torch.equal(pos[0], start + torch.arange(pos.shape[-1], device=pos.device)) else None
+
+
+def lag_table(prior: Prior, masking: Masking) -> Tensor | None:
+    """``K_h(d)`` for every lag ``d = q_pos - k_pos`` of the call, ``(H or 1, Lq + Lk - 1)``, or None.
+
+    Index ``i - j + Lk - 1`` holds the lag of query i and key j. Only for relative priors on
+    positions that are one run shared by the batch: the prior is then evaluated ``Lq + Lk - 1``
+    times instead of ``Lq * Lk``.
+    """
+    q0, k0 = run_start(masking.q_pos), run_start(masking.k_pos)
+    if not prior.is_relative or q0 is None or k0 is None:
+        return None
+    Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
+    lags = q0 - (k0 + Lk - 1) + torch.arange(Lq + Lk - 1, device=masking.q_pos.device)
+    table = prior.log_prior(lags, torch.zeros(1, dtype=torch.long, device=lags.device))
+    return table.reshape(-1, Lq + Lk - 1).contiguous()
+
+
+@dataclass
+class PriorInputs:
+    """One call's inputs for the blockwise routes: logits are ``<q, k>`` plus the prior's rest.
+
+    ``q`` is the content times ``scale`` (and the SSMax factor) with the fold's q lanes; ``k`` the
+    content with the fold's k lanes. Of the prior's remaining terms at most these are set:
+    ``key_bias`` ``(B or 1, H, Lk)`` and ``slope`` ``(H,)`` from a fold, or a lag ``table``, or
+    ``dense`` (the prior itself, evaluated on tiles).
+    """
+
+    q: Tensor
+    k: Tensor
+    key_bias: Tensor | None = None
+    slope: Tensor | None = None
+    table: Tensor | None = None
+    dense: Prior | None = None
+
+
+def split_prior(
+    q: Tensor,
+    k: Tensor,
+    prior: Prior | None,
+    masking: Masking,
+    scale: float,
+    factor: Tensor | None,
+    scale_prior: bool,
+) -> PriorInputs:
+    """Fold the prior where it folds, else tabulate it by lag, else leave it dense."""
+    if prior is not None and prior.can_fold(masking.causal):
+        lanes = prior.fold(masking.q_pos, masking.k_pos)
+        everything = slice(None)
+        q2, k2 = lane_inputs(q, k, lanes, everything, everything, scale, factor, scale_prior)
+        key_bias = None if lanes.key_bias is None else lanes.key_bias.to(q.dtype)
+        slope = None if lanes.slope is None else lanes.slope.to(q.dtype)
+        return PriorInputs(q2, k2, key_bias=key_bias, slope=slope)
+    content = PriorInputs(q * scale if factor is None else q * scale * factor, k)
+    if prior is not None:
+        table = lag_table(prior, masking)
+        if table is not None:
+            content.table = table.to(q.dtype)
+        else:
+            content.dense = prior
+    return content
