@@ -3,9 +3,9 @@
 Folding (seed 000 Eq. 20-24) turns a prior's :class:`~priorattn.priors.FoldLanes` into q/k inputs.
 
 With ``q' = [scale * q, q_lanes]`` and ``k' = [k, k_lanes]``, ``<q', k'> = scale <q, k> + <lanes>``:
-the log-prior enters unscaled and no ``Lq x Lk`` bias exists. Key-only terms (sink, slope) are one
-more lane ``<1, u_h(j) + m_h (k_pos[j] - centre)>`` in SDPA, or a broadcast row in the blockwise
-route. SSMax multiplies row i of ``q'`` by ``s_h log n_i`` (the lanes too when it scales the prior).
+the log-prior enters unscaled and no ``Lq x Lk`` bias exists. Key-only terms are two more lanes in
+SDPA, ``<1, u_h(j)>`` and ``<m_h, k_pos[j] - centre>``, or one broadcast row per block in the
+blockwise route. SSMax multiplies row i of ``q'`` by ``s_h log n_i`` (the lanes too when it scales the prior).
 """
 
 from __future__ import annotations

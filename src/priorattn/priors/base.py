@@ -5,9 +5,12 @@ Attention routes ask it for what they need:
 
 - ``log_prior(q_pos, k_pos)``: the dense definition, ``(..., H, Lq, Lk)``. Every route is tested
   against it.
-- ``fold(q_pos, k_pos)``: extra q/k lanes whose inner product reproduces the log-prior up to a
-  per-query constant (softmax ignores those), so one unmodified SDPA call can apply it
-  (seed 000 Eq. 17-24). Only priors with ``can_fold(causal)`` true implement it.
+- ``fold(q_pos, k_pos)``: the log-prior in bilinear form, :class:`FoldLanes` (q/k lanes plus
+  key-only terms and a key-linear slope), equal to it up to a per-query constant (softmax ignores
+  those), so one unmodified SDPA call can apply it (seed 000 Eq. 17-24). Only priors with
+  ``can_fold(causal)`` true implement it.
+- ``is_relative``: whether the log-prior depends on ``q_pos - k_pos`` only, so a route may evaluate
+  it once per lag.
 
 A prior never knows about routes, masks, caches or models.
 """
