@@ -116,7 +116,8 @@ def test_route_matches_reference(backend, dtype, o):
 @pytest.mark.parametrize("prior", ["alibi", "ggd_negative", "goat", "sum"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_memeff_many_blocks_matches_reference(prior, dtype, docs, monkeypatch):
-    monkeypatch.setattr(memeff, "BLOCK", 16)
+    monkeypatch.setattr(memeff, "MIN_ROWS", 16)
+    monkeypatch.setattr(memeff, "MAX_ROWS", 16)
     o = dict(
         B=2,
         H=4,

@@ -1,6 +1,6 @@
 """The memory-efficient route: any prior, forward and backward, attention memory O(L).
 
-Queries are taken in blocks of :data:`BLOCK` rows. A block builds its logits against the keys it can
+Queries are taken in blocks of rows (:func:`block_rows`). A block builds its logits against the keys it can
 see, takes their softmax and weighted sum, and keeps only its output.
 The backward pass (a custom autograd function, as in FlashAttention) rebuilds one block's
 weights at a time, so no ``Lq x Lk`` tensor ever lives in memory.
@@ -34,8 +34,15 @@ from .masks import Masking
 from .prior_inputs import centred_keys, run_start, slope_span, split_prior
 from .reference import compute_dtype
 
-#: Query rows per block: logits of one block are ``B * H * BLOCK * Lk`` floats.
-BLOCK = 128
+#: Logit cells per block (``B * H * rows * Lk``): 2^21 floats are 8 MB in float32.
+BLOCK_CELLS = 1 << 21
+#: Bounds on the rows of a block: fewer rows make small matrix products; more, big blocks.
+MIN_ROWS, MAX_ROWS = 16, 256
+
+
+def block_rows(B: int, H: int, Lk: int) -> int:
+    """Query rows per block, so that a block's logits stay near :data:`BLOCK_CELLS` cells."""
+    return min(MAX_ROWS, max(MIN_ROWS, BLOCK_CELLS // max(B * H * Lk, 1)))
 
 
 def hankel_tile(table: Tensor, rows: slice, cols: slice, Lk: int) -> Tensor:
@@ -214,7 +221,7 @@ def memeff_attention(
     scale: float,
     ssmax: Scaling | None,
 ) -> Tensor:
-    """Blockwise prior attention: ``(B, H, Lq, Dv)`` with O(BLOCK * Lk) attention memory."""
+    """Blockwise prior attention: ``(B, H, Lq, Dv)``; attention memory O(BLOCK_CELLS), not O(Lq Lk)."""
     dtype = compute_dtype(q.dtype)
     factor = None if ssmax is None else ssmax.factor(masking.visible_keys()).to(dtype)
     scale_prior = ssmax is not None and ssmax.scale_prior
@@ -231,7 +238,7 @@ def memeff_attention(
         prior=inputs.dense,
         reversed_keys=reversed_keys,
         scale_prior=scale_prior,
-        step=BLOCK if span is None else min(BLOCK, span),
+        step=min(block_rows(*q.shape[:2], k.shape[2]), span or q.shape[2]),
         causal_offset=causal_offset,
         dtype=dtype,
         triangular=Plan.is_triangular(masking, causal_offset),
