@@ -72,7 +72,7 @@ class LowerRightCausal(torch.autograd.Function):
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         Dk, Dv = q.shape[-1], v.shape[-1]
         width = max(Dk, Dv)
-        q, k, v = (F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
+        q, k, v = (t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1])) for t in (q, k, v))
         past = k.shape[2] - q.shape[2]
         flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
         out, lse = flash(q, k[:, :, past:], v[:, :, past:], 0.0, True, scale=1.0)
@@ -158,8 +158,12 @@ def sdpa_attention(
     counts = masking.visible_keys() if ssmax is not None else None
     lanes = None if prior is None else prior.fold(masking.q_pos, masking.k_pos)
     scale_prior = ssmax is not None and ssmax.scale_prior
+    chunks = query_chunks(masking, lanes, q.dtype)
+    Dv, width = v.shape[-1], q.shape[-1] + (0 if lanes is None else lanes.width)
+    if masking.plain_causal and width > Dv and (len(chunks) > 1 or q.shape[2] != k.shape[2]):
+        v = F.pad(v, (0, width - Dv))  # the mask-free causal kernel wants one width: pad once, not per chunk
     outputs = []
-    for rows in query_chunks(masking, lanes, q.dtype):
+    for rows in chunks:
         cols = visible_columns(masking, rows)
         factor = None if counts is None else ssmax.factor(counts[:, rows])
         q2, k2, v2 = sdpa_inputs(
@@ -174,5 +178,5 @@ def sdpa_attention(
             factor,
             scale_prior,
         )
-        outputs.append(attend(q2, k2, v2, masking, rows, cols))
+        outputs.append(attend(q2, k2, v2, masking, rows, cols)[..., :Dv])
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
