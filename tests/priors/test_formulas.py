@@ -147,3 +147,22 @@ def test_batched_positions_give_a_batch_dimension(prior_name):
     K = prior.log_prior(q_pos, k_pos)
     for b in range(2):
         assert torch.allclose(K[b], prior.log_prior(q_pos[b], k_pos[b]))
+
+
+def test_goat_learnable_freqs_get_the_reference_gradient_through_every_route():
+    """Open question 2 of the paper: frequencies as parameters, exact through the fold too."""
+    import priorattn
+
+    grads = {}
+    for backend in ("reference", "sdpa", "memeff"):
+        prior = GOAT(2, 3, learnable_freqs=True, init="recency").double()
+        assert isinstance(prior.freqs, torch.nn.Parameter)
+        gen = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 2, 12, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+        with torch.no_grad():
+            prior.alpha.normal_(generator=gen)
+        out = priorattn.attention(q, k, v, prior=prior, backend=backend)
+        (grads[backend],) = torch.autograd.grad((out * out).sum(), prior.freqs)
+    assert grads["reference"].abs().sum() > 0
+    for backend in ("sdpa", "memeff"):
+        assert torch.allclose(grads[backend], grads["reference"], atol=1e-10)

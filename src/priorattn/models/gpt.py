@@ -1,0 +1,345 @@
+"""A decoder-only language model whose every attention layer is a ``PriorMultiheadAttention``.
+
+Llama-shaped (seed 003 App. C): token embedding, ``n_layers`` pre-norm blocks
+``x + attn(norm(x))``, ``x + SwiGLU(norm(x))``, a final RMSNorm and a linear head (optionally tied to
+the embedding). Position enters in one of four ways: a prior inside attention (``prior``), RoPE on
+q/k (``encoding="rope"``; ``"local_rope"`` adds a sliding ``window``), sinusoids added to the token
+embeddings (``encoding="sinusoidal"``), or not at all (NoPE: ``prior="uniform", encoding="none"``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..attention import BACKENDS
+from ..encodings import Sinusoidal
+from ..encodings.rope import describe, is_integer_tensor
+from ..layers import KVCache, PriorMultiheadAttention
+from ..priors import GGD, GOAT, ALiBi, Prior, Sum
+
+PRIORS = ("uniform", "alibi", "ggd", "goat")
+ENCODINGS = ("none", "rope", "sinusoidal", "local_rope")
+PRIOR_INITS = ("uniform", "alibi")
+GGD_PARAMETERS = ("alpha", "beta", "mu")
+
+
+@dataclass
+class GPTConfig:
+    """Everything that defines a :class:`GPT`; plain data, saved with :meth:`to_dict`.
+
+    - ``seq_len``: the training length. Nothing crops to it, but GOAT's sink normalises key positions
+      by it (``j / seq_len``), so keep it unchanged when evaluating a trained model at other lengths.
+    - ``n_kv_heads``: key/value heads (grouped-query attention), default ``n_heads``.
+    - ``head_dim``: value width per head, default ``d_model // n_heads``. A folding prior (ALiBi,
+      GOAT) takes its lanes out of each q/k head, not in addition (seed 000 Algorithm 1).
+    - ``mlp_hidden``: SwiGLU hidden width; ``None`` becomes Llama's ``8/3 d_model`` rounded up to a
+      multiple of 64, resolved when the config is made (so a saved config records the width).
+    - ``prior``: one of ``PRIORS`` or a sum of them written ``"alibi+goat"``.
+    - ``encoding``: one of ``ENCODINGS``; ``"local_rope"`` is RoPE with a sliding ``window``
+      (required). ``window`` with another encoding is plain sliding-window attention.
+    - ``shared_prior``: one prior module (one set of parameters) for every layer. ``None`` is the
+      papers' choice, which for every prior here is one prior per layer: BAM has "three learnable
+      parameters for each attention head in each layer" (seed 003 Sec. 3, 576 for the 120M model in
+      App. C), and GOAT replaces each layer's attention (seed 000 Algorithm 1).
+    - ``prior_init``: ``"uniform"`` starts every learnable prior as standard attention (BAM's best,
+      seed 003 App. F.1); ``"alibi"`` starts GGD at ALiBi and GOAT at its ALiBi-equivalent recency.
+    - ``ggd_trainable``: which GGD parameters learn (seed 003 trains alpha and beta, App. F.2).
+    - ``goat_*``: GOAT's frequencies ``R``, key-only sink ``u(j)`` (its MLP's sinusoidal inputs and
+      hidden width) and key-linear slope; it folds into ``2R + sink + slope`` lanes of each head.
+    """
+
+    vocab_size: int
+    seq_len: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    mlp_hidden: int | None = None
+    tie_embeddings: bool = True
+    prior: str = "uniform"
+    encoding: str = "none"
+    window: int | None = None
+    ssmax: bool = False
+    shared_prior: bool | None = None
+    prior_init: str = "uniform"
+    ggd_trainable: tuple[str, ...] = ("alpha", "beta")
+    goat_freqs: int = 8
+    goat_sink: bool = True
+    goat_slope: bool = True
+    goat_sink_freqs: int = 8
+    goat_sink_hidden: int = 16
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    backend: str = "auto"
+
+    def __post_init__(self):
+        sizes = ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads")
+        for name in sizes + ("n_kv_heads", "head_dim", "mlp_hidden", "window"):
+            value = getattr(self, name)
+            if (value is not None or name in sizes) and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.head_dim is None and self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: "
+                "choose another head count or give head_dim"
+            )
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        names = self.prior.split("+") if isinstance(self.prior, str) else [self.prior]
+        unknown = [name for name in names if name not in PRIORS]
+        if unknown:
+            raise ValueError(
+                f"unknown prior {unknown[0]!r} in prior={self.prior!r}: use one of {PRIORS} "
+                "or a sum of them such as 'alibi+goat'"
+            )
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"encoding must be one of {ENCODINGS}, got {self.encoding!r}")
+        if self.encoding == "local_rope" and self.window is None:
+            raise ValueError("encoding='local_rope' is RoPE with a sliding window: give window=")
+        if self.encoding == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"sinusoidal encoding needs an even d_model, got {self.d_model}")
+        if self.prior_init not in PRIOR_INITS:
+            raise ValueError(f"prior_init must be one of {PRIOR_INITS}, got {self.prior_init!r}")
+        self.ggd_trainable = tuple(self.ggd_trainable)  # a list after a JSON round trip
+        if not set(self.ggd_trainable) <= set(GGD_PARAMETERS):
+            raise ValueError(
+                f"ggd_trainable must name parameters in {GGD_PARAMETERS}, got {self.ggd_trainable}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.mlp_hidden is None:
+            self.mlp_hidden = 64 * math.ceil(8 * self.d_model / 3 / 64)  # Llama's SwiGLU width
+        self.shared_prior = bool(self.shared_prior)  # None: one prior per layer, as both papers
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> GPTConfig:
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown GPTConfig fields {sorted(unknown)}")
+        return cls(**data)
+
+
+def build_prior(config: GPTConfig) -> Prior | None:
+    """One attention layer's prior from ``config.prior``; ``None`` for uniform (standard attention)."""
+    H, from_alibi = config.n_heads, config.prior_init == "alibi"
+    parts = []
+    for name in config.prior.split("+"):
+        if name == "alibi":
+            parts.append(ALiBi(H))
+        elif name == "ggd":
+            init = "alibi" if from_alibi else "uniform"
+            parts.append(GGD(H, init=init, trainable=config.ggd_trainable))
+        elif name == "goat":
+            goat = GOAT(
+                H,
+                config.goat_freqs,
+                sink=config.goat_sink,
+                slope=config.goat_slope,
+                init="recency" if from_alibi else "uniform",
+                train_len=config.seq_len,
+                sink_freqs=config.goat_sink_freqs,
+                sink_hidden=config.goat_sink_hidden,
+            )
+            parts.append(goat)
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else Sum(*parts)
+
+
+class SwiGLU(nn.Module):
+    """``down(silu(gate(x)) * up(x))`` (Shazeer, 2020)."""
+
+    def __init__(self, d_model: int, hidden: int, dropout: float):
+        super().__init__()
+        self.gate = nn.Linear(d_model, hidden, bias=False)
+        self.up = nn.Linear(d_model, hidden, bias=False)
+        self.down = nn.Linear(hidden, d_model, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.down(F.silu(self.gate(x)) * self.up(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, config: GPTConfig, prior: Prior | None):
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        self.attn = PriorMultiheadAttention(
+            config.d_model,
+            config.n_heads,
+            prior=prior,
+            encoding="rope" if config.encoding in ("rope", "local_rope") else None,
+            ssmax=config.ssmax,
+            num_kv_heads=config.n_kv_heads,
+            head_dim=config.head_dim,
+            window=config.window,
+            backend=config.backend,
+        )
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.mlp_norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        self.mlp = SwiGLU(config.d_model, config.mlp_hidden, config.dropout)
+
+    def forward(self, x: Tensor, positions: Tensor, doc_ids: Tensor | None, cache: KVCache | None):
+        y, cache = self.attn(self.attn_norm(x), positions=positions, doc_ids=doc_ids, cache=cache)
+        x = x + self.attn_dropout(y)
+        x = x + self.mlp(self.mlp_norm(x))
+        return x, cache
+
+
+class GPT(nn.Module):
+    """Decoder-only LM: ``tokens (B, L) -> logits (B, L, V)``, with a KV cache per layer."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        if not isinstance(config, GPTConfig):
+            raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.sinusoidal = Sinusoidal(config.d_model) if config.encoding == "sinusoidal" else None
+        self.dropout = nn.Dropout(config.dropout)
+        if config.shared_prior:
+            priors = [build_prior(config)] * config.n_layers  # one module: one set of parameters
+        else:
+            priors = [build_prior(config) for _ in range(config.n_layers)]
+        self.blocks = nn.ModuleList(Block(config, prior) for prior in priors)
+        self.norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.head.weight = self.embed.weight
+        self._init_weights()
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        """nanoGPT's init: N(0, 0.02), residual projections scaled by ``1/sqrt(2 n_layers)``.
+
+        Priors and SSMax keep their own init (uniform prior, zero sink output, ``s = 1``).
+        """
+        std = 0.02
+        nn.init.normal_(self.embed.weight, std=std)
+        if not self.config.tie_embeddings:
+            nn.init.normal_(self.head.weight, std=std)
+        for block in self.blocks:
+            attn, mlp = block.attn, block.mlp
+            for linear in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate, mlp.up):
+                nn.init.normal_(linear.weight, std=std)
+            for linear in (attn.out_proj, mlp.down):  # each adds to the residual stream
+                nn.init.normal_(linear.weight, std=std / math.sqrt(2 * self.config.n_layers))
+
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        positions: Tensor | None = None,
+        doc_ids: Tensor | None = None,
+        targets: Tensor | None = None,
+        caches: list[KVCache] | None = None,
+    ) -> tuple[Tensor, Tensor | None, list[KVCache]]:
+        """Logits ``(B, L, V)`` for ``tokens: (B, L)``, the loss if ``targets`` is given, the caches.
+
+        ``positions``: ``(L,)`` or ``(B, L)``, default ``past + arange(L)`` with ``past`` the cached
+        length. ``doc_ids``: ``(B, L)`` document of each token (packed sequences; pass on every call
+        or none). ``targets``: ``(B, L)`` next tokens, ``-100`` where no loss is taken; the loss is
+        their mean cross-entropy. ``caches``: one :class:`KVCache` per layer from an earlier call;
+        the returned caches include these tokens.
+        """
+        B, L = self._check_input(tokens, targets, caches)
+        past = 0 if caches is None else len(caches[0])
+        if positions is None:
+            positions = torch.arange(past, past + L, device=tokens.device)  # (L,)
+        x = self.embed(tokens)  # (B, L, d_model)
+        if self.sinusoidal is not None:
+            x = x + self.sinusoidal(positions, dtype=x.dtype)  # (L or B, L, d_model)
+        x = self.dropout(x)
+        new_caches = []
+        for i, block in enumerate(self.blocks):
+            x, cache = block(x, positions, doc_ids, None if caches is None else caches[i])
+            new_caches.append(cache)
+        logits = self.head(self.norm(x))  # (B, L, V)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        return logits, loss, new_caches
+
+    def _check_input(self, tokens, targets, caches) -> tuple[int, int]:
+        if not is_integer_tensor(tokens) or tokens.dim() != 2:
+            raise ValueError(f"tokens must be an integer tensor (B, L), got {describe(tokens)}")
+        if targets is not None and (not is_integer_tensor(targets) or targets.shape != tokens.shape):
+            shape = tuple(tokens.shape)
+            raise ValueError(f"targets must be an integer tensor of shape {shape}, got {describe(targets)}")
+        if caches is not None and (not isinstance(caches, list | tuple) or len(caches) != len(self.blocks)):
+            got = len(caches) if isinstance(caches, list | tuple) else type(caches).__name__
+            raise ValueError(
+                f"caches must be a list of {len(self.blocks)} KVCache (one per layer), got {got}"
+            )
+        return tokens.shape
+
+    @torch.no_grad()
+    def generate(
+        self,
+        tokens: Tensor,
+        max_new_tokens: int,
+        *,
+        temperature: float = 1.0,
+        top_k: int | None = None,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> Tensor:
+        """Extend ``tokens: (B, L)`` by ``max_new_tokens``: ``(B, L + max_new_tokens)``.
+
+        The prompt is prefilled once, then each step feeds one token through the KV caches. Nothing
+        is cropped to ``seq_len``: priors and encodings are defined at every position, so prompts and
+        generations may run past the training length (how well the model extrapolates is the
+        experiment, not a limit here). Call ``model.eval()`` first if ``dropout > 0``.
+        """
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
+        if not greedy and not temperature > 0:
+            raise ValueError(f"temperature must be > 0 (or use greedy=True), got {temperature!r}")
+        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+        logits, _, caches = self(tokens)  # prefill: (B, L, V)
+        for step in range(max_new_tokens):
+            if greedy:
+                next_token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
+            else:
+                next_token = sample(logits[:, -1] / temperature, top_k, generator)  # (B, 1)
+            tokens = torch.cat([tokens, next_token], dim=1)
+            if step + 1 < max_new_tokens:
+                logits, _, caches = self(next_token, caches=caches)  # (B, 1, V)
+        return tokens
+
+    def num_parameters(self, embedding: bool = True) -> int:
+        """Parameters, each counted once (a tied head or a shared prior is one set).
+
+        ``embedding=False`` leaves out the token embedding (an untied head stays counted, as in
+        seed 003 App. C's "Parameters transformer").
+        """
+        total = sum(p.numel() for p in self.parameters())
+        return total if embedding else total - self.embed.weight.numel()
+
+    def prior_parameters(self) -> list[nn.Parameter]:
+        """The parameters of every prior and SSMax, each once (frozen ones included)."""
+        modules = [m for block in self.blocks for m in (block.attn.prior, block.attn.ssmax) if m is not None]
+        return list(dict.fromkeys(p for m in modules for p in m.parameters()))
+
+
+def sample(logits: Tensor, top_k: int | None, generator: torch.Generator | None) -> Tensor:
+    """One token per row of ``logits: (B, V)``, from the softmax restricted to the ``top_k`` largest."""
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator)  # (B, 1)

@@ -1,0 +1,314 @@
+"""GPT: every prior x encoding, loss, shared priors, cached decoding, generation, presets, bad configs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from priorattn.models import GPT, PRESETS, GPTConfig, preset
+from priorattn.models.gpt import ENCODINGS
+from priorattn.priors import GGD, GOAT, Sum
+
+PRIORS = ["uniform", "alibi", "ggd", "goat", "alibi+goat"]
+TINY = dict(
+    vocab_size=50,
+    seq_len=16,
+    d_model=48,
+    n_layers=2,
+    n_heads=4,
+    goat_freqs=2,
+    goat_sink_freqs=2,
+    goat_sink_hidden=4,
+)
+
+
+def config(**overrides) -> GPTConfig:
+    if overrides.get("encoding") == "local_rope":
+        overrides.setdefault("window", 4)
+    return GPTConfig(**{**TINY, **overrides})
+
+
+def model(seed=0, dtype=torch.float64, **overrides) -> GPT:
+    """A GPT whose priors and SSMax scales are random, so every term of them matters."""
+    torch.manual_seed(seed)
+    gpt = GPT(config(**overrides)).to(dtype)
+    with torch.no_grad():
+        for p in gpt.prior_parameters():
+            p.uniform_(-0.5, 0.5)
+        for block in gpt.blocks:
+            if block.attn.ssmax is not None:
+                block.attn.ssmax.s.uniform_(0.5, 1.5)
+    return gpt
+
+
+def tokens(B, L, seed=1, vocab=TINY["vocab_size"]):
+    return torch.randint(vocab, (B, L), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("prior", PRIORS)
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_shapes_for_every_prior_and_encoding(prior, encoding):
+    gpt = model(prior=prior, encoding=encoding, dtype=torch.float32)
+    logits, loss, caches = gpt(tokens(2, 7))
+    assert logits.shape == (2, 7, TINY["vocab_size"]) and loss is None
+    assert len(caches) == TINY["n_layers"] and all(len(cache) == 7 for cache in caches)
+    assert torch.isfinite(logits).all()
+
+
+def test_encodings_go_where_they_belong():
+    rope, local, sinusoidal = (model(encoding=e) for e in ("rope", "local_rope", "sinusoidal"))
+    assert rope.blocks[0].attn.rope is not None and rope.blocks[0].attn.window is None
+    assert local.blocks[0].attn.rope is not None and local.blocks[0].attn.window == 4
+    assert sinusoidal.blocks[0].attn.rope is None and sinusoidal.sinusoidal is not None
+
+
+def test_loss_is_mean_cross_entropy_over_kept_targets():
+    gpt = model(prior="goat", encoding="rope")
+    x, targets = tokens(2, 9), tokens(2, 9, seed=2)
+    targets[0, :3] = -100
+    logits, loss, _ = gpt(x, targets=targets)
+    kept = targets != -100
+    log_probs = logits.log_softmax(-1)[kept]  # (N, V)
+    expected = -log_probs.gather(-1, targets[kept][:, None]).mean()
+    assert torch.isfinite(loss)
+    torch.testing.assert_close(loss, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("prior", ["ggd", "goat", "alibi+goat"])
+def test_shared_prior_is_one_module_counted_once(prior):
+    shared, own = model(prior=prior, shared_prior=True), model(prior=prior)
+    assert shared.blocks[0].attn.prior is shared.blocks[1].attn.prior
+    assert own.blocks[0].attn.prior is not own.blocks[1].attn.prior
+    per_layer = sum(p.numel() for p in own.blocks[0].attn.prior.parameters())
+    assert own.num_parameters() - shared.num_parameters() == per_layer * (TINY["n_layers"] - 1)
+    assert len(own.prior_parameters()) == TINY["n_layers"] * len(shared.prior_parameters())
+
+
+def test_default_is_one_prior_per_layer_and_saved_explicitly():
+    cfg = config(prior="ggd")
+    assert cfg.shared_prior is False and cfg.to_dict()["shared_prior"] is False
+
+
+def test_prior_parameters_are_the_priors_and_ssmax():
+    gpt = model(prior="ggd", ssmax=True)
+    expected = set()
+    for block in gpt.blocks:
+        expected |= {id(p) for p in (*block.attn.prior.parameters(), block.attn.ssmax.s)}
+    assert {id(p) for p in gpt.prior_parameters()} == expected
+    assert len(gpt.prior_parameters()) == len(expected)  # 2 layers x (alpha, beta, mu, s)
+    assert model(prior="uniform").prior_parameters() == []
+
+
+def test_init_leaves_priors_as_standard_attention():
+    """nanoGPT's init touches projections only: a new GOAT or GGD log-prior is constant per query."""
+    pos = torch.arange(6)
+    for prior in ("goat", "ggd"):
+        for block in GPT(config(prior=prior)).blocks:
+            K = block.attn.prior.log_prior(pos, pos)  # (H, Lq, Lk)
+            assert (K == K[..., :1]).all()
+
+
+def test_init_scales_residual_projections():
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(vocab_size=64, seq_len=8, d_model=256, n_layers=8, n_heads=4, tie_embeddings=False))
+    block = gpt.blocks[0]
+    residual = 0.02 / math.sqrt(2 * 8)
+    for weight, std in [
+        (gpt.embed.weight, 0.02),
+        (gpt.head.weight, 0.02),
+        (block.attn.q_proj.weight, 0.02),
+        (block.mlp.gate.weight, 0.02),
+        (block.attn.out_proj.weight, residual),
+        (block.mlp.down.weight, residual),
+    ]:
+        assert weight.std().item() == pytest.approx(std, rel=0.05)
+
+
+def test_tied_head_is_the_embedding():
+    tied, untied = model(), model(tie_embeddings=False)
+    assert tied.head.weight is tied.embed.weight
+    assert untied.head.weight is not untied.embed.weight
+    V, d = TINY["vocab_size"], TINY["d_model"]
+    assert untied.num_parameters() - tied.num_parameters() == V * d
+    assert tied.num_parameters() - tied.num_parameters(embedding=False) == V * d
+
+
+def decode(gpt: GPT, x, prefill: int, **per_token):
+    """Logits of ``x`` from a prefill of ``prefill`` tokens, then one token at a time."""
+    first = {k: v[:, :prefill] for k, v in per_token.items()}
+    logits, _, caches = gpt(x[:, :prefill], **first)
+    outputs = [logits]
+    for t in range(prefill, x.shape[1]):
+        step = {k: v[:, t : t + 1] for k, v in per_token.items()}
+        logits, _, caches = gpt(x[:, t : t + 1], caches=caches, **step)
+        outputs.append(logits)
+    return torch.cat(outputs, dim=1), caches
+
+
+@pytest.mark.parametrize("prior", ["uniform", "alibi", "ggd", "goat"])
+@pytest.mark.parametrize("encoding", ["none", "rope", "sinusoidal"])
+def test_cached_decoding_equals_full_forward(prior, encoding):
+    gpt = model(prior=prior, encoding=encoding, ssmax=prior != "uniform")
+    x = tokens(2, 11)
+    full, _, _ = gpt(x)
+    with torch.no_grad():
+        cached, caches = decode(gpt, x, prefill=4)
+    torch.testing.assert_close(cached, full.detach(), rtol=0, atol=1e-10)
+    assert all(len(cache) == 11 for cache in caches)
+
+
+def test_cached_decoding_with_documents_and_positions_equals_full_forward():
+    gpt = model(prior="alibi+goat", encoding="sinusoidal", ssmax=True)
+    x = tokens(2, 9)
+    doc_ids = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 2, 2], [4, 4, 4, 4, 4, 5, 5, 5, 5]])
+    positions = torch.stack([torch.arange(9), torch.arange(9) + 100])
+    full, _, _ = gpt(x, doc_ids=doc_ids, positions=positions)
+    with torch.no_grad():
+        cached, _ = decode(gpt, x, prefill=3, doc_ids=doc_ids, positions=positions)
+    torch.testing.assert_close(cached, full.detach(), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("prior, encoding", [("goat", "none"), ("ggd", "rope"), ("alibi", "local_rope")])
+def test_greedy_generate_is_deterministic_and_equals_decoding_without_cache(prior, encoding):
+    gpt = model(prior=prior, encoding=encoding)
+    prompt = tokens(2, 5)
+    out = gpt.generate(prompt, 6, greedy=True)
+    assert out.shape == (2, 11) and torch.equal(out[:, :5], prompt)
+    assert torch.equal(gpt.generate(prompt, 6, greedy=True), out)
+    expected = prompt
+    with torch.no_grad():
+        for _ in range(6):  # the whole sequence again at every step, no cache
+            logits, _, _ = gpt(expected)
+            expected = torch.cat([expected, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("prior, encoding", [("goat", "none"), ("ggd", "none"), ("uniform", "sinusoidal")])
+def test_generate_runs_past_seq_len(prior, encoding):
+    gpt = model(prior=prior, encoding=encoding, dtype=torch.float32)
+    prompt = tokens(1, TINY["seq_len"] + 5)
+    out = gpt.generate(prompt, 4, temperature=0.8, top_k=5)
+    assert out.shape == (1, TINY["seq_len"] + 9)
+    assert ((out >= 0) & (out < TINY["vocab_size"])).all()
+
+
+def test_sampling_follows_the_generator_and_top_k_one_is_greedy():
+    gpt = model(prior="goat")
+    prompt = tokens(3, 4)
+    a = gpt.generate(prompt, 5, generator=torch.Generator().manual_seed(7))
+    b = gpt.generate(prompt, 5, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(a, b)
+    assert torch.equal(gpt.generate(prompt, 5, top_k=1), gpt.generate(prompt, 5, greedy=True))
+    assert torch.equal(gpt.generate(prompt, 0), prompt)
+
+
+def test_config_round_trips_through_json():
+    cfg = preset("bam-120m", prior="alibi+goat", encoding="local_rope", window=64, ssmax=True)
+    again = GPTConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg and again.ggd_trainable == ("alpha", "beta")
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_small_presets_build_and_run(name):
+    gpt = GPT(preset(name, prior="goat"))
+    logits, loss, _ = gpt(tokens(1, 8, vocab=256), targets=tokens(1, 8, seed=3, vocab=256))
+    assert logits.shape == (1, 8, 256) and torch.isfinite(loss)
+
+
+# seed 003 App. C, Table 1: heads, layers, hidden, ff hidden, and parameter counts in millions
+BAM_TABLE = {
+    "bam-120m": dict(heads=16, layers=12, hidden=768, ff=2 * 768, embedding=25, transformer=95, bam=576),
+    "bam-432m": dict(heads=24, layers=14, hidden=1536, ff=2 * 1536, embedding=50, transformer=380, bam=1008),
+    "bam-1.1b": dict(heads=32, layers=15, hidden=2048, ff=4 * 2048, embedding=67, transformer=1000, bam=1440),
+}
+
+
+@pytest.mark.parametrize("name", BAM_TABLE)
+def test_bam_presets_match_seed_003_table(name):
+    row, cfg = BAM_TABLE[name], preset(name)
+    assert (cfg.n_heads, cfg.n_layers, cfg.d_model, cfg.mlp_hidden) == (
+        row["heads"],
+        row["layers"],
+        row["hidden"],
+        row["ff"],
+    )
+    assert cfg.vocab_size == 32768 and cfg.seq_len == 512 and cfg.prior == "ggd"
+    assert cfg.prior_init == "uniform" and cfg.ggd_trainable == ("alpha", "beta")
+    # Counting needs the module, not its numbers: on the meta device no weight is allocated.
+    with torch.device("meta"):
+        gpt = GPT(cfg)
+    embedding = gpt.num_parameters() - gpt.num_parameters(embedding=False)
+    assert embedding / 1e6 == pytest.approx(row["embedding"], rel=0.02)
+    assert gpt.num_parameters(embedding=False) / 1e6 == pytest.approx(row["transformer"], rel=0.08)
+    assert sum(p.numel() for p in gpt.prior_parameters()) == row["bam"] == 3 * cfg.n_heads * cfg.n_layers
+    assert all(isinstance(block.attn.prior, GGD) for block in gpt.blocks)
+
+
+def test_goat_c4_preset_matches_seed_000_table():
+    cfg = preset("goat-c4-125m")
+    assert (cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.seq_len) == (12, 12, 768, 2048)
+    assert cfg.vocab_size == 50257 and cfg.prior == "goat" and cfg.goat_sink
+    with torch.device("meta"):
+        gpt = GPT(cfg)
+    attn = gpt.blocks[0].attn
+    assert isinstance(attn.prior, GOAT) and attn.prior.fold_width == 12  # d_pos = 12
+    assert attn.head_dim == 64 and attn.content_dim == 64 - 12
+    assert gpt.num_parameters() / 1e6 == pytest.approx(125, rel=0.05)
+
+
+def test_preset_overrides_and_unknown_names():
+    cfg = preset("tiny", prior="alibi+goat", seq_len=1024)
+    assert cfg.prior == "alibi+goat" and cfg.seq_len == 1024 and cfg.d_model == 128
+    assert isinstance(GPT(preset("tiny", prior="alibi+goat")).blocks[0].attn.prior, Sum)
+    with pytest.raises(ValueError, match=r"unknown preset 'huge'; choose from \['bam-1.1b'"):
+        preset("huge")
+    with pytest.raises(ValueError, match=r"unknown GPTConfig fields \['layers'\]"):
+        preset("tiny", layers=3)
+    assert set(PRESETS) >= {"tiny", "small", "goat-c4-125m", "bam-120m", "bam-432m", "bam-1.1b"}
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(prior="rope"), r"unknown prior 'rope' in prior='rope': use one of \('uniform', 'alibi'"),
+        (dict(prior="alibi+bam"), r"unknown prior 'bam' in prior='alibi\+bam'"),
+        (dict(encoding="local_rope", window=None), "local_rope' is RoPE with a sliding window: give window="),
+        (dict(encoding="alibi"), "encoding must be one of"),
+        (dict(d_model=50), "d_model=50 is not divisible by n_heads=4"),
+        (dict(n_kv_heads=3), "n_heads=4 is not a multiple of n_kv_heads=3"),
+        (dict(n_layers=0), "n_layers must be a positive int, got 0"),
+        (dict(window=0), "window must be a positive int, got 0"),
+        (dict(prior_init="recency"), r"prior_init must be one of \('uniform', 'alibi'\)"),
+        (dict(ggd_trainable=("gamma",)), "ggd_trainable must name parameters in"),
+        (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
+        (dict(backend="cuda"), "backend must be one of"),
+    ],
+)
+def test_bad_config_is_a_clear_error(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        config(**overrides)
+
+
+def test_bad_call_is_a_clear_error():
+    gpt = model()
+    with pytest.raises(ValueError, match=r"tokens must be an integer tensor \(B, L\)"):
+        gpt(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"targets must be an integer tensor of shape \(2, 3\)"):
+        gpt(tokens(2, 3), targets=tokens(2, 4))
+    with pytest.raises(ValueError, match="caches must be a list of 2 KVCache"):
+        gpt(tokens(2, 3), caches=[])
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        gpt.generate(tokens(1, 3), 2, temperature=0.0)
+    with pytest.raises(TypeError, match="config must be a GPTConfig"):
+        GPT(dict(TINY))
+
+
+def test_loss_gradients_reach_the_priors():
+    gpt = model(prior="alibi+goat", ssmax=True, dtype=torch.float32)
+    _, loss, _ = gpt(tokens(2, 8), targets=tokens(2, 8, seed=4))
+    loss.backward()
+    trainable = [p for p in gpt.prior_parameters() if p.requires_grad]
+    assert trainable and all(p.grad is not None and torch.isfinite(p.grad).all() for p in trainable)
