@@ -51,14 +51,16 @@ def lane_inputs(
     ``q`` and ``k`` arrive sliced; the result has the dtype of ``q``.
     """
     B, H, lq = q.shape[:3]
-    content = q * scale if factor is None else q * scale * factor
+    content = (q * scale if factor is None else q * scale * factor).to(q.dtype)
+    if lanes.q.shape[-1] == 0:  # key terms only (ALiBi): no lanes to append, no copies
+        return content, k
     q_lanes = lanes.q[..., rows, :]
     if factor is not None and scale_prior:
         q_lanes = q_lanes * factor
     q_lanes = q_lanes.to(q.dtype).expand(B, H, lq, q_lanes.shape[-1])
     k_lanes = lanes.k[..., cols, :].to(k.dtype)
     k_lanes = k_lanes.expand(B, k.shape[1], *k_lanes.shape[-2:])
-    return torch.cat([content.to(q.dtype), q_lanes], dim=-1), torch.cat([k, k_lanes], dim=-1)
+    return torch.cat([content, q_lanes], dim=-1), torch.cat([k, k_lanes], dim=-1)
 
 
 def centred_keys(masking: Masking, rows: slice, cols: slice, dtype: torch.dtype) -> Tensor:
