@@ -6,7 +6,7 @@ exactly what it would see in the full forward pass.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 
 import torch
@@ -72,13 +72,6 @@ class Masking:
         if self.key_padding is not None:
             keep = keep & ~self.key_padding[:, None, cols]
         return keep[:, None]
-
-    def reversed_keys(self) -> Masking:
-        """The same masking with the keys taken in reverse order."""
-        flip = lambda t: None if t is None else t.flip(-1)  # noqa: E731
-        return replace(
-            self, k_pos=flip(self.k_pos), k_doc=flip(self.k_doc), key_padding=flip(self.key_padding)
-        )
 
     def visible_keys(self) -> Tensor:
         """Number of keys each query sees, ``(B or 1, Lq)``: the ``n_i`` of SSMax."""

@@ -11,9 +11,9 @@ lanes) and the bias is whatever part of the prior is not in the lanes, cheapest 
 - a prior that folds: its key-only terms ``u_h(j) + m_h (k_pos[j] - centre)``, one row per block
   (the slope re-centred on the block's queries, see ``prior_inputs.py``);
 - a relative prior (``K`` depends on ``i - j`` only) on contiguous positions: the prior is evaluated
-  once on the ``Lq + Lk - 1`` possible lags, and each block's bias is a zero-copy strided view of that
-  table. A Toeplitz block becomes a strided (Hankel) view once its keys are taken in reverse order,
-  so this path reverses the keys once up front;
+  once on the ``Lq + Lk - 1`` possible lags, and each block's bias is read from that table: a
+  Toeplitz block read with its keys in reverse order is a strided (Hankel) view of it, and one flip
+  of the block restores the key order;
 - otherwise: ``prior.log_prior`` on the block's positions.
 
 The bias of a block is a small differentiable function of its inputs (key terms, table, prior
@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..priors import Prior
@@ -45,25 +46,30 @@ def block_rows(B: int, H: int, Lk: int) -> int:
     return min(MAX_ROWS, max(MIN_ROWS, BLOCK_CELLS // max(B * H * Lk, 1)))
 
 
-def hankel_tile(table: Tensor, rows: slice, cols: slice, Lk: int) -> Tensor:
-    """Bias ``(H, lq, lk)`` of query ``rows`` against reversed keys ``cols``: a strided view.
+def hankel_start(rows: slice, cols: slice, Lk: int) -> int:
+    """Table index of cell ``(0, 0)`` of a block's Hankel view (see :func:`toeplitz_tile`)."""
+    return rows.start - cols.stop + Lk
 
-    Query i and original key j have lag index ``x = i - j + Lk - 1``; with reversed key
-    ``j' = Lk - 1 - j`` that is ``x = i + j'``, constant along anti-diagonals, which ``as_strided``
-    reads without a copy.
+
+def toeplitz_tile(table: Tensor, rows: slice, cols: slice, Lk: int) -> Tensor:
+    """Bias ``(H, lq, lk)`` of query ``rows`` against keys ``cols`` from the lag table.
+
+    Query i and key j read table index ``i - j + Lk - 1``: constant along diagonals (Toeplitz).
+    With the block's keys taken in reverse order, ``j' = lk - 1 - j``, the index is
+    ``hankel_start + i + j'``, which ``as_strided`` reads without a copy; one flip of the block
+    puts the keys back in order.
     """
-    start = rows.start + cols.start
     shape = (table.shape[0], rows.stop - rows.start, cols.stop - cols.start)
-    return table.as_strided(shape, (table.stride(0), 1, 1), table.storage_offset() + start)
+    offset = table.storage_offset() + hankel_start(rows, cols, Lk)
+    return table.as_strided(shape, (table.stride(0), 1, 1), offset).flip(-1)
 
 
 @dataclass(frozen=True)
 class Plan:
     """What one call's blocks need besides tensors: the keys each block sees, and how to build its bias."""
 
-    masking: Masking  # with the keys reversed when ``reversed_keys``
+    masking: Masking
     prior: Prior | None  # set only when the bias comes from ``prior.log_prior`` tiles
-    reversed_keys: bool
     scale_prior: bool  # SSMax multiplies the bias by the row factor
     step: int
     causal_offset: int | None  # q_pos[0] - k_pos[0] under causal masking on position runs
@@ -95,7 +101,7 @@ class Plan:
             rows = slice(start, min(start + self.step, Lq))
             bound = Lk if self.causal_offset is None else min(max(self.causal_offset + rows.stop, 0), Lk)
             if bound > 0:
-                out.append((rows, slice(Lk - bound, Lk) if self.reversed_keys else slice(0, bound)))
+                out.append((rows, slice(0, bound)))
         return out
 
     def bias(
@@ -115,7 +121,7 @@ class Plan:
             offset = centred_keys(self.masking, rows, cols, slope.dtype)
             terms.append(slope[:, None, None] * offset[:, None, None, :])
         if table is not None:
-            terms.append(hankel_tile(table, rows, cols, self.masking.k_pos.shape[-1])[None])
+            terms.append(toeplitz_tile(table, rows, cols, self.masking.k_pos.shape[-1])[None])
         if self.prior is not None:
             tile = self.prior.log_prior(self.masking.q_pos[:, rows], self.masking.k_pos[:, cols])
             terms.append(tile.to(self.dtype))
@@ -135,10 +141,7 @@ class Plan:
         lowest = torch.finfo(logits.dtype).min
         if self.triangular:  # only the block's newest lq keys can be hidden: an upper triangle
             hidden = torch.ones(lq, lq, dtype=torch.bool, device=q2.device).triu_(1)
-            if self.reversed_keys:
-                logits[..., :lq].masked_fill_(hidden.flip(-1), lowest)
-            else:
-                logits[..., -lq:].masked_fill_(hidden, lowest)
+            logits[..., -lq:].masked_fill_(hidden, lowest)
             return torch.softmax(logits, dim=-1)
         visible = self.masking.visible(rows, cols)
         probs = torch.softmax(logits.masked_fill_(~visible, lowest), dim=-1)
@@ -149,6 +152,21 @@ def grouped(x: Tensor, Hkv: int) -> Tensor:
     """``(B, H, L, X) -> (B, Hkv, G * L, X)``: query heads grouped by the key/value head they read."""
     B, H, L, X = x.shape
     return x.reshape(B, Hkv, (H // Hkv) * L, X)
+
+
+#: Positions of the bias sources among ``BlockwiseAttention``'s inputs after ``q2, k2, v``.
+KEY_BIAS, SLOPE, TABLE, ROW_SCALE = range(4)
+
+
+def antidiagonal_sums(x: Tensor) -> Tensor:
+    """``s[..., t] = sum over i + j = t of x[..., i, j]``: ``(..., n, m) -> (..., n + m - 1)``.
+
+    Padding each row with ``n`` zeros and reading the flat buffer with rows one shorter shifts row
+    ``i`` right by ``i``, so anti-diagonals line up in columns.
+    """
+    n, m = x.shape[-2:]
+    padded = F.pad(x, (0, n)).flatten(-2)[..., : n * (m + n - 1)]
+    return padded.view(*x.shape[:-2], n, m + n - 1).sum(-2)
 
 
 def sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
@@ -177,13 +195,17 @@ class BlockwiseAttention(torch.autograd.Function):
     def backward(ctx, grad_out):
         plan: Plan = ctx.plan
         q2, k2, v, out, *sources = ctx.saved_tensors
-        # Bias sources become fresh leaves so each block's bias can be rebuilt under autograd.
+        # Bias sources become fresh leaves so each block's bias can be rebuilt under autograd; the lag
+        # table is the exception: its gradient is summed along anti-diagonals directly (autograd
+        # through an overlapping strided view would build index tensors of the block's size).
         leaves = [
-            None if t is None else t.detach().requires_grad_(ctx.needs_input_grad[4 + i])
+            None if t is None else t.detach().requires_grad_(ctx.needs_input_grad[4 + i] and i != TABLE)
             for i, t in enumerate(sources)
         ]
         wanted = [t for t in leaves if t is not None and t.requires_grad]
         wanted += [p for p, need in zip(ctx.params, ctx.needs_input_grad[8:]) if need]
+        table, row_scale = sources[TABLE], sources[ROW_SCALE]
+        d_table = torch.zeros_like(table) if table is not None and ctx.needs_input_grad[4 + TABLE] else None
         B, H, Lq, D = q2.shape
         Hkv = v.shape[1]
         dq, dk, dv = torch.zeros_like(q2), torch.zeros_like(k2), torch.zeros_like(v)
@@ -201,6 +223,16 @@ class BlockwiseAttention(torch.autograd.Function):
             grouped_d_logits = grouped(d_logits, Hkv)
             dq[:, :, rows] = (grouped_d_logits @ k2[:, :, cols]).view(B, H, -1, D)
             dk[:, :, cols] += grouped_d_logits.transpose(-1, -2) @ grouped(q2[:, :, rows], Hkv)
+            if d_table is not None:
+                d_tile = (
+                    d_logits * row_scale[:, :, rows]
+                    if plan.scale_prior and row_scale is not None
+                    else d_logits
+                )
+                d_tile = sum_to(d_tile.sum(0), d_table.shape[:1] + d_tile.shape[2:])  # (H or 1, lq, lk)
+                start = hankel_start(rows, cols, plan.masking.k_pos.shape[-1])
+                stop = start + sum(d_tile.shape[-2:]) - 1
+                d_table[:, start:stop] += antidiagonal_sums(d_tile.flip(-1))  # keys reversed, as read
             if bias is not None and bias.requires_grad:
                 grads = torch.autograd.grad(bias, wanted, sum_to(d_logits, bias.shape), allow_unused=True)
                 for total, g in zip(d_wanted, grads):
@@ -208,6 +240,7 @@ class BlockwiseAttention(torch.autograd.Function):
                         total += g
         found = iter(d_wanted)
         source_grads = [next(found) if t is not None and t.requires_grad else None for t in leaves]
+        source_grads[TABLE] = d_table
         param_grads = [next(found) if need else None for need in ctx.needs_input_grad[8:]]
         return (None, dq, dk, dv, *source_grads, *param_grads)
 
@@ -227,16 +260,12 @@ def memeff_attention(
     scale_prior = ssmax is not None and ssmax.scale_prior
     inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, scale_prior)
     k2, v2 = inputs.k, v.to(dtype)
-    reversed_keys = inputs.table is not None
-    if reversed_keys:  # Hankel views of the lag table need the keys in reverse order
-        k2, v2 = k2.flip(2), v2.flip(2)
     q0, k0 = run_start(masking.q_pos), run_start(masking.k_pos)
     causal_offset = q0 - k0 if masking.causal and q0 is not None and k0 is not None else None
     span = None if inputs.slope is None else slope_span(inputs.slope, dtype)
     plan = Plan(
-        masking=masking.reversed_keys() if reversed_keys else masking,
+        masking=masking,
         prior=inputs.dense,
-        reversed_keys=reversed_keys,
         scale_prior=scale_prior,
         step=min(block_rows(*q.shape[:2], k.shape[2]), span or q.shape[2]),
         causal_offset=causal_offset,
