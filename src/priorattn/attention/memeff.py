@@ -137,7 +137,7 @@ class Plan:
         B, H, lq, _ = q2.shape
         logits = (grouped(q2, k2.shape[1]) @ k2.transpose(-1, -2)).view(B, H, lq, k2.shape[2])
         if bias is not None:
-            logits = logits + bias
+            logits += bias
         lowest = torch.finfo(logits.dtype).min
         if self.triangular:  # only the block's newest lq keys can be hidden: an upper triangle
             hidden = torch.ones(lq, lq, dtype=torch.bool, device=q2.device).triu_(1)
@@ -158,15 +158,17 @@ def grouped(x: Tensor, Hkv: int) -> Tensor:
 KEY_BIAS, SLOPE, TABLE, ROW_SCALE = range(4)
 
 
-def antidiagonal_sums(x: Tensor) -> Tensor:
-    """``s[..., t] = sum over i + j = t of x[..., i, j]``: ``(..., n, m) -> (..., n + m - 1)``.
+def diagonal_sums(x: Tensor) -> Tensor:
+    """``s[..., d] = sum over i - j = d - (m - 1) of x[..., i, j]``: ``(..., n, m) -> (..., n + m - 1)``.
 
-    Padding each row with ``n`` zeros and reading the flat buffer with rows one shorter shifts row
-    ``i`` right by ``i``, so anti-diagonals line up in columns.
+    The gradient of a Toeplitz block with respect to the lag table it was read from. Padding each
+    row with ``n`` zeros on the left and reading the flat buffer with rows one longer shifts row
+    ``i`` left by ``i``, so column ``n + j - i`` collects one diagonal.
     """
     n, m = x.shape[-2:]
-    padded = F.pad(x, (0, n)).flatten(-2)[..., : n * (m + n - 1)]
-    return padded.view(*x.shape[:-2], n, m + n - 1).sum(-2)
+    padded = F.pad(x, (n, 0, 0, 1)).flatten(-2)[..., : n * (n + m + 1)]
+    columns = padded.view(*x.shape[:-2], n, n + m + 1).sum(-2)  # column n + j - i
+    return columns[..., 1 : n + m].flip(-1)
 
 
 def sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
@@ -229,10 +231,9 @@ class BlockwiseAttention(torch.autograd.Function):
                     if plan.scale_prior and row_scale is not None
                     else d_logits
                 )
-                d_tile = sum_to(d_tile.sum(0), d_table.shape[:1] + d_tile.shape[2:])  # (H or 1, lq, lk)
+                d_tile = sum_to(d_tile, (1, *d_table.shape[:1], *d_tile.shape[2:]))[0]  # (H or 1, lq, lk)
                 start = hankel_start(rows, cols, plan.masking.k_pos.shape[-1])
-                stop = start + sum(d_tile.shape[-2:]) - 1
-                d_table[:, start:stop] += antidiagonal_sums(d_tile.flip(-1))  # keys reversed, as read
+                d_table[:, start : start + sum(d_tile.shape[-2:]) - 1] += diagonal_sums(d_tile)
             if bias is not None and bias.requires_grad:
                 grads = torch.autograd.grad(bias, wanted, sum_to(d_logits, bias.shape), allow_unused=True)
                 for total, g in zip(d_wanted, grads):

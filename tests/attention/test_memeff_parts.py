@@ -1,0 +1,30 @@
+"""The pieces of the blockwise route that read and differentiate a lag table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from priorattn.attention.memeff import diagonal_sums, toeplitz_tile
+
+
+@pytest.mark.parametrize("n, m", [(1, 1), (3, 5), (5, 3), (4, 4)])
+def test_diagonal_sums_add_each_diagonal(n, m):
+    x = torch.randn(2, n, m, dtype=torch.float64)
+    expected = [[torch.diagonal(x[h], offset=m - 1 - d).sum() for d in range(n + m - 1)] for h in range(2)]
+    assert torch.allclose(diagonal_sums(x), torch.tensor(expected, dtype=torch.float64))
+
+
+def test_toeplitz_tile_reads_the_lag_of_each_cell_and_its_gradient_is_diagonal_sums():
+    Lq = Lk = 9
+    table = torch.arange(2 * (Lq + Lk - 1), dtype=torch.float64).view(2, -1)  # index i - j + Lk - 1
+    rows, cols = slice(3, 7), slice(1, 6)
+    tile = toeplitz_tile(table, rows, cols, Lk)
+    i = torch.arange(rows.start, rows.stop)[:, None]
+    j = torch.arange(cols.start, cols.stop)[None, :]
+    assert torch.equal(tile, table[:, i - j + Lk - 1])
+    leaf = table.clone().requires_grad_()
+    grad = torch.randn(2, 4, 5, dtype=torch.float64)
+    (expected,) = torch.autograd.grad(toeplitz_tile(leaf, rows, cols, Lk), leaf, grad)
+    start = rows.start - cols.stop + Lk
+    assert torch.allclose(expected[:, start : start + 4 + 5 - 1], diagonal_sums(grad))
