@@ -36,10 +36,13 @@ class Masking:
 
     @cached_property
     def default_positions(self) -> bool:
-        """Positions are ``k = arange(Lk)`` and ``q = arange(Lk - Lq, Lk)`` (the common case)."""
+        """Positions are ``k = s + arange(Lk)`` and ``q = s + arange(Lk - Lq, Lk)`` for one start ``s``
+        shared by the batch: queries are the newest keys (the default, or a shifted copy of it)."""
         Lq, Lk = self.q_pos.shape[-1], self.k_pos.shape[-1]
-        k = torch.arange(Lk, device=self.k_pos.device)
-        return bool((self.k_pos == k).all() and (self.q_pos == k[Lk - Lq :]).all())
+        if self.k_pos.shape[0] != 1 or self.q_pos.shape[0] != 1 or Lk == 0:
+            return False
+        k = self.k_pos[0, 0] + torch.arange(Lk, device=self.k_pos.device)
+        return bool(torch.equal(self.k_pos[0], k) and torch.equal(self.q_pos[0], k[Lk - Lq :]))
 
     @cached_property
     def plain_causal(self) -> bool:

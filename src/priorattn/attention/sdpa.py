@@ -160,8 +160,8 @@ def sdpa_attention(
     scale_prior = ssmax is not None and ssmax.scale_prior
     chunks = query_chunks(masking, lanes, q.dtype)
     Dv, width = v.shape[-1], q.shape[-1] + (0 if lanes is None else lanes.width)
-    if masking.plain_causal and width > Dv and (len(chunks) > 1 or q.shape[2] != k.shape[2]):
-        v = F.pad(v, (0, width - Dv))  # the mask-free causal kernel wants one width: pad once, not per chunk
+    if width > Dv:  # the flash kernel wants one head width for q, k and v (else SDPA takes a slow path)
+        v = F.pad(v, (0, width - Dv))
     outputs = []
     for rows in chunks:
         cols = visible_columns(masking, rows)
