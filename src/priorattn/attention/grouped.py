@@ -10,17 +10,19 @@ from __future__ import annotations
 from torch import Tensor
 
 
+def grouped(x: Tensor, Hkv: int) -> Tensor:
+    """``(B, H, L, X) -> (B, Hkv, G * L, X)``: query heads grouped by the key/value head they read."""
+    B, H, L, X = x.shape
+    return x.reshape(B, Hkv, (H // Hkv) * L, X)
+
+
 def grouped_scores(q: Tensor, k: Tensor) -> Tensor:
     """``q @ k^T`` per head: ``(B, H, Lq, D) x (B, Hkv, Lk, D) -> (B, H, Lq, Lk)``."""
-    B, H, Lq, D = q.shape
-    Hkv = k.shape[1]
-    scores = q.reshape(B, Hkv, (H // Hkv) * Lq, D) @ k.transpose(-1, -2)
-    return scores.view(B, H, Lq, k.shape[2])
+    B, H, Lq, _ = q.shape
+    return (grouped(q, k.shape[1]) @ k.transpose(-1, -2)).view(B, H, Lq, k.shape[2])
 
 
 def grouped_values(probs: Tensor, v: Tensor) -> Tensor:
     """``probs @ v`` per head: ``(B, H, Lq, Lk) x (B, Hkv, Lk, Dv) -> (B, H, Lq, Dv)``."""
-    B, H, Lq, Lk = probs.shape
-    Hkv = v.shape[1]
-    out = probs.reshape(B, Hkv, (H // Hkv) * Lq, Lk) @ v
-    return out.view(B, H, Lq, v.shape[-1])
+    B, H, Lq, _ = probs.shape
+    return (grouped(probs, v.shape[1]) @ v).view(B, H, Lq, v.shape[-1])

@@ -16,6 +16,14 @@ from torch import Tensor
 COUNT_CHUNK_CELLS = 1 << 22
 
 
+def run_start(pos: Tensor) -> int | None:
+    """``pos[0, 0]`` when ``pos`` is one run ``start, start + 1, ...`` shared by the batch, else None."""
+    if pos.shape[0] != 1 or pos.shape[-1] == 0:
+        return None
+    start = int(pos[0, 0])
+    return start if torch.equal(pos[0], start + torch.arange(pos.shape[-1], device=pos.device)) else None
+
+
 @dataclass(frozen=True)
 class Masking:
     """The masks of one attention call, on ``(B or 1, L)`` positions and ``(B, L)`` document ids."""
@@ -35,24 +43,22 @@ class Masking:
         )
 
     @cached_property
-    def default_positions(self) -> bool:
-        """Positions are ``k = s + arange(Lk)`` and ``q = s + arange(Lk - Lq, Lk)`` for one start ``s``
-        shared by the batch: queries are the newest keys (the default, or a shifted copy of it)."""
+    def queries_are_newest_keys(self) -> bool:
+        """Positions are one run shared by the batch, ``k = s + arange(Lk)``, and the queries are its
+        last ``Lq`` entries: the default, or a shifted copy of it."""
+        q0, k0 = run_start(self.q_pos), run_start(self.k_pos)
         Lq, Lk = self.q_pos.shape[-1], self.k_pos.shape[-1]
-        if self.k_pos.shape[0] != 1 or self.q_pos.shape[0] != 1 or Lk == 0:
-            return False
-        k = self.k_pos[0, 0] + torch.arange(Lk, device=self.k_pos.device)
-        return bool(torch.equal(self.k_pos[0], k) and torch.equal(self.q_pos[0], k[Lk - Lq :]))
+        return q0 is not None and k0 is not None and q0 - k0 == Lk - Lq
 
     @cached_property
     def plain_causal(self) -> bool:
-        """Causal with default positions and nothing else masked."""
+        """Causal, queries are the newest keys, and nothing else is masked."""
         return (
             self.causal
             and self.q_doc is None
             and self.key_padding is None
             and self.window is None
-            and self.default_positions
+            and self.queries_are_newest_keys
         )
 
     def visible(self, rows: slice = slice(None), cols: slice = slice(None)) -> Tensor:

@@ -31,8 +31,9 @@ from torch import Tensor
 
 from ..priors import Prior
 from ..ssmax import Scaling
-from .masks import Masking
-from .prior_inputs import centred_keys, run_start, slope_span, split_prior
+from .grouped import grouped, grouped_scores, grouped_values
+from .masks import Masking, run_start
+from .prior_inputs import centred_keys, slope_span, split_prior
 from .reference import compute_dtype
 
 #: Logit cells per block (``B * H * rows * Lk``): 2^21 floats are 8 MB in float32.
@@ -74,24 +75,6 @@ class Plan:
     step: int
     causal_offset: int | None  # q_pos[0] - k_pos[0] under causal masking on position runs
     dtype: torch.dtype  # of the logits
-    triangular: bool  # see is_triangular
-
-    @staticmethod
-    def is_triangular(masking: Masking, causal_offset: int | None) -> bool:
-        """Whether each block's hidden cells are one triangle in its newest ``lq`` keys.
-
-        True for causal masking over position runs with ``0 <= q_pos[0] - k_pos[0] <= Lk - Lq`` and
-        no documents, padding or window: row i then sees keys ``0 .. offset + i`` and every block
-        ends at its last query's own key.
-        """
-        Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
-        return (
-            causal_offset is not None
-            and 0 <= causal_offset <= Lk - Lq
-            and masking.q_doc is None
-            and masking.key_padding is None
-            and masking.window is None
-        )
 
     def blocks(self) -> list[tuple[slice, slice]]:
         """Query rows and the key columns they can possibly see (causal: none past the last query)."""
@@ -134,24 +117,18 @@ class Plan:
 
     def probs(self, q2: Tensor, k2: Tensor, bias: Tensor | None, rows: slice, cols: slice) -> Tensor:
         """Attention weights ``(B, H, lq, lk)`` of one block; a row with no visible key is all zero."""
-        B, H, lq, _ = q2.shape
-        logits = (grouped(q2, k2.shape[1]) @ k2.transpose(-1, -2)).view(B, H, lq, k2.shape[2])
+        lq = q2.shape[2]
+        logits = grouped_scores(q2, k2)
         if bias is not None:
             logits += bias
         lowest = torch.finfo(logits.dtype).min
-        if self.triangular:  # only the block's newest lq keys can be hidden: an upper triangle
+        if self.masking.plain_causal:  # only the block's newest lq keys can be hidden: a triangle
             hidden = torch.ones(lq, lq, dtype=torch.bool, device=q2.device).triu_(1)
             logits[..., -lq:].masked_fill_(hidden, lowest)
             return torch.softmax(logits, dim=-1)
         visible = self.masking.visible(rows, cols)
         probs = torch.softmax(logits.masked_fill_(~visible, lowest), dim=-1)
         return probs.mul_(visible.any(-1, keepdim=True))
-
-
-def grouped(x: Tensor, Hkv: int) -> Tensor:
-    """``(B, H, L, X) -> (B, Hkv, G * L, X)``: query heads grouped by the key/value head they read."""
-    B, H, L, X = x.shape
-    return x.reshape(B, Hkv, (H // Hkv) * L, X)
 
 
 #: Positions of the bias sources among ``BlockwiseAttention``'s inputs after ``q2, k2, v``.
@@ -183,12 +160,11 @@ class BlockwiseAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, plan: Plan, q2, k2, v, key_bias, slope, table, row_scale, *params):
         B, H, Lq, _ = q2.shape
-        Hkv = v.shape[1]
         out = q2.new_zeros(B, H, Lq, v.shape[-1])
         for rows, cols in plan.blocks():
             bias = plan.bias(rows, cols, key_bias, slope, table, row_scale)
             probs = plan.probs(q2[:, :, rows], k2[:, :, cols], bias, rows, cols)
-            out[:, :, rows] = (grouped(probs, Hkv) @ v[:, :, cols]).view(B, H, -1, v.shape[-1])
+            out[:, :, rows] = grouped_values(probs, v[:, :, cols])
         ctx.plan, ctx.params = plan, params
         ctx.save_for_backward(q2, k2, v, out, key_bias, slope, table, row_scale)
         return out
@@ -260,7 +236,6 @@ def memeff_attention(
     factor = None if ssmax is None else ssmax.factor(masking.visible_keys()).to(dtype)
     scale_prior = ssmax is not None and ssmax.scale_prior
     inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, scale_prior)
-    k2, v2 = inputs.k, v.to(dtype)
     q0, k0 = run_start(masking.q_pos), run_start(masking.k_pos)
     causal_offset = q0 - k0 if masking.causal and q0 is not None and k0 is not None else None
     span = None if inputs.slope is None else slope_span(inputs.slope, dtype)
@@ -271,10 +246,9 @@ def memeff_attention(
         step=min(block_rows(*q.shape[:2], k.shape[2]), span or q.shape[2]),
         causal_offset=causal_offset,
         dtype=dtype,
-        triangular=Plan.is_triangular(masking, causal_offset),
     )
     row_scale = factor if scale_prior else None
     params = [] if inputs.dense is None else [p for p in inputs.dense.parameters() if p.requires_grad]
     sources = (inputs.key_bias, inputs.slope, inputs.table, row_scale)
-    out = BlockwiseAttention.apply(plan, inputs.q, k2, v2, *sources, *params)
+    out = BlockwiseAttention.apply(plan, inputs.q, inputs.k, v.to(dtype), *sources, *params)
     return out.to(v.dtype)

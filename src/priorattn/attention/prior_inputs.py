@@ -16,10 +16,10 @@ import torch
 from torch import Tensor
 
 from ..priors import FoldLanes, Prior
-from .masks import Masking
+from .masks import Masking, run_start
 
 #: Largest magnitude the centred slope term may reach within one call, per dtype: past it, rounding
-#: of ``m * (k_pos - centre)`` shows in the logits (tests/attention/test_routes.py measures it).
+#: of ``m * (k_pos - centre)`` shows in the logits (benchmarks/fold_precision.py measures it).
 SLOPE_MAGNITUDE = {
     torch.float64: 2.0**30,
     torch.float32: 2.0**8,
@@ -67,24 +67,6 @@ def centred_keys(masking: Masking, rows: slice, cols: slice, dtype: torch.dtype)
     """``k_pos[j] - centre`` ``(B or 1, lk)``, centred on the last query of ``rows``: the slope lane."""
     centre = masking.q_pos[:, rows].amax(dim=-1, keepdim=True)
     return (masking.k_pos[:, cols] - centre).to(dtype)
-
-
-def key_terms(lanes: FoldLanes, masking: Masking, rows: slice, cols: slice) -> Tensor | None:
-    """``u_h(j) + m_h (k_pos[j] - centre)``, ``(B or 1, H, lk)``: the key-only part of the prior."""
-    terms = None if lanes.key_bias is None else lanes.key_bias[..., cols]
-    if lanes.slope is not None:
-        offset = centred_keys(masking, rows, cols, lanes.slope.dtype)
-        slope_term = lanes.slope[:, None] * offset[:, None, :]
-        terms = slope_term if terms is None else terms + slope_term
-    return terms
-
-
-def run_start(pos: Tensor) -> int | None:
-    """``pos[0, 0]`` when ``pos`` is one run ``start, start + 1, ...`` shared by the batch, else None."""
-    if pos.shape[0] != 1:
-        return None
-    start = int(pos[0, 0])
-    return start if torch.equal(pos[0], start + torch.arange(pos.shape[-1], device=pos.device)) else None
 
 
 def lag_table(prior: Prior, masking: Masking) -> Tensor | None:
