@@ -8,8 +8,8 @@ import torch
 from torch import Tensor, nn
 
 from .attention import BACKENDS, attention
+from .checks import describe, is_integer_tensor
 from .encodings import RoPE, Sinusoidal
-from .encodings.rope import describe, is_integer_tensor
 from .priors import Prior
 from .ssmax import SSMax
 

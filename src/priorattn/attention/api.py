@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from ..checks import describe, is_integer_tensor
 from ..priors import Prior, Uniform
 from ..ssmax import Scaling, SSMax
 from .flex import flex_route
@@ -132,9 +133,8 @@ def _positions(name: str, pos: Tensor | None, B: int, L: int, default: Tensor) -
     """Positions as ``(B or 1, L)`` int64."""
     if pos is None:
         return default[None]
-    if not isinstance(pos, Tensor) or pos.is_floating_point() or pos.is_complex() or pos.dtype == torch.bool:
-        kind = pos.dtype if isinstance(pos, Tensor) else type(pos).__name__
-        raise TypeError(f"{name} must be an integer tensor, got {kind}")
+    if not is_integer_tensor(pos):
+        raise TypeError(f"{name} must be an integer tensor, got {describe(pos)}")
     if pos.shape not in ((L,), (B, L), (1, L)):
         raise ValueError(f"{name} must have shape ({L},) or ({B}, {L}), got {tuple(pos.shape)}")
     return pos.long().reshape(-1, L)

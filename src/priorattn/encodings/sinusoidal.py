@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .rope import describe, is_integer_tensor
+from ..checks import describe, is_integer_tensor
 
 
 class Sinusoidal(nn.Module):

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..attention import BACKENDS
+from ..checks import describe, is_integer_tensor
 from ..encodings import Sinusoidal
-from ..encodings.rope import describe, is_integer_tensor
 from ..layers import KVCache, PriorMultiheadAttention
 from ..priors import GGD, GOAT, ALiBi, Prior, Sum
 
