@@ -23,7 +23,7 @@ class Uniform(Prior):
         return True
 
     def fold(self, q_pos: Tensor, k_pos: Tensor) -> FoldLanes:
-        dtype = torch.get_default_dtype()
+        empty = dict(dtype=torch.get_default_dtype(), device=q_pos.device)
         return FoldLanes(
-            torch.zeros(1, q_pos.shape[-1], 0, dtype=dtype), torch.zeros(1, k_pos.shape[-1], 0, dtype=dtype)
+            torch.zeros(1, q_pos.shape[-1], 0, **empty), torch.zeros(1, k_pos.shape[-1], 0, **empty)
         )
