@@ -62,3 +62,18 @@ def test_defaults_put_queries_at_the_end_of_the_keys():
     full = priorattn.attention(x, x, x, prior=ALiBi(2))
     tail = priorattn.attention(x[:, :, -3:], x, x, prior=ALiBi(2))
     assert torch.allclose(full[:, :, -3:], tail, atol=1e-6)
+
+
+def test_one_document_per_row_is_no_mask():
+    """Doc ids that never change along a row mask nothing, so they are dropped (the mask-free kernels
+    stay in use); rows that cross a boundary keep them."""
+    from priorattn.attention.api import _doc_ids
+
+    one_doc = torch.tensor([[3, 3, 3, 3], [7, 7, 7, 7]])
+    assert _doc_ids(one_doc, 2, 4, 4) == (None, None)
+    crossing = torch.tensor([[3, 3, 4, 4], [7, 7, 7, 7]])
+    q_doc, k_doc = _doc_ids(crossing, 2, 2, 4)
+    assert torch.equal(q_doc, crossing[:, 2:]) and torch.equal(k_doc, crossing)
+    x = torch.randn(2, 2, 4, 8)
+    expected = priorattn.attention(x, x, x, prior=ALiBi(2), backend="reference")
+    assert torch.allclose(priorattn.attention(x, x, x, prior=ALiBi(2), doc_ids=one_doc), expected, atol=1e-6)
