@@ -1,7 +1,14 @@
-"""Real text for language-model training, offline: corpora, tokenizers, token stores, packed batches."""
+"""Real text for language-model training, offline: corpora, tokenizers, token stores, packed batches.
+
+``prepare_data(source, seq_len=..., run_dir=...)`` does it all; the pieces are: ``load_corpus`` and
+``split_documents`` (corpus.py), tokenizers (tokenizer.py), ``TokenStore`` and ``cached_store``
+(store.py), ``PackedSequences``, ``Batches`` and ``eval_batches`` (packing.py), and the
+``unigram_cross_entropy`` baseline (stats.py).
+"""
 
 from .corpus import Document, load_corpus, split_documents
 from .packing import Batches, PackedSequences, eval_batches
+from .prepare import Data, prepare_data
 from .stats import unigram_cross_entropy
 from .store import TokenStore, cached_store, default_cache_dir
 from .tokenizer import KINDS, BPETokenizer, ByteTokenizer, Tokenizer, build_tokenizer, load_tokenizer
@@ -10,6 +17,7 @@ __all__ = [
     "BPETokenizer",
     "Batches",
     "ByteTokenizer",
+    "Data",
     "Document",
     "KINDS",
     "PackedSequences",
@@ -21,6 +29,7 @@ __all__ = [
     "eval_batches",
     "load_corpus",
     "load_tokenizer",
+    "prepare_data",
     "split_documents",
     "unigram_cross_entropy",
 ]
