@@ -1,0 +1,35 @@
+"""Real text for language-model training, offline: corpora, tokenizers, token stores, packed batches.
+
+``prepare_data(source, seq_len=..., run_dir=...)`` does it all; the pieces are: ``load_corpus`` and
+``split_documents`` (corpus.py), tokenizers (tokenizer.py), ``TokenStore`` and ``cached_store``
+(store.py), ``PackedSequences``, ``Batches`` and ``eval_batches`` (packing.py), and the
+``unigram_cross_entropy`` baseline (stats.py).
+"""
+
+from .corpus import Document, load_corpus, split_documents
+from .packing import Batches, PackedSequences, eval_batches
+from .prepare import Data, prepare_data
+from .stats import unigram_cross_entropy
+from .store import TokenStore, cached_store, default_cache_dir
+from .tokenizer import KINDS, BPETokenizer, ByteTokenizer, Tokenizer, build_tokenizer, load_tokenizer
+
+__all__ = [
+    "BPETokenizer",
+    "Batches",
+    "ByteTokenizer",
+    "Data",
+    "Document",
+    "KINDS",
+    "PackedSequences",
+    "TokenStore",
+    "Tokenizer",
+    "build_tokenizer",
+    "cached_store",
+    "default_cache_dir",
+    "eval_batches",
+    "load_corpus",
+    "load_tokenizer",
+    "prepare_data",
+    "split_documents",
+    "unigram_cross_entropy",
+]
