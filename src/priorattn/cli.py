@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -33,6 +34,70 @@ def plot_priors(args: argparse.Namespace) -> int:
     return 0
 
 
+def train(args: argparse.Namespace) -> int:
+    """Train a GPT on the default corpus or ``--data``; the run goes to ``--out``."""
+    from .data import vocab_size_of
+    from .models import GPTConfig, preset
+    from .train import TrainConfig
+    from .train import train as run
+
+    model_flags = dict(prior=args.prior, encoding=args.encoding, window=args.window, backend=args.backend)
+    model_flags = {name: value for name, value in model_flags.items() if value is not None}
+    if args.ssmax:
+        model_flags["ssmax"] = True
+    train_flags = dict(
+        data=args.data,
+        tokenizer=args.tokenizer,
+        vocab_size=args.vocab_size,
+        val_fraction=args.val_fraction,
+        seq_len=args.seq_len,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        grad_accum=args.grad_accum,
+        optimizer=args.optimizer,
+        lr=args.lr,
+        prior_lr=args.prior_lr,
+        weight_decay=args.weight_decay,
+        warmup_steps=args.warmup,
+        grad_clip=args.grad_clip,
+        bf16=args.bf16,
+        seed=args.seed,
+        log_every=args.log_every,
+        eval_every=args.eval_every,
+        eval_sequences=args.eval_sequences,
+        save_every=args.save_every,
+        init_from=None if args.init_from is None else str(args.init_from),
+    )
+    train_flags = {name: value for name, value in train_flags.items() if value is not None}
+    if train_flags.get("grad_clip") == 0:
+        train_flags["grad_clip"] = None
+    try:
+        if args.init_from is not None:  # context extension: the model is the earlier run's
+            if model_flags or args.preset is not None:
+                names = ", ".join(f"--{name}" for name in model_flags) or "--preset"
+                raise ValueError(f"{names} cannot be combined with --init-from (the model is that run's)")
+            saved = json.loads((args.init_from / "config.json").read_text())
+            model_config = GPTConfig.from_dict(saved["model"])
+        else:
+            model_flags["vocab_size"] = vocab_size_of(args.tokenizer, args.vocab_size)
+            if args.seq_len is not None:
+                model_flags["seq_len"] = args.seq_len
+            model_config = preset(args.preset or "tiny", **model_flags)
+        config = TrainConfig(**train_flags)
+    except (ValueError, FileNotFoundError) as e:
+        args.parser.error(str(e))
+    try:
+        result = run(model_config, config, args.out, resume=args.resume, progress=not args.quiet)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:  # bad data, run dir or checkpoint
+        args.parser.error(str(e))
+    print(
+        f"step {result.step}: train loss {result.train_loss:.4f}, val loss {result.val_loss:.4f} "
+        f"(unigram baseline {result.unigram_loss:.4f}) nats/token, {result.tokens_per_s:,.0f} tokens/s; "
+        f"run in {result.run_dir}"
+    )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="priorattn", description="Attention priors for PyTorch: look at them, train with them."
@@ -49,7 +114,63 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--heads", type=int_at_least(1), default=8, help="heads per prior (8)")
     plot.add_argument("--head", type=int_at_least(0), default=0, help="head to draw (0)")
     plot.set_defaults(run=plot_priors, parser=plot)
+
+    add_train_parser(commands)
     return parser
+
+
+def add_train_parser(commands) -> None:
+    from .models.gpt import ENCODINGS
+    from .models.presets import PRESETS
+    from .train.config import OPTIMIZERS, TOKENIZERS, TrainConfig
+
+    defaults = TrainConfig()
+    p = commands.add_parser(
+        "train",
+        help="train a GPT with any prior on the embedded corpus or your own text",
+        description=(
+            "Train a GPT. The run directory --out gets config.json, data.json, metrics.jsonl and the "
+            "checkpoint; --resume continues it (same arguments) after a crash. Under torchrun every "
+            "process runs this same command (DDP)."
+        ),
+    )
+    model = p.add_argument_group("model")
+    model.add_argument("--preset", choices=sorted(PRESETS), help="model size (tiny)")
+    model.add_argument(
+        "--prior", help="uniform, alibi, ggd, goat, or a sum such as alibi+goat (the preset's)"
+    )
+    model.add_argument("--encoding", choices=ENCODINGS, help="position encoding (the preset's: none)")
+    model.add_argument("--window", type=int_at_least(1), help="sliding window (required by local_rope)")
+    model.add_argument("--ssmax", action="store_true", help="Scalable-Softmax in every layer")
+    model.add_argument("--backend", help="attention route (auto)")
+    data = p.add_argument_group("data")
+    data.add_argument("--data", help="text folder, glob, file or hf:PATH[:COLUMN] (embedded Shakespeare)")
+    data.add_argument("--tokenizer", choices=TOKENIZERS, default=defaults.tokenizer, help="(byte)")
+    data.add_argument("--vocab-size", type=int_at_least(257), help="BPE vocabulary to train (8192)")
+    data.add_argument("--val-fraction", type=float, help=f"documents held out ({defaults.val_fraction})")
+    data.add_argument("--seq-len", type=int_at_least(1), help="training length (the preset's)")
+    opt = p.add_argument_group("optimization")
+    opt.add_argument("--steps", type=int_at_least(1), help=f"optimizer steps ({defaults.steps})")
+    opt.add_argument("--batch-size", type=int_at_least(1), help=f"sequences per step ({defaults.batch_size})")
+    opt.add_argument("--grad-accum", type=int_at_least(1), help="micro-steps per step (1)")
+    opt.add_argument("--optimizer", choices=OPTIMIZERS, help=f"({defaults.optimizer})")
+    opt.add_argument("--lr", type=float, help=f"peak learning rate ({defaults.lr})")
+    opt.add_argument("--prior-lr", type=float, help="learning rate of prior/SSMax parameters (--lr)")
+    opt.add_argument("--weight-decay", type=float, help=f"({defaults.weight_decay})")
+    opt.add_argument("--warmup", type=int_at_least(0), help=f"warmup steps ({defaults.warmup_steps})")
+    opt.add_argument("--grad-clip", type=float, help=f"max gradient norm, 0 for none ({defaults.grad_clip})")
+    opt.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
+    opt.add_argument("--seed", type=int_at_least(0), help=f"({defaults.seed})")
+    opt.add_argument("--init-from", type=Path, help="start from this run's weights (context extension)")
+    run = p.add_argument_group("run")
+    run.add_argument("--out", type=Path, required=True, help="run directory")
+    run.add_argument("--resume", action="store_true", help="continue the run in --out")
+    run.add_argument("--log-every", type=int_at_least(1), help=f"({defaults.log_every})")
+    run.add_argument("--eval-every", type=int_at_least(0), help=f"0: only at the end ({defaults.eval_every})")
+    run.add_argument("--eval-sequences", type=int_at_least(1), help=f"({defaults.eval_sequences})")
+    run.add_argument("--save-every", type=int_at_least(0), help=f"0: only at the end ({defaults.save_every})")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(run=train, parser=p)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

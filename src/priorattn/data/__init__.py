@@ -11,7 +11,15 @@ from .packing import Batches, PackedSequences, eval_batches
 from .prepare import Data, prepare_data
 from .stats import unigram_cross_entropy
 from .store import TokenStore, cached_store, default_cache_dir
-from .tokenizer import KINDS, BPETokenizer, ByteTokenizer, Tokenizer, build_tokenizer, load_tokenizer
+from .tokenizer import (
+    KINDS,
+    BPETokenizer,
+    ByteTokenizer,
+    Tokenizer,
+    build_tokenizer,
+    load_tokenizer,
+    vocab_size_of,
+)
 
 __all__ = [
     "BPETokenizer",
@@ -32,4 +40,5 @@ __all__ = [
     "prepare_data",
     "split_documents",
     "unigram_cross_entropy",
+    "vocab_size_of",
 ]

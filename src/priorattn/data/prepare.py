@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..files import write_json_atomic
 from .corpus import load_corpus, split_documents
 from .packing import PackedSequences
 from .stats import unigram_cross_entropy
@@ -90,7 +91,7 @@ def prepare_data(
             "unigram_loss": unigram_loss,
         }
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / DATA_FILE).write_text(json.dumps(record, indent=1), encoding="utf-8")
+        write_json_atomic(run_dir / DATA_FILE, record)
     return Data(text_tokenizer, train, val, unigram_loss, len(train_docs), len(val_docs))
 
 

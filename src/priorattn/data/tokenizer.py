@@ -159,6 +159,13 @@ def build_tokenizer(kind: str, train_docs: Sequence[Document], vocab_size: int |
     return tokenizer
 
 
+def vocab_size_of(kind: str, vocab_size: int | None = None) -> int:
+    """The vocabulary a model needs for a tokenizer of ``kind`` built with ``vocab_size``."""
+    check_kind(kind)
+    fixed = {"byte": BYTE_VOCAB, "gpt2": GPT2_VOCAB}
+    return fixed.get(kind, DEFAULT_BPE_VOCAB if vocab_size is None else vocab_size)
+
+
 def load_tokenizer(spec: dict, run_dir: Path) -> Tokenizer:
     """The tokenizer whose ``to_dict()`` is ``spec``, as its ``save(run_dir)`` left it."""
     kind = spec.get("kind")

@@ -1,0 +1,130 @@
+"""Training throughput of the tiny preset for each prior and encoding, as a ratio to NoPE.
+
+Every configuration trains the ``tiny`` model (byte-level, seq_len 256, batch 16) with the real
+training step (:func:`priorattn.train.loop.train_step`: forward, cross-entropy, backward, gradient
+clipping, AdamW) on batches of the embedded Shakespeare corpus. The configurations are timed
+round-robin in one process, the order rotating each round, and the median step time of each is
+compared with NoPE's (``prior="uniform", encoding="none"``): ratio = NoPE time / its time, so 0.9
+means 90% of NoPE's tokens per second.
+
+    python benchmarks/train_throughput.py            # 7 rounds x 4 steps each, about 4 minutes
+    python benchmarks/train_throughput.py --bf16     # the same under bfloat16 autocast
+    python benchmarks/train_throughput.py --quick    # 3 rounds x 2 steps, a sanity run
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.utils.benchmark import Timer
+from tqdm import tqdm
+
+from priorattn.data import Batches, prepare_data
+from priorattn.models import GPT, preset
+from priorattn.train import TrainConfig
+from priorattn.train.distributed import Process
+from priorattn.train.loop import train_step
+from priorattn.train.optim import build_optimizer
+
+#: name -> GPTConfig overrides of the tiny preset. NoPE first: it is the baseline.
+CONFIGURATIONS = {
+    "nope": dict(prior="uniform", encoding="none"),
+    "rope": dict(encoding="rope"),
+    "sinusoidal": dict(encoding="sinusoidal"),
+    "local_rope (window 64)": dict(encoding="local_rope", window=64),
+    "alibi": dict(prior="alibi"),
+    "ggd (BAM)": dict(prior="ggd"),
+    "ggd + ssmax (BAM SSMax)": dict(prior="ggd", ssmax=True),
+    "goat": dict(prior="goat"),
+    "goat + ssmax": dict(prior="goat", ssmax=True),
+}
+TARGET = ("goat", 0.9)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--steps", type=int, default=4, help="training steps per timed sample")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="3 rounds of 2 steps")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.steps = 3, 2
+
+    config = TrainConfig(batch_size=args.batch_size, bf16=args.bf16)
+    seq_len = preset("tiny").seq_len
+    with tempfile.TemporaryDirectory() as run_dir:
+        data = prepare_data(None, tokenizer="byte", seq_len=seq_len, run_dir=Path(run_dir))
+    batches = Batches(data.train, args.batch_size, seed=0)
+    steps = {name: training_step(overrides, config, batches) for name, overrides in CONFIGURATIONS.items()}
+    for step in steps.values():  # warm up: first-call allocations, lazy kernels
+        step()
+
+    samples = {name: [] for name in steps}
+    names = list(steps)
+    for r in tqdm(range(args.rounds), desc="rounds"):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            timer = Timer("step()", globals={"step": steps[name]})
+            samples[name].append(timer.timeit(args.steps).mean)
+    report(samples, args, seq_len)
+
+
+def training_step(overrides: dict, config: TrainConfig, batches: Batches):
+    """A closure running one optimizer step of a fresh tiny model on the next batch."""
+    torch.manual_seed(0)
+    model = GPT(preset("tiny", **overrides))
+    optimizer = build_optimizer(model, config)
+    process, counter = Process(), iter(range(10**9))
+
+    def step():
+        train_step(model, [batches.batch(next(counter))], optimizer, config, process)
+
+    return step
+
+
+def report(samples: dict[str, list[float]], args, seq_len: int) -> None:
+    tokens = args.batch_size * seq_len
+    medians = {name: statistics.median(times) for name, times in samples.items()}
+    base = medians["nope"]
+    dtype = "bf16 autocast" if args.bf16 else "fp32"
+    print(
+        f"\ntiny preset, batch {args.batch_size} x {seq_len} tokens, {dtype}, {torch.get_num_threads()} "
+        f"threads, median of {args.rounds} samples x {args.steps} steps\n"
+    )
+    print("| configuration | ms / step | tokens / s | ratio to NoPE |")
+    print("|---|---:|---:|---:|")
+    for name, median in medians.items():
+        print(f"| {name} | {1e3 * median:.0f} | {tokens / median:,.0f} | {base / median:.2f} |")
+    name, target = TARGET
+    ratio = base / medians[name]
+    verdict = "met" if ratio >= target else "MISSED"
+    print(f"\ntarget: {name} >= {target:.2f}x NoPE tokens/s: {ratio:.2f}x, {verdict}")
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                dict(
+                    date=datetime.datetime.now().isoformat(timespec="seconds"),
+                    machine=platform.processor() or platform.machine(),
+                    threads=torch.get_num_threads(),
+                    dtype=dtype,
+                    batch_size=args.batch_size,
+                    seq_len=seq_len,
+                    median_step_s=medians,
+                    ratio_to_nope={n: base / m for n, m in medians.items()},
+                ),
+                indent=2,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()

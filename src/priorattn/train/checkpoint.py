@@ -1,0 +1,149 @@
+"""Checkpoints: every tensor in one safetensors file, the rest in a small JSON, both written atomically.
+
+A run directory holds ``checkpoint-<step>.safetensors`` and ``checkpoint.json``, which names that
+file and its sha256. The tensor file is written first (to a temporary name, then renamed), then the
+JSON that points at it, then older tensor files are removed: a crash at any moment leaves a JSON
+that points at a complete file. Nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from ..files import write_atomic, write_json_atomic
+
+CHECKPOINT_JSON = "checkpoint.json"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: missing, corrupted, or not matching the model."""
+
+
+def save_checkpoint(run_dir: Path, step: int, tensors: dict[str, Tensor], state: dict) -> Path:
+    """Write ``tensors`` and the JSON-able ``state`` as the run's checkpoint at ``step``."""
+    run_dir = Path(run_dir)
+    path = run_dir / f"checkpoint-{step:08d}.safetensors"
+    tensors = {name: t.detach().contiguous().cpu() for name, t in tensors.items()}
+    write_atomic(path, lambda tmp: save_file(tensors, str(tmp)))
+    index = dict(version=FORMAT_VERSION, step=step, file=path.name, sha256=_sha256(path), state=state)
+    write_json_atomic(run_dir / CHECKPOINT_JSON, index)
+    for old in run_dir.glob("checkpoint-*.safetensors"):
+        if old != path:
+            old.unlink()
+    return path
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    return (Path(run_dir) / CHECKPOINT_JSON).exists()
+
+
+def load_checkpoint(run_dir: Path) -> tuple[int, dict[str, Tensor], dict]:
+    """``(step, tensors, state)`` of the run's checkpoint, after checking the file's sha256."""
+    run_dir = Path(run_dir)
+    index_path = run_dir / CHECKPOINT_JSON
+    if not index_path.exists():
+        raise CheckpointError(f"no checkpoint in {run_dir} ({CHECKPOINT_JSON} is missing)")
+    try:
+        index = json.loads(index_path.read_text())
+        step, name, digest, state = index["step"], index["file"], index["sha256"], index["state"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{index_path} is corrupted ({e})") from None
+    if index.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"{index_path} has format version {index.get('version')}, expected 1")
+    path = run_dir / name
+    if not path.exists():
+        raise CheckpointError(f"{index_path} names {name}, which is missing")
+    if _sha256(path) != digest:
+        raise CheckpointError(f"{path} is corrupted: its sha256 differs from {CHECKPOINT_JSON}'s")
+    try:
+        tensors = load_file(str(path))
+    except SafetensorError as e:
+        raise CheckpointError(f"{path} is not a readable safetensors file ({e})") from None
+    return step, tensors, state
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# Model, optimizer and RNG states as named tensors plus JSON.
+
+
+def module_tensors(module: nn.Module, prefix: str) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """A module's state as ``{prefix + name: tensor}``, each shared tensor once, and the aliases.
+
+    A tied head or a prior shared by all layers appears under several names in ``state_dict``;
+    safetensors stores each tensor once, so later names become aliases of the first.
+    """
+    tensors, aliases, first = {}, {}, {}
+    for name, t in module.state_dict().items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.shape, t.stride())
+        if key in first:
+            aliases[name] = first[key]
+        else:
+            first[key] = name
+            tensors[prefix + name] = t
+    return tensors, aliases
+
+
+def load_module(module: nn.Module, tensors: dict[str, Tensor], aliases: dict[str, str], prefix: str) -> None:
+    """Load :func:`module_tensors`' output into ``module``; names a mismatch instead of failing deep."""
+    state = {name[len(prefix) :]: t for name, t in tensors.items() if name.startswith(prefix)}
+    state.update({alias: state[name] for alias, name in aliases.items() if name in state})
+    expected = module.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = [
+        f"{n} {tuple(state[n].shape)} vs model {tuple(t.shape)}"
+        for n, t in expected.items()
+        if n in state and state[n].shape != t.shape
+    ]
+    if missing or unexpected or wrong:
+        raise CheckpointError(
+            "checkpoint does not match the model: "
+            + "; ".join(
+                f"{what}: {', '.join(items[:5])}{' ...' if len(items) > 5 else ''}"
+                for what, items in (("missing", missing), ("unexpected", unexpected), ("shapes", wrong))
+                if items
+            )
+        )
+    module.load_state_dict(state)
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict]:
+    """The optimizer's per-parameter state as tensors ``optimizer.<param>.<key>``; groups as JSON."""
+    full = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for index, entries in full["state"].items():
+        for key, value in entries.items():
+            if isinstance(value, Tensor):
+                tensors[f"optimizer.{index}.{key}"] = value
+            else:
+                scalars.setdefault(str(index), {})[key] = value
+    return tensors, dict(param_groups=full["param_groups"], scalars=scalars)
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, tensors: dict[str, Tensor], state: dict) -> None:
+    entries: dict[int, dict] = {}
+    for name, t in tensors.items():
+        if name.startswith("optimizer."):
+            _, index, key = name.split(".", 2)
+            entries.setdefault(int(index), {})[key] = t
+    for index, values in state["scalars"].items():
+        entries.setdefault(int(index), {}).update(values)
+    groups = state["param_groups"]
+    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in optimizer.param_groups]:
+        raise CheckpointError("checkpoint's optimizer groups do not match this model's parameters")
+    optimizer.load_state_dict(dict(state=entries, param_groups=groups))

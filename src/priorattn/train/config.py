@@ -1,0 +1,109 @@
+"""``TrainConfig``: everything about a training run that is not the model, as plain data."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from ..data import KINDS as TOKENIZERS
+
+OPTIMIZERS = ("adamw", "radam")
+
+
+@dataclass
+class TrainConfig:
+    """How to train: data, batch, optimizer, schedule, and how often to log, evaluate and save.
+
+    The defaults train the ``tiny`` preset on the embedded corpus in about 6 minutes on 2 CPU cores
+    (1200 steps of 16 x 256 bytes, peak lr 3e-3); larger models want a lower ``lr`` and more steps.
+
+    - ``data``: corpus source for :func:`priorattn.data.load_corpus` (``None``: the embedded
+      Shakespeare works); ``tokenizer`` one of ``TOKENIZERS`` (``vocab_size`` sizes a trained BPE).
+    - ``seq_len``: training sequence length, ``None`` for the model's ``seq_len``. Longer than the
+      model's, from ``init_from``, is BAM's context extension (seed 003 App. F.5).
+    - ``batch_size``: sequences per optimizer step over all processes and accumulation steps, so a
+      run gives the same updates on one process or several (``batch_size`` must divide evenly by
+      ``grad_accum * world_size``).
+    - ``optimizer``: ``"adamw"`` or ``"radam"`` (RAdam with decoupled weight decay, as BAM, seed 003
+      App. C). ``prior_lr``: learning rate of the prior and SSMax parameters (own group, no weight
+      decay, as the BAM code), ``None`` for ``lr``.
+    - Schedule: linear warmup over ``warmup_steps``, then cosine decay to ``min_lr_ratio * lr`` at
+      ``steps`` (seed 003 App. C: cosine to 0.1x).
+    - ``bf16``: autocast matrix products to bfloat16 (about 3x faster on this CPU); master weights
+      and the loss stay float32.
+    - ``log_every``, ``eval_every``, ``save_every``: in optimizer steps; 0 turns evaluation or
+      intermediate checkpoints off (the last step is always evaluated and saved).
+      ``eval_sequences`` caps the validation sequences per evaluation (``None``: all of them).
+    - ``init_from``: a run directory whose final model weights start this run (the optimizer starts
+      fresh), e.g. to continue training at a longer ``seq_len``.
+    """
+
+    data: str | None = None
+    tokenizer: str = "byte"
+    vocab_size: int | None = None
+    val_fraction: float = 0.1
+    seq_len: int | None = None
+    steps: int = 1200
+    batch_size: int = 16
+    grad_accum: int = 1
+    optimizer: str = "adamw"
+    lr: float = 3e-3
+    prior_lr: float | None = None
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.1
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    grad_clip: float | None = 1.0
+    bf16: bool = False
+    seed: int = 0
+    log_every: int = 10
+    eval_every: int = 200
+    eval_sequences: int | None = 128
+    save_every: int = 200
+    init_from: str | None = None
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "grad_accum"):
+            _check_int(name, getattr(self, name), low=1)
+        for name in ("warmup_steps", "log_every", "eval_every", "save_every", "seed"):
+            _check_int(name, getattr(self, name), low=0)
+        for name in ("seq_len", "vocab_size", "eval_sequences"):
+            if getattr(self, name) is not None:
+                _check_int(name, getattr(self, name), low=1)
+        if self.batch_size % self.grad_accum:
+            raise ValueError(
+                f"batch_size={self.batch_size} must be a multiple of grad_accum={self.grad_accum}"
+            )
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
+        for name in ("lr", "prior_lr"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value!r}")
+        self.betas = tuple(self.betas)  # a list after a JSON round trip
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainConfig:
+        unknown = set(data) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown TrainConfig fields {sorted(unknown)}")
+        return cls(**data)
+
+
+def _check_int(name: str, value, low: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")

@@ -1,0 +1,69 @@
+"""One process or many: the same training code runs plain or under ``torchrun`` (DDP).
+
+``torchrun`` sets ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK``; with more than one process the
+process group uses gloo on CPU and nccl on GPUs. Collectives here are no-ops for one process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Process:
+    """This process's place in the run and the device it trains on."""
+
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def all_reduce_sum(self, t: Tensor) -> Tensor:
+        if self.distributed:
+            t = t.clone()
+            dist.all_reduce(t)
+        return t
+
+    def all_gather(self, t: Tensor) -> list[Tensor]:
+        """``t`` from every rank, in rank order (same shape on every rank)."""
+        if not self.distributed:
+            return [t]
+        out = [torch.empty_like(t) for _ in range(self.world_size)]
+        dist.all_gather(out, t)
+        return out
+
+    def barrier(self) -> None:
+        if self.distributed:
+            dist.barrier()
+
+
+def start_process() -> Process:
+    """Join the ``torchrun`` process group if there is one; pick the device."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if world_size == 1:
+        return Process(device=device)
+    if not dist.is_initialized():
+        if cuda:
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return Process(dist.get_rank(), dist.get_world_size(), device)
+
+
+def end_process(process: Process) -> None:
+    if process.distributed and dist.is_initialized():
+        dist.destroy_process_group()

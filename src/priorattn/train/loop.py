@@ -1,0 +1,312 @@
+"""The training loop: ``train(model_config, train_config, run_dir)``, plain or under ``torchrun``.
+
+A run directory holds ``config.json`` (the model and training configs), ``data.json`` and the
+tokenizer (written by :func:`priorattn.data.prepare_data`), ``metrics.jsonl`` (one JSON object per
+logged step) and the checkpoint (``checkpoint.json`` + ``checkpoint-<step>.safetensors``).
+
+Resuming is exact: batches are a pure function of the step (:class:`priorattn.data.Batches`), the
+schedule is a function of the step, and the checkpoint holds model, optimizer, scheduler and every
+process's RNG. A run killed at any moment and resumed logs the same losses as one never killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn.parallel import DistributedDataParallel
+from tqdm.auto import tqdm
+
+from ..data import Batches, PackedSequences, eval_batches, prepare_data
+from ..files import write_atomic, write_json_atomic
+from ..models import GPT, GPTConfig
+from . import checkpoint as ckpt
+from .config import TrainConfig
+from .distributed import Process, end_process, start_process
+from .optim import build_optimizer, build_scheduler, clip_gradients
+
+CONFIG_JSON = "config.json"
+METRICS_JSONL = "metrics.jsonl"
+
+
+@dataclass
+class TrainResult:
+    """Where a finished run is and how it ended (losses in nats per token)."""
+
+    run_dir: Path
+    step: int
+    train_loss: float
+    val_loss: float
+    unigram_loss: float
+    tokens_per_s: float
+
+
+def train(
+    model_config: GPTConfig,
+    config: TrainConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+) -> TrainResult:
+    """Train a :class:`GPT` as ``config`` says, writing the run to ``run_dir``.
+
+    ``resume=True`` continues the run in ``run_dir`` from its checkpoint (or from the start if it
+    was stopped before its first checkpoint); the configs must be the ones the run started with.
+    Under ``torchrun`` every process calls this function; rank 0 writes the run directory.
+    """
+    process = start_process()
+    try:
+        return _train(model_config, config, Path(run_dir), resume, progress, process)
+    finally:
+        end_process(process)
+
+
+def _train(model_config, config, run_dir, resume, progress, process: Process) -> TrainResult:
+    if process.is_main:
+        _check_run_dir(run_dir, model_config, config, resume)
+    process.barrier()
+    seq_len = config.seq_len or model_config.seq_len
+    data = None
+    for turn in ("main", "others"):  # rank 0 builds the tokenizer and token caches, then the rest read them
+        if (turn == "main") == process.is_main:
+            data = prepare_data(
+                config.data,
+                tokenizer=config.tokenizer,
+                vocab_size=config.vocab_size,
+                seq_len=seq_len,
+                val_fraction=config.val_fraction,
+                run_dir=run_dir,
+                resume=resume or not process.is_main,
+            )
+        process.barrier()
+    if data.tokenizer.vocab_size > model_config.vocab_size:
+        raise ValueError(
+            f"the {config.tokenizer} tokenizer has {data.tokenizer.vocab_size} tokens but the model's "
+            f"vocab_size is {model_config.vocab_size}: raise vocab_size (the CLI sets it from the tokenizer)"
+        )
+    micro_batch = _micro_batch(config, process)
+
+    torch.manual_seed(config.seed)  # the same initial weights on every process
+    model = GPT(model_config).to(process.device)
+    if config.init_from is not None:
+        _, tensors, state = ckpt.load_checkpoint(Path(config.init_from))
+        ckpt.load_module(model, tensors, state["model_aliases"], "model.")
+    optimizer = build_optimizer(model, config)
+    scheduler = build_scheduler(optimizer, config)
+    torch.manual_seed(config.seed + process.rank)  # dropout differs between processes
+    step = 0
+    if resume and ckpt.has_checkpoint(run_dir):
+        step = _restore(run_dir, model, optimizer, scheduler, model_config, config, process)
+    elif process.is_main:
+        write_json_atomic(run_dir / CONFIG_JSON, _configs(model_config, config))
+    if process.is_main:
+        _truncate_metrics(run_dir / METRICS_JSONL, step)
+    wrapped = DistributedDataParallel(model) if process.distributed else model
+
+    batches = Batches(data.train, config.batch_size // config.grad_accum, seed=config.seed)
+    log = MetricsLog(run_dir, step, enabled=process.is_main)
+    bar = tqdm(total=config.steps, initial=step, disable=not (progress and process.is_main), unit="step")
+    tokens_per_step = config.batch_size * seq_len
+    clock, clock_step = time.perf_counter(), step
+    train_loss = val_loss = float("nan")
+    tokens_per_s = 0.0
+    while step < config.steps:
+        micro_batches = [
+            batches.batch(step * config.grad_accum + i, process.rank, process.world_size)
+            for i in range(config.grad_accum)
+        ]
+        lr = optimizer.param_groups[0]["lr"]
+        train_loss, grad_norm = train_step(wrapped, micro_batches, optimizer, config, process)
+        scheduler.step()
+        step += 1
+        bar.update(1)
+        last = step == config.steps
+        record = None
+        if step % config.log_every == 0 or last:
+            elapsed = time.perf_counter() - clock
+            tokens_per_s = (step - clock_step) * tokens_per_step / max(elapsed, 1e-9)
+            clock, clock_step = time.perf_counter(), step
+            record = dict(
+                step=step, train_loss=train_loss, lr=lr, grad_norm=grad_norm, tokens_per_s=tokens_per_s
+            )
+        if (config.eval_every and step % config.eval_every == 0) or last:
+            val_loss = evaluate(model, data.val, micro_batch, config, process)
+            record = (record or dict(step=step, train_loss=train_loss)) | dict(val_loss=val_loss)
+        if record is not None:
+            log.write(record)
+            bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
+        if (config.save_every and step % config.save_every == 0) or last:
+            _save(run_dir, step, model, optimizer, scheduler, process)
+    bar.close()
+    log.close()
+    return TrainResult(run_dir, step, train_loss, val_loss, data.unigram_loss, tokens_per_s)
+
+
+def train_step(model, micro_batches, optimizer, config: TrainConfig, process: Process) -> tuple[float, float]:
+    """One optimizer step over this process's micro-batches; ``(loss, grad norm)`` of the step.
+
+    The loss is the cross-entropy summed over every target token of the step (all micro-batches on
+    all processes) divided by their count, so the update is the same however the global batch is
+    split. DDP averages gradients over processes, hence the ``world_size`` factor.
+    """
+    counts = torch.tensor(float(sum(int((t != -100).sum()) for _, t, _ in micro_batches)))
+    n_targets = process.all_reduce_sum(counts).clamp_min(1.0)
+    loss_sum = torch.zeros(())
+    for i, (tokens, targets, doc_ids) in enumerate(micro_batches):
+        sync = i == len(micro_batches) - 1 or not isinstance(model, DistributedDataParallel)
+        with contextlib.nullcontext() if sync else model.no_sync():
+            summed = _summed_loss(model, tokens, targets, doc_ids, config, process)
+            (summed * (process.world_size / n_targets)).backward()
+        loss_sum += summed.detach().cpu()
+    grad_norm = clip_gradients(model, config.grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(process.all_reduce_sum(loss_sum) / n_targets), grad_norm
+
+
+@torch.no_grad()
+def evaluate(
+    model: GPT, packed: PackedSequences, batch_size: int, config: TrainConfig, process: Process
+) -> float:
+    """Mean cross-entropy per target token over the first ``eval_sequences`` validation sequences."""
+    model.eval()
+    totals = torch.zeros(2)  # summed loss, target count
+    batches = eval_batches(packed, batch_size, config.eval_sequences)
+    for i, (tokens, targets, doc_ids) in enumerate(batches):
+        if i % process.world_size == process.rank:
+            totals[0] += _summed_loss(model, tokens, targets, doc_ids, config, process).cpu()
+            totals[1] += int((targets != -100).sum())
+    model.train()
+    loss, count = process.all_reduce_sum(totals)
+    return float(loss / count.clamp_min(1.0))
+
+
+def _summed_loss(model, tokens: Tensor, targets: Tensor, doc_ids: Tensor, config, process) -> Tensor:
+    tokens, targets, doc_ids = (t.to(process.device) for t in (tokens, targets, doc_ids))
+    with torch.autocast(process.device.type, dtype=torch.bfloat16, enabled=config.bf16):
+        logits, _, _ = model(tokens, doc_ids=doc_ids)  # (B, L, V)
+    return F.cross_entropy(
+        logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum"
+    )
+
+
+def _micro_batch(config: TrainConfig, process: Process) -> int:
+    """Sequences per forward pass on this process."""
+    per_step = config.batch_size // config.grad_accum
+    if per_step % process.world_size:
+        raise ValueError(
+            f"batch_size / grad_accum = {per_step} sequences per micro-step cannot be split evenly "
+            f"over {process.world_size} processes"
+        )
+    return per_step // process.world_size
+
+
+# The run directory.
+
+
+def _configs(model_config: GPTConfig, config: TrainConfig) -> dict:
+    return json.loads(json.dumps(dict(model=model_config.to_dict(), train=config.to_dict())))
+
+
+def _check_run_dir(run_dir: Path, model_config: GPTConfig, config: TrainConfig, resume: bool) -> None:
+    """A new run needs a fresh directory; a resumed one the configs it started with."""
+    saved_path = run_dir / CONFIG_JSON
+    if not resume:
+        if saved_path.exists():
+            raise FileExistsError(
+                f"{run_dir} already holds a run: pass --resume (resume=True) to continue it, "
+                "or choose another --out"
+            )
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return
+    if not saved_path.exists():
+        raise FileNotFoundError(f"nothing to resume: {saved_path} does not exist")
+    saved, given = json.loads(saved_path.read_text()), _configs(model_config, config)
+    differences = [
+        f"{part}.{key}: run has {saved[part].get(key)!r}, given {value!r}"
+        for part in ("model", "train")
+        for key, value in given[part].items()
+        if saved[part].get(key) != value
+    ]
+    if differences:
+        raise ValueError(
+            f"--resume needs the arguments {run_dir} was started with (see {saved_path}); "
+            "differences: " + "; ".join(differences)
+        )
+
+
+def _save(run_dir, step, model, optimizer, scheduler, process: Process) -> None:
+    rng = process.all_gather(torch.get_rng_state())  # every process's dropout stream
+    if not process.is_main:
+        return
+    model_tensors, aliases = ckpt.module_tensors(model, "model.")
+    optim_tensors, optim_state = ckpt.optimizer_tensors(optimizer)
+    rng_tensors = {f"rng.{rank}": state for rank, state in enumerate(rng)}
+    state = dict(
+        model_aliases=aliases,
+        optimizer=optim_state,
+        scheduler=scheduler.state_dict(),
+        data_position=dict(step=step),  # batches are a function of the step alone
+        configs=json.loads((run_dir / CONFIG_JSON).read_text()),
+    )
+    ckpt.save_checkpoint(run_dir, step, model_tensors | optim_tensors | rng_tensors, state)
+
+
+def _restore(run_dir, model, optimizer, scheduler, model_config, config, process: Process) -> int:
+    step, tensors, state = ckpt.load_checkpoint(run_dir)
+    if state.get("configs") != _configs(model_config, config):
+        raise ckpt.CheckpointError(f"the checkpoint in {run_dir} was written by a run with other configs")
+    ckpt.load_module(model, tensors, state["model_aliases"], "model.")
+    ckpt.load_optimizer(optimizer, tensors, state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    rng = tensors.get(f"rng.{process.rank}")
+    if rng is not None:
+        torch.set_rng_state(rng)
+    return step
+
+
+class MetricsLog:
+    """``metrics.jsonl`` (and TensorBoard event files when ``tensorboard`` is installed)."""
+
+    def __init__(self, run_dir: Path, step: int, enabled: bool):
+        self.path = run_dir / METRICS_JSONL
+        self.enabled = enabled
+        self.board = None
+        if enabled:
+            with contextlib.suppress(ImportError):
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.board = SummaryWriter(run_dir / "tensorboard", purge_step=step)
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.board is not None:
+            for key, value in record.items():
+                if key != "step":
+                    self.board.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """Drop records logged after the checkpoint ``step``: the resumed run logs them again."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line cut short by the crash
+            if json.loads(line)["step"] <= step:
+                kept.append(line)
+    write_atomic(path, lambda tmp: tmp.write_text("".join(line + "\n" for line in kept)))

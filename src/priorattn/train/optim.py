@@ -1,0 +1,71 @@
+"""Optimizer and learning-rate schedule: three parameter groups, warmup then cosine to a floor."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..models import GPT
+from .config import TrainConfig
+
+
+def param_groups(model: GPT, config: TrainConfig) -> list[dict]:
+    """Three groups: matrices with weight decay, norm weights and biases without, and the priors.
+
+    Prior and SSMax parameters get their own group with ``prior_lr`` and no weight decay: decay
+    would pull a GGD or GOAT prior back towards its uniform start (the BAM code keeps them apart).
+    Frozen parameters (e.g. GGD's ``mu`` unless trained) are left out.
+    """
+    prior = {id(p) for p in model.prior_parameters()}
+    decay, no_decay, priors = [], [], []
+    for p in dict.fromkeys(model.parameters()):  # a tied head is one parameter
+        if not p.requires_grad:
+            continue
+        if id(p) in prior:
+            priors.append(p)
+        elif p.dim() >= 2:
+            decay.append(p)
+        else:  # RMSNorm weights and any bias
+            no_decay.append(p)
+    groups = [
+        dict(name="decay", params=decay, weight_decay=config.weight_decay, lr=config.lr),
+        dict(name="no_decay", params=no_decay, weight_decay=0.0, lr=config.lr),
+        dict(name="prior", params=priors, weight_decay=0.0, lr=config.prior_lr or config.lr),
+    ]
+    return [group for group in groups if group["params"]]
+
+
+def build_optimizer(model: GPT, config: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW, or RAdam with decoupled weight decay (seed 003 App. C), over :func:`param_groups`."""
+    groups = param_groups(model, config)
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(groups, betas=config.betas)
+    return torch.optim.RAdam(groups, betas=config.betas, decoupled_weight_decay=True)
+
+
+def lr_factor(step: int, config: TrainConfig) -> float:
+    """Multiplier of each group's base lr at optimizer ``step`` (0-based).
+
+    Linear warmup to 1 over ``warmup_steps``, then a half cosine down to ``min_lr_ratio`` at
+    ``steps``; the floor holds after that.
+    """
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    decay_steps = max(1, config.steps - config.warmup_steps)
+    progress = min(1.0, (step - config.warmup_steps) / decay_steps)
+    floor = config.min_lr_ratio
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, config))
+
+
+def clip_gradients(model: nn.Module, max_norm: float | None) -> float:
+    """Clip the global gradient norm to ``max_norm`` (if given); the norm before clipping."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if max_norm is None:
+        return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
+    return float(nn.utils.clip_grad_norm_(params, max_norm))

@@ -1,0 +1,40 @@
+"""A small real-text corpus and a small model for training tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from priorattn.models import GPTConfig
+
+WORDS = (
+    "the quick brown fox jumps over the lazy dog while seven wizards quietly hex a jovial bard "
+    "and my love is as a fever longing still for that which longer nurseth the disease"
+).split()
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """Eight text files of about 6 kB each: word salad from a fixed vocabulary, seeded."""
+    import random
+
+    root = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    for i in range(8):
+        lines = [" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(90)]
+        (root / f"doc{i}.txt").write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.fixture(scope="session", autouse=True)
+def token_cache(tmp_path_factory):
+    """Token stores go to a temporary cache, not ~/.cache."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PRIORATTN_CACHE", str(tmp_path_factory.mktemp("cache")))
+    yield
+    mp.undo()
+
+
+def small_model(**overrides) -> GPTConfig:
+    return GPTConfig(
+        **{**dict(vocab_size=256, seq_len=32, d_model=32, n_layers=2, n_heads=2, goat_freqs=3), **overrides}
+    )

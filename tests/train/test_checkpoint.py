@@ -1,0 +1,119 @@
+"""Checkpoints: safetensors + JSON, atomic, exact round trips, clear errors, no pickle."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from priorattn.models import GPT, preset
+from priorattn.train import TrainConfig
+from priorattn.train import checkpoint as ckpt
+from priorattn.train.optim import build_optimizer
+
+
+def model(**overrides) -> GPT:
+    torch.manual_seed(0)
+    return GPT(preset("tiny", d_model=32, n_layers=2, n_heads=2, prior="goat", **overrides))
+
+
+def step_once(net: GPT, optimizer) -> float:
+    tokens = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    _, loss, _ = net(tokens, targets=tokens.roll(-1, 1))
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss.item()
+
+
+def save(run_dir, step, net, optimizer):
+    model_tensors, aliases = ckpt.module_tensors(net, "model.")
+    optim_tensors, optim_state = ckpt.optimizer_tensors(optimizer)
+    return ckpt.save_checkpoint(
+        run_dir, step, model_tensors | optim_tensors, dict(aliases=aliases, optimizer=optim_state)
+    )
+
+
+@pytest.mark.parametrize("optimizer_name", ["adamw", "radam"])
+def test_round_trip_continues_exactly(tmp_path, optimizer_name):
+    """Saving after one step and loading into fresh objects gives the same second step."""
+    config = TrainConfig(optimizer=optimizer_name)
+    net = model(shared_prior=True)
+    optimizer = build_optimizer(net, config)
+    step_once(net, optimizer)
+    save(tmp_path, 1, net, optimizer)
+    expected = step_once(net, optimizer)
+
+    step, tensors, state = ckpt.load_checkpoint(tmp_path)
+    fresh = model(shared_prior=True)
+    fresh_optimizer = build_optimizer(fresh, config)
+    ckpt.load_module(fresh, tensors, state["aliases"], "model.")
+    ckpt.load_optimizer(fresh_optimizer, tensors, state["optimizer"])
+    assert step == 1
+    assert step_once(fresh, fresh_optimizer) == expected
+    for a, b in zip(net.parameters(), fresh.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_tied_and_shared_tensors_are_stored_once(tmp_path):
+    net = model(shared_prior=True)
+    tensors, aliases = ckpt.module_tensors(net, "model.")
+    assert aliases["head.weight"] == "embed.weight"
+    assert any(name.startswith("blocks.1.attn.prior") for name in aliases)
+    assert "model.head.weight" not in tensors
+
+
+def test_only_the_newest_file_is_kept(tmp_path):
+    net = model()
+    optimizer = build_optimizer(net, TrainConfig())
+    save(tmp_path, 1, net, optimizer)
+    path = save(tmp_path, 2, net, optimizer)
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [path.name]
+    assert json.loads((tmp_path / ckpt.CHECKPOINT_JSON).read_text())["file"] == path.name
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_corrupted_file_is_refused(tmp_path):
+    net = model()
+    path = save(tmp_path, 3, net, build_optimizer(net, TrainConfig()))
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(ckpt.CheckpointError, match="corrupted"):
+        ckpt.load_checkpoint(tmp_path)
+
+
+def test_truncated_json_and_missing_checkpoint_are_refused(tmp_path):
+    with pytest.raises(ckpt.CheckpointError, match="no checkpoint"):
+        ckpt.load_checkpoint(tmp_path)
+    (tmp_path / ckpt.CHECKPOINT_JSON).write_text('{"step": 3, "fi')
+    with pytest.raises(ckpt.CheckpointError, match="corrupted"):
+        ckpt.load_checkpoint(tmp_path)
+
+
+def test_a_different_model_is_named(tmp_path):
+    net = model()
+    save(tmp_path, 1, net, build_optimizer(net, TrainConfig()))
+    _, tensors, state = ckpt.load_checkpoint(tmp_path)
+    other = GPT(preset("tiny", d_model=48, n_layers=2, n_heads=2, prior="goat"))
+    with pytest.raises(ckpt.CheckpointError, match=r"shapes: embed.weight \(256, 32\) vs model \(256, 48\)"):
+        ckpt.load_module(other, tensors, state["aliases"], "model.")
+    alibi = GPT(preset("tiny", d_model=32, n_layers=2, n_heads=2, prior="alibi"))
+    with pytest.raises(ckpt.CheckpointError, match="unexpected: blocks.0.attn.prior"):
+        ckpt.load_module(alibi, tensors, state["aliases"], "model.")
+
+
+def test_loading_never_unpickles(tmp_path, monkeypatch):
+    import pickle
+
+    net = model()
+    save(tmp_path, 1, net, build_optimizer(net, TrainConfig()))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("pickle used")
+
+    monkeypatch.setattr(torch, "load", refuse)
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "loads", refuse)
+    ckpt.load_checkpoint(tmp_path)

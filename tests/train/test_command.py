@@ -1,0 +1,149 @@
+"""``priorattn train`` as a user runs it: reports, bad input, a SIGKILL and --resume, torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from priorattn import cli
+from priorattn.train.checkpoint import load_checkpoint
+
+SMALL = ["--preset", "tiny", "--seq-len", "32", "--batch-size", "4", "--eval-sequences", "4", "--quiet"]
+
+
+def exit_code(argv) -> int:
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    return stop.value.code
+
+
+def losses(run_dir) -> list[dict]:
+    """metrics.jsonl without the wall-clock throughput."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in records]
+
+
+def test_train_reports_losses_against_the_baseline(corpus, tmp_path, capsys):
+    argv = ["train", *SMALL, "--prior", "goat", "--steps", "2", "--data", str(corpus), "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "step 2: train loss" in out and "unigram baseline" in out
+    assert json.loads((tmp_path / "config.json").read_text())["model"]["prior"] == "goat"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--prior", "gauss"], "unknown prior 'gauss'"),
+        (["--encoding", "local_rope"], "give window="),
+        (["--data", "{missing}"], "missing"),
+        (["--data", "{empty}"], "empty corpus"),
+        (["--seq-len", "100000"], "seq_len"),
+        (["--batch-size", "6", "--grad-accum", "4"], "multiple of grad_accum"),
+    ],
+)
+def test_bad_input_is_a_clear_error(args, message, corpus, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "blank.txt").write_text("")
+    args = [a.format(missing=tmp_path / "missing", empty=tmp_path / "empty") for a in args]
+    argv = ["train", *SMALL, "--steps", "1", "--data", str(corpus), *args, "--out", str(tmp_path / "run")]
+    assert exit_code(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def run_command(args, env) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "priorattn", "train", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def command_env() -> dict:
+    return os.environ | {"OMP_NUM_THREADS": "1"}
+
+
+def test_sigkill_then_resume_reproduces_the_uninterrupted_run(corpus, tmp_path):
+    args = [
+        *SMALL,
+        "--steps",
+        "120",
+        "--save-every",
+        "10",
+        "--log-every",
+        "5",
+        "--eval-every",
+        "40",
+        "--prior",
+        "ggd",
+        "--data",
+        str(corpus),
+    ]
+    whole = run_command([*args, "--out", str(tmp_path / "whole")], command_env())
+    killed = run_command([*args, "--out", str(tmp_path / "killed")], command_env())
+    index = tmp_path / "killed" / "checkpoint.json"
+    deadline = time.monotonic() + 120
+    while killed.poll() is None and time.monotonic() < deadline:
+        if index.exists() and json.loads(index.read_text())["step"] >= 20:
+            killed.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    assert killed.wait() == -signal.SIGKILL, "the run ended before it could be killed"
+    assert whole.wait() == 0, whole.stderr.read()
+    resumed = run_command([*args, "--out", str(tmp_path / "killed"), "--resume"], command_env())
+    assert resumed.wait() == 0, resumed.stderr.read()
+    assert losses(tmp_path / "killed") == losses(tmp_path / "whole")
+
+
+def test_torchrun_two_processes_match_one(corpus, tmp_path):
+    """DDP over gloo with the global batch split in two gives the one-process losses."""
+    args = [
+        *SMALL,
+        "--steps",
+        "4",
+        "--log-every",
+        "1",
+        "--eval-every",
+        "2",
+        "--prior",
+        "goat",
+        "--data",
+        str(corpus),
+    ]
+    one = run_command([*args, "--out", str(tmp_path / "one")], command_env())
+    assert one.wait() == 0, one.stderr.read()
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "priorattn",
+            "train",
+            *args,
+            "--out",
+            str(tmp_path / "two"),
+        ],
+        env=command_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert two.returncode == 0, two.stderr
+    _, tensors, _ = load_checkpoint(tmp_path / "two")
+    assert {"rng.0", "rng.1"} <= set(tensors)  # both processes took part
+    single, double = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert [r["step"] for r in double] == [r["step"] for r in single]
+    for a, b in zip(single, double):
+        assert b["train_loss"] == pytest.approx(a["train_loss"], abs=1e-5)
+        assert b.get("val_loss", 0) == pytest.approx(a.get("val_loss", 0), abs=1e-5)

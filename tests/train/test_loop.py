@@ -1,0 +1,133 @@
+"""The training loop through its Python API: run directory, losses, accumulation, resume, errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import small_model
+
+from priorattn.train import TrainConfig, train
+from priorattn.train import checkpoint as ckpt
+
+
+def settings(corpus, **overrides) -> TrainConfig:
+    base = dict(
+        data=str(corpus),
+        steps=6,
+        batch_size=4,
+        warmup_steps=2,
+        lr=3e-3,
+        log_every=2,
+        eval_every=3,
+        save_every=3,
+        eval_sequences=8,
+    )
+    return TrainConfig(**{**base, **overrides})
+
+
+def metrics(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_run_directory_holds_config_metrics_and_checkpoint(corpus, tmp_path):
+    result = train(small_model(prior="goat"), settings(corpus), tmp_path / "run", progress=False)
+    run = tmp_path / "run"
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["model"]["prior"] == "goat" and saved["train"]["steps"] == 6
+    records = metrics(run)
+    assert [r["step"] for r in records] == [2, 3, 4, 6]
+    assert [r["step"] for r in records if "val_loss" in r] == [3, 6]
+    assert all({"train_loss", "step"} <= set(r) for r in records)
+    assert result.step == 6 and result.val_loss == records[-1]["val_loss"]
+    assert json.loads((run / ckpt.CHECKPOINT_JSON).read_text())["step"] == 6
+    assert (run / "data.json").exists()
+
+
+def test_training_beats_the_unigram_baseline(corpus, tmp_path):
+    config = settings(corpus, steps=200, batch_size=8, lr=1e-2, warmup_steps=10, eval_every=0, save_every=0)
+    result = train(small_model(prior="alibi"), config, tmp_path / "run", progress=False)
+    assert result.val_loss < result.unigram_loss - 0.3
+
+
+def test_accumulation_and_bf16_follow_the_full_batch(corpus, tmp_path):
+    losses = {}
+    for name, overrides in [("full", {}), ("accum", dict(grad_accum=2)), ("bf16", dict(bf16=True))]:
+        train(small_model(prior="ggd"), settings(corpus, **overrides), tmp_path / name, progress=False)
+        losses[name] = [r["train_loss"] for r in metrics(tmp_path / name)]
+    assert losses["accum"] == pytest.approx(losses["full"], abs=1e-5)
+    assert losses["bf16"] == pytest.approx(losses["full"], abs=3e-2)
+
+
+def test_resume_continues_exactly(corpus, tmp_path, monkeypatch):
+    """A run that dies in step 5 (after its step-3 checkpoint and step-4 log) and is resumed logs
+    exactly what the uninterrupted run logged, dropout included."""
+    from priorattn.train import loop
+
+    config = settings(corpus, prior_lr=1e-2)
+    model = small_model(prior="goat", dropout=0.1)
+    train(model, config, tmp_path / "whole", progress=False)
+
+    calls = []
+
+    def dies_in_step_5(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real_step(*args, **kwargs)
+
+    real_step = loop.train_step
+    monkeypatch.setattr(loop, "train_step", dies_in_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        train(model, config, tmp_path / "split", progress=False)
+    monkeypatch.setattr(loop, "train_step", real_step)
+    assert [r["step"] for r in metrics(tmp_path / "split")] == [2, 3, 4]
+    train(model, config, tmp_path / "split", resume=True, progress=False)
+
+    def losses(run):
+        return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in metrics(run)]
+
+    assert losses(tmp_path / "split") == losses(tmp_path / "whole")
+
+
+def test_existing_run_needs_resume(corpus, tmp_path):
+    train(small_model(), settings(corpus, steps=1), tmp_path / "run", progress=False)
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        train(small_model(), settings(corpus, steps=1), tmp_path / "run", progress=False)
+
+
+def test_resume_with_other_arguments_is_refused(corpus, tmp_path):
+    train(small_model(), settings(corpus, steps=1), tmp_path / "run", progress=False)
+    with pytest.raises(ValueError, match=r"train.lr: run has 0.003, given 0.01"):
+        train(
+            small_model(), settings(corpus, steps=1, lr=1e-2), tmp_path / "run", resume=True, progress=False
+        )
+    with pytest.raises(FileNotFoundError, match="nothing to resume"):
+        train(small_model(), settings(corpus), tmp_path / "none", resume=True, progress=False)
+
+
+def test_corrupted_checkpoint_is_refused_on_resume(corpus, tmp_path):
+    run = tmp_path / "run"
+    train(small_model(), settings(corpus, steps=3), run, progress=False)
+    path = next(run.glob("checkpoint-*.safetensors"))
+    path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(ckpt.CheckpointError, match="corrupted"):
+        train(small_model(), settings(corpus, steps=3), run, resume=True, progress=False)
+
+
+def test_init_from_starts_at_the_earlier_weights(corpus, tmp_path):
+    """Context extension: a run at a longer length starts from another run's final weights."""
+    train(small_model(prior="ggd"), settings(corpus, steps=3), tmp_path / "short", progress=False)
+    longer = settings(corpus, steps=1, seq_len=64, lr=1e-12, init_from=str(tmp_path / "short"))
+    train(small_model(prior="ggd"), longer, tmp_path / "long", progress=False)
+    _, before, _ = ckpt.load_checkpoint(tmp_path / "short")
+    _, after, _ = ckpt.load_checkpoint(tmp_path / "long")
+    for name, t in before.items():
+        if name.startswith("model."):
+            torch.testing.assert_close(after[name], t, atol=1e-6, rtol=0)
+
+
+def test_model_vocabulary_must_hold_the_tokenizer(corpus, tmp_path):
+    with pytest.raises(ValueError, match="vocab_size is 100"):
+        train(small_model(vocab_size=100), settings(corpus), tmp_path / "run", progress=False)
