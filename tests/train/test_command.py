@@ -37,6 +37,19 @@ def test_train_reports_losses_against_the_baseline(corpus, tmp_path, capsys):
     assert json.loads((tmp_path / "config.json").read_text())["model"]["prior"] == "goat"
 
 
+def test_sample_and_plot_runs_use_a_finished_run(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert cli.main(["train", *SMALL, "--steps", "2", "--data", str(corpus), "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert cli.main(["sample", "--run", str(run), "--prompt", "the quick", "--tokens", "12"]) == 0
+    assert capsys.readouterr().out.startswith("the quick")
+    png = tmp_path / "curves.png"
+    assert cli.main(["plot-runs", str(run), "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert exit_code(["sample", "--run", str(tmp_path / "nothing")]) == 2
+    assert "holds no run" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -103,8 +103,15 @@ def test_resume_with_other_arguments_is_refused(corpus, tmp_path):
         train(
             small_model(), settings(corpus, steps=1, lr=1e-2), tmp_path / "run", resume=True, progress=False
         )
-    with pytest.raises(FileNotFoundError, match="nothing to resume"):
-        train(small_model(), settings(corpus), tmp_path / "none", resume=True, progress=False)
+
+
+def test_resume_starts_a_missing_run_and_reports_a_finished_one(corpus, tmp_path):
+    """A job that may be interrupted can always pass resume=True."""
+    first = train(small_model(), settings(corpus, steps=3), tmp_path / "run", resume=True, progress=False)
+    again = train(small_model(), settings(corpus, steps=3), tmp_path / "run", resume=True, progress=False)
+    assert first.step == again.step == 3
+    assert (again.train_loss, again.val_loss) == (first.train_loss, first.val_loss)
+    assert [r["step"] for r in metrics(tmp_path / "run")] == [2, 3]
 
 
 def test_corrupted_checkpoint_is_refused_on_resume(corpus, tmp_path):
@@ -126,6 +133,56 @@ def test_init_from_starts_at_the_earlier_weights(corpus, tmp_path):
     for name, t in before.items():
         if name.startswith("model."):
             torch.testing.assert_close(after[name], t, atol=1e-6, rtol=0)
+
+
+def test_load_run_gives_the_trained_model_and_its_tokenizer(corpus, tmp_path):
+    from priorattn.train import load_run
+
+    train(
+        small_model(prior="goat", tie_embeddings=False),
+        settings(corpus, steps=3),
+        tmp_path / "run",
+        progress=False,
+    )
+    run = load_run(tmp_path / "run")
+    _, tensors, _ = ckpt.load_checkpoint(tmp_path / "run")
+    assert run.step == 3 and not run.model.training
+    for name, t in run.model.state_dict().items():
+        assert torch.equal(t, tensors["model." + name])
+    assert run.tokenizer.decode(run.tokenizer.encode("the fox")) == "the fox"
+    with pytest.raises(FileNotFoundError, match="holds no run"):
+        load_run(tmp_path / "elsewhere")
+
+
+def test_init_from_needs_the_same_tokenizer(corpus, tmp_path):
+    train(small_model(), settings(corpus, steps=1), tmp_path / "bytes", progress=False)
+    bpe = settings(corpus, steps=1, tokenizer="bpe", vocab_size=300, init_from=str(tmp_path / "bytes"))
+    with pytest.raises(ValueError, match="continues only with its own tokenizer"):
+        train(small_model(vocab_size=300), bpe, tmp_path / "bpe", progress=False)
+
+
+def test_metrics_go_to_tensorboard_when_it_is_installed(corpus, tmp_path, monkeypatch):
+    import sys
+    import types
+
+    written = []
+
+    class SummaryWriter:
+        def __init__(self, log_dir, purge_step):
+            written.append(("open", str(log_dir), purge_step))
+
+        def add_scalar(self, tag, value, step):
+            written.append((tag, step))
+
+        def close(self):
+            written.append(("close",))
+
+    monkeypatch.setitem(
+        sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=SummaryWriter)
+    )
+    train(small_model(), settings(corpus, steps=3), tmp_path / "run", progress=False)
+    assert written[0] == ("open", str(tmp_path / "run" / "tensorboard"), 0)
+    assert ("train_loss", 2) in written and ("val_loss", 3) in written and written[-1] == ("close",)
 
 
 def test_model_vocabulary_must_hold_the_tokenizer(corpus, tmp_path):

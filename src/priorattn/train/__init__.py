@@ -2,5 +2,6 @@
 
 from .config import TrainConfig
 from .loop import TrainResult, train
+from .runs import TrainedRun, load_run
 
-__all__ = ["TrainConfig", "TrainResult", "train"]
+__all__ = ["TrainConfig", "TrainResult", "TrainedRun", "load_run", "train"]

@@ -31,18 +31,20 @@ class Process:
         return self.world_size > 1
 
     def all_reduce_sum(self, t: Tensor) -> Tensor:
-        if self.distributed:
-            t = t.clone()
-            dist.all_reduce(t)
-        return t
+        """The sum of ``t`` over all processes, on ``t``'s device (nccl reduces on the GPU)."""
+        if not self.distributed:
+            return t
+        summed = t.to(self.device, copy=True)
+        dist.all_reduce(summed)
+        return summed.to(t.device)
 
     def all_gather(self, t: Tensor) -> list[Tensor]:
-        """``t`` from every rank, in rank order (same shape on every rank)."""
+        """``t`` from every process in rank order (same shape everywhere), on ``t``'s device."""
         if not self.distributed:
             return [t]
-        out = [torch.empty_like(t) for _ in range(self.world_size)]
-        dist.all_gather(out, t)
-        return out
+        out = [torch.empty_like(t, device=self.device) for _ in range(self.world_size)]
+        dist.all_gather(out, t.to(self.device))
+        return [x.to(t.device) for x in out]
 
     def barrier(self) -> None:
         if self.distributed:

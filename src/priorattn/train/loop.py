@@ -24,15 +24,22 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
 from ..data import Batches, PackedSequences, eval_batches, prepare_data
-from ..files import write_atomic, write_json_atomic
+from ..data.packing import IGNORE_INDEX
+from ..files import write_json_atomic
 from ..models import GPT, GPTConfig
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .distributed import Process, end_process, start_process
 from .optim import build_optimizer, build_scheduler, clip_gradients
-
-CONFIG_JSON = "config.json"
-METRICS_JSONL = "metrics.jsonl"
+from .runs import (
+    CONFIG_JSON,
+    METRICS_JSONL,
+    MetricsLog,
+    check_run_dir,
+    last_logged,
+    run_configs,
+    truncate_metrics,
+)
 
 
 @dataclass
@@ -57,9 +64,11 @@ def train(
 ) -> TrainResult:
     """Train a :class:`GPT` as ``config`` says, writing the run to ``run_dir``.
 
-    ``resume=True`` continues the run in ``run_dir`` from its checkpoint (or from the start if it
-    was stopped before its first checkpoint); the configs must be the ones the run started with.
-    Under ``torchrun`` every process calls this function; rank 0 writes the run directory.
+    ``resume=True`` continues the run in ``run_dir`` from its checkpoint (from the start if it was
+    stopped before its first checkpoint, or if ``run_dir`` holds no run yet, so a job that may be
+    interrupted can always pass it); the configs must be the ones the run started with. Resuming a
+    finished run only reports it. Under ``torchrun`` every process calls this function; rank 0
+    writes the run directory.
     """
     process = start_process()
     try:
@@ -69,8 +78,9 @@ def train(
 
 
 def _train(model_config, config, run_dir, resume, progress, process: Process) -> TrainResult:
+    continuing = resume and (run_dir / CONFIG_JSON).exists()  # before any process writes it
     if process.is_main:
-        _check_run_dir(run_dir, model_config, config, resume)
+        check_run_dir(run_dir, model_config, config, continuing)
     process.barrier()
     seq_len = config.seq_len or model_config.seq_len
     data = None
@@ -83,7 +93,7 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
                 seq_len=seq_len,
                 val_fraction=config.val_fraction,
                 run_dir=run_dir,
-                resume=resume or not process.is_main,
+                resume=continuing or not process.is_main,
             )
         process.barrier()
     if data.tokenizer.vocab_size > model_config.vocab_size:
@@ -96,18 +106,17 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
     torch.manual_seed(config.seed)  # the same initial weights on every process
     model = GPT(model_config).to(process.device)
     if config.init_from is not None:
-        _, tensors, state = ckpt.load_checkpoint(Path(config.init_from))
-        ckpt.load_module(model, tensors, state["model_aliases"], "model.")
+        _start_from(Path(config.init_from), model, data.tokenizer)
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config)
     torch.manual_seed(config.seed + process.rank)  # dropout differs between processes
     step = 0
-    if resume and ckpt.has_checkpoint(run_dir):
+    if continuing and ckpt.has_checkpoint(run_dir):
         step = _restore(run_dir, model, optimizer, scheduler, model_config, config, process)
     elif process.is_main:
-        write_json_atomic(run_dir / CONFIG_JSON, _configs(model_config, config))
+        write_json_atomic(run_dir / CONFIG_JSON, run_configs(model_config, config))
     if process.is_main:
-        _truncate_metrics(run_dir / METRICS_JSONL, step)
+        truncate_metrics(run_dir / METRICS_JSONL, step)
     wrapped = DistributedDataParallel(model) if process.distributed else model
 
     batches = Batches(data.train, config.batch_size // config.grad_accum, seed=config.seed)
@@ -127,25 +136,29 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
         scheduler.step()
         step += 1
         bar.update(1)
-        last = step == config.steps
+        final = step == config.steps
         record = None
-        if step % config.log_every == 0 or last:
+        if step % config.log_every == 0 or final:
             elapsed = time.perf_counter() - clock
             tokens_per_s = (step - clock_step) * tokens_per_step / max(elapsed, 1e-9)
             clock, clock_step = time.perf_counter(), step
             record = dict(
                 step=step, train_loss=train_loss, lr=lr, grad_norm=grad_norm, tokens_per_s=tokens_per_s
             )
-        if (config.eval_every and step % config.eval_every == 0) or last:
+        if (config.eval_every and step % config.eval_every == 0) or final:
             val_loss = evaluate(model, data.val, micro_batch, config, process)
             record = (record or dict(step=step, train_loss=train_loss)) | dict(val_loss=val_loss)
         if record is not None:
             log.write(record)
             bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
-        if (config.save_every and step % config.save_every == 0) or last:
+        if (config.save_every and step % config.save_every == 0) or final:
             _save(run_dir, step, model, optimizer, scheduler, process)
     bar.close()
     log.close()
+    if process.is_main:  # the last logged values (a finished run that was resumed logs nothing new)
+        logged = last_logged(run_dir / METRICS_JSONL)
+        train_loss, val_loss = logged.get("train_loss", train_loss), logged.get("val_loss", val_loss)
+        tokens_per_s = logged.get("tokens_per_s", tokens_per_s)
     return TrainResult(run_dir, step, train_loss, val_loss, data.unigram_loss, tokens_per_s)
 
 
@@ -156,7 +169,7 @@ def train_step(model, micro_batches, optimizer, config: TrainConfig, process: Pr
     all processes) divided by their count, so the update is the same however the global batch is
     split. DDP averages gradients over processes, hence the ``world_size`` factor.
     """
-    counts = torch.tensor(float(sum(int((t != -100).sum()) for _, t, _ in micro_batches)))
+    counts = torch.tensor(float(sum(int((t != IGNORE_INDEX).sum()) for _, t, _ in micro_batches)))
     n_targets = process.all_reduce_sum(counts).clamp_min(1.0)
     loss_sum = torch.zeros(())
     for i, (tokens, targets, doc_ids) in enumerate(micro_batches):
@@ -182,7 +195,7 @@ def evaluate(
     for i, (tokens, targets, doc_ids) in enumerate(batches):
         if i % process.world_size == process.rank:
             totals[0] += _summed_loss(model, tokens, targets, doc_ids, config, process).cpu()
-            totals[1] += int((targets != -100).sum())
+            totals[1] += int((targets != IGNORE_INDEX).sum())
     model.train()
     loss, count = process.all_reduce_sum(totals)
     return float(loss / count.clamp_min(1.0))
@@ -193,7 +206,7 @@ def _summed_loss(model, tokens: Tensor, targets: Tensor, doc_ids: Tensor, config
     with torch.autocast(process.device.type, dtype=torch.bfloat16, enabled=config.bf16):
         logits, _, _ = model(tokens, doc_ids=doc_ids)  # (B, L, V)
     return F.cross_entropy(
-        logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum"
+        logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
     )
 
 
@@ -208,38 +221,20 @@ def _micro_batch(config: TrainConfig, process: Process) -> int:
     return per_step // process.world_size
 
 
-# The run directory.
-
-
-def _configs(model_config: GPTConfig, config: TrainConfig) -> dict:
-    return json.loads(json.dumps(dict(model=model_config.to_dict(), train=config.to_dict())))
-
-
-def _check_run_dir(run_dir: Path, model_config: GPTConfig, config: TrainConfig, resume: bool) -> None:
-    """A new run needs a fresh directory; a resumed one the configs it started with."""
-    saved_path = run_dir / CONFIG_JSON
-    if not resume:
-        if saved_path.exists():
-            raise FileExistsError(
-                f"{run_dir} already holds a run: pass --resume (resume=True) to continue it, "
-                "or choose another --out"
-            )
-        run_dir.mkdir(parents=True, exist_ok=True)
-        return
-    if not saved_path.exists():
-        raise FileNotFoundError(f"nothing to resume: {saved_path} does not exist")
-    saved, given = json.loads(saved_path.read_text()), _configs(model_config, config)
-    differences = [
-        f"{part}.{key}: run has {saved[part].get(key)!r}, given {value!r}"
-        for part in ("model", "train")
-        for key, value in given[part].items()
-        if saved[part].get(key) != value
-    ]
-    if differences:
+def _start_from(source: Path, model: GPT, tokenizer) -> None:
+    """Load the final weights of the run in ``source``, which must have used the same tokenizer."""
+    used = (
+        json.loads((source / "data.json").read_text())["tokenizer"]
+        if (source / "data.json").exists()
+        else None
+    )
+    if used != tokenizer.to_dict():
         raise ValueError(
-            f"--resume needs the arguments {run_dir} was started with (see {saved_path}); "
-            "differences: " + "; ".join(differences)
+            f"init_from={str(source)!r} used the tokenizer {used}, this run {tokenizer.to_dict()}: "
+            "a model continues only with its own tokenizer"
         )
+    _, tensors, state = ckpt.load_checkpoint(source)
+    ckpt.load_module(model, tensors, state["model_aliases"], "model.")
 
 
 def _save(run_dir, step, model, optimizer, scheduler, process: Process) -> None:
@@ -261,7 +256,7 @@ def _save(run_dir, step, model, optimizer, scheduler, process: Process) -> None:
 
 def _restore(run_dir, model, optimizer, scheduler, model_config, config, process: Process) -> int:
     step, tensors, state = ckpt.load_checkpoint(run_dir)
-    if state.get("configs") != _configs(model_config, config):
+    if state.get("configs") != run_configs(model_config, config):
         raise ckpt.CheckpointError(f"the checkpoint in {run_dir} was written by a run with other configs")
     ckpt.load_module(model, tensors, state["model_aliases"], "model.")
     ckpt.load_optimizer(optimizer, tensors, state["optimizer"])
@@ -270,43 +265,3 @@ def _restore(run_dir, model, optimizer, scheduler, model_config, config, process
     if rng is not None:
         torch.set_rng_state(rng)
     return step
-
-
-class MetricsLog:
-    """``metrics.jsonl`` (and TensorBoard event files when ``tensorboard`` is installed)."""
-
-    def __init__(self, run_dir: Path, step: int, enabled: bool):
-        self.path = run_dir / METRICS_JSONL
-        self.enabled = enabled
-        self.board = None
-        if enabled:
-            with contextlib.suppress(ImportError):
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.board = SummaryWriter(run_dir / "tensorboard", purge_step=step)
-
-    def write(self, record: dict) -> None:
-        if not self.enabled:
-            return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.board is not None:
-            for key, value in record.items():
-                if key != "step":
-                    self.board.add_scalar(key, value, record["step"])
-
-    def close(self) -> None:
-        if self.board is not None:
-            self.board.close()
-
-
-def _truncate_metrics(path: Path, step: int) -> None:
-    """Drop records logged after the checkpoint ``step``: the resumed run logs them again."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):  # a line cut short by the crash
-            if json.loads(line)["step"] <= step:
-                kept.append(line)
-    write_atomic(path, lambda tmp: tmp.write_text("".join(line + "\n" for line in kept)))

@@ -1,0 +1,128 @@
+"""A run directory: its configs, its metrics, and loading the model it trained.
+
+``config.json`` holds the model and training configs, ``metrics.jsonl`` one JSON object per logged
+step, ``data.json`` and the tokenizer what :func:`priorattn.data.prepare_data` used, and the
+checkpoint the latest weights (:mod:`priorattn.train.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..data import Tokenizer, load_tokenizer
+from ..files import write_atomic
+from ..models import GPT, GPTConfig
+from . import checkpoint as ckpt
+from .config import TrainConfig
+
+CONFIG_JSON = "config.json"
+METRICS_JSONL = "metrics.jsonl"
+
+
+@dataclass
+class TrainedRun:
+    """A run's model (in eval mode, at its checkpoint's weights), tokenizer and configs."""
+
+    model: GPT
+    tokenizer: Tokenizer
+    model_config: GPTConfig
+    train_config: TrainConfig
+    step: int
+
+
+def load_run(run_dir: str | Path) -> TrainedRun:
+    """The trained model of ``run_dir`` with its tokenizer, ready for ``model.generate``."""
+    run_dir = Path(run_dir)
+    path = run_dir / CONFIG_JSON
+    if not path.exists():
+        raise FileNotFoundError(f"{run_dir} holds no run ({CONFIG_JSON} is missing)")
+    configs = json.loads(path.read_text())
+    model_config = GPTConfig.from_dict(configs["model"])
+    train_config = TrainConfig.from_dict(configs["train"])
+    step, tensors, state = ckpt.load_checkpoint(run_dir)
+    model = GPT(model_config)
+    ckpt.load_module(model, tensors, state["model_aliases"], "model.")
+    tokenizer = load_tokenizer(json.loads((run_dir / "data.json").read_text())["tokenizer"], run_dir)
+    return TrainedRun(model.eval(), tokenizer, model_config, train_config, step)
+
+
+def run_configs(model_config: GPTConfig, config: TrainConfig) -> dict:
+    return json.loads(json.dumps(dict(model=model_config.to_dict(), train=config.to_dict())))
+
+
+def check_run_dir(run_dir: Path, model_config: GPTConfig, config: TrainConfig, continuing: bool) -> None:
+    """A new run needs a directory without a run; a continued one the configs it started with."""
+    saved_path = run_dir / CONFIG_JSON
+    if not continuing:
+        if saved_path.exists():
+            raise FileExistsError(
+                f"{run_dir} already holds a run: pass --resume (resume=True) to continue it, "
+                "or choose another --out"
+            )
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return
+    saved, given = json.loads(saved_path.read_text()), run_configs(model_config, config)
+    differences = [
+        f"{part}.{key}: run has {saved[part].get(key)!r}, given {value!r}"
+        for part in ("model", "train")
+        for key, value in given[part].items()
+        if saved[part].get(key) != value
+    ]
+    if differences:
+        raise ValueError(
+            f"--resume needs the arguments {run_dir} was started with (see {saved_path}); "
+            "differences: " + "; ".join(differences)
+        )
+
+
+class MetricsLog:
+    """``metrics.jsonl`` (and TensorBoard event files when ``tensorboard`` is installed)."""
+
+    def __init__(self, run_dir: Path, step: int, enabled: bool):
+        self.path = run_dir / METRICS_JSONL
+        self.enabled = enabled
+        self.board = None
+        if enabled:
+            with contextlib.suppress(ImportError):
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.board = SummaryWriter(run_dir / "tensorboard", purge_step=step)
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.board is not None:
+            for key, value in record.items():
+                if key != "step":
+                    self.board.add_scalar(key, value, record["step"])
+
+    def close(self) -> None:
+        if self.board is not None:
+            self.board.close()
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The records of ``metrics.jsonl``; a last line cut short by a crash is skipped."""
+    records = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                records.append(json.loads(line))
+    return records
+
+
+def last_logged(path: Path) -> dict:
+    """The latest logged value of every metric."""
+    return {key: value for record in read_metrics(path) for key, value in record.items()}
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop records logged after the checkpoint ``step``: the resumed run logs them again."""
+    if path.exists():
+        kept = "".join(json.dumps(r) + "\n" for r in read_metrics(path) if r["step"] <= step)
+        write_atomic(path, lambda tmp: tmp.write_text(kept))
