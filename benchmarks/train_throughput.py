@@ -73,7 +73,7 @@ def main() -> None:
     names = list(steps)
     for r in tqdm(range(args.rounds), desc="rounds"):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            timer = Timer("step()", globals={"step": steps[name]})
+            timer = Timer("step()", globals={"step": steps[name]}, num_threads=torch.get_num_threads())
             samples[name].append(timer.timeit(args.steps).mean)
     report(samples, args, seq_len)
 
