@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -93,6 +94,8 @@ def train(args: argparse.Namespace) -> int:
         result = run(model_config, config, args.out, resume=args.resume, progress=not args.quiet)
     except (ValueError, FileNotFoundError, FileExistsError) as e:  # bad data, run dir or checkpoint
         args.parser.error(str(e))
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, one report
+        return 0
     print(
         f"step {result.step}: train loss {result.train_loss:.4f}, val loss {result.val_loss:.4f} "
         f"(unigram baseline {result.unigram_loss:.4f}) nats/token, {result.tokens_per_s:,.0f} tokens/s; "
