@@ -195,3 +195,21 @@ def test_auto_never_builds_a_dense_bias_for_ggd(monkeypatch):
     q = torch.randn(1, 2, 300, 8)
     priorattn.attention(q, q, q, prior=GGD(2))
     assert calls == ["memeff"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_slope_folds_in_float32(dtype, monkeypatch):
+    """A bfloat16 slope lane would allow runs of ~1/m queries; the SDPA route computes in float32
+    instead, so auto keeps it, and output and gradients come back in the input dtype."""
+    from priorattn.attention import api
+
+    chosen = []
+    monkeypatch.setitem(api.ROUTES, "memeff", lambda *a: chosen.append("memeff"))
+    q, k, v = (torch.randn(2, 8, 300, 16, dtype=torch.float64) for _ in range(3))
+    ref = priorattn.attention(q, k, v, prior=ALiBi(8).double(), backend="reference")
+    half = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+    out = priorattn.attention(*half, prior=ALiBi(8))
+    assert chosen == [] and out.dtype == dtype
+    assert_close(out, ref, TOLERANCE[torch.bfloat16], "half-precision ALiBi via SDPA")
+    out.float().sum().backward()
+    assert all(t.grad.dtype == dtype and torch.isfinite(t.grad).all() for t in half)

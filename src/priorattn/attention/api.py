@@ -13,7 +13,7 @@ from ..ssmax import Scaling, SSMax
 from .flex import flex_route
 from .masks import Masking
 from .memeff import memeff_attention
-from .prior_inputs import slope_span
+from .prior_inputs import MIN_FOLD_SPAN, fold_dtype, slope_span
 from .reference import reference_attention
 from .sdpa import sdpa_attention
 
@@ -24,9 +24,6 @@ ROUTES = {
     "flex": flex_route,
 }
 BACKENDS = ("auto", *ROUTES)
-
-#: ``auto`` folds into SDPA only when the prior's exact span covers at least this many queries.
-MIN_FOLD_SPAN = 256
 
 
 def attention(
@@ -102,7 +99,8 @@ def _choose(q: Tensor, prior: Prior | None, masking: Masking) -> str:
         return "sdpa"
     if prior.can_fold(masking.causal):
         origin = masking.q_pos[:, -1:]
-        span = slope_span(prior.fold(origin, origin).slope, q.dtype)
+        slope = prior.fold(origin, origin).slope
+        span = slope_span(slope, fold_dtype(slope, q.dtype, q.shape[2]))
         if span is None or span >= min(q.shape[2], MIN_FOLD_SPAN):
             return "sdpa"
     return "memeff"

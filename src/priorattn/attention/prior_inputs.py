@@ -28,12 +28,27 @@ SLOPE_MAGNITUDE = {
 }
 
 
+#: A folded SDPA call should cover at least this many queries (or all of them): shorter runs of
+#: queries would each be a separate, small kernel call.
+MIN_FOLD_SPAN = 256
+
+
 def slope_span(slope: Tensor | None, dtype: torch.dtype) -> int | None:
     """Longest run of queries one call may cover with the slope centred on them; None: no limit."""
     largest = 0.0 if slope is None or not slope.numel() else float(slope.detach().abs().max())
     if largest == 0.0:
         return None
     return max(1, int(SLOPE_MAGNITUDE.get(dtype, SLOPE_MAGNITUDE[torch.float32]) / largest))
+
+
+def fold_dtype(slope: Tensor | None, dtype: torch.dtype, Lq: int) -> torch.dtype:
+    """The dtype a folded SDPA call computes in: ``dtype``, or float32 for half-precision inputs whose
+    slope would need runs of fewer than ``min(Lq, MIN_FOLD_SPAN)`` queries (a bfloat16 lane rounds
+    ``m (j - c)`` to 8 bits, so its runs stay within ``|m (j - c)| <= 1``)."""
+    span = slope_span(slope, dtype)
+    if span is None or span >= min(Lq, MIN_FOLD_SPAN) or dtype not in (torch.bfloat16, torch.float16):
+        return dtype
+    return torch.float32
 
 
 def lane_inputs(

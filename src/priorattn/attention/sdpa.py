@@ -15,7 +15,7 @@ from torch import Tensor
 from ..priors import FoldLanes, Prior
 from ..ssmax import Scaling
 from .masks import Masking
-from .prior_inputs import centred_keys, lane_inputs, slope_span
+from .prior_inputs import centred_keys, fold_dtype, lane_inputs, slope_span
 
 #: Largest number of (query, key) cells of a boolean mask handed to SDPA in one call.
 MASK_CHUNK_CELLS = 1 << 22
@@ -158,6 +158,10 @@ def sdpa_attention(
     counts = masking.visible_keys() if ssmax is not None else None
     lanes = None if prior is None else prior.fold(masking.q_pos, masking.k_pos)
     scale_prior = ssmax is not None and ssmax.scale_prior
+    dtype = q.dtype
+    if lanes is not None:  # a half-precision slope computes in float32 rather than in tiny query runs
+        compute = fold_dtype(lanes.slope, dtype, q.shape[2])
+        q, k, v = q.to(compute), k.to(compute), v.to(compute)
     chunks = query_chunks(masking, lanes, q.dtype)
     Dv, width = v.shape[-1], q.shape[-1] + (0 if lanes is None else lanes.width)
     if width > Dv:  # the flash kernel wants one head width for q, k and v (else SDPA takes a slow path)
@@ -179,4 +183,5 @@ def sdpa_attention(
             scale_prior,
         )
         outputs.append(attend(q2, k2, v2, masking, rows, cols)[..., :Dv])
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+    return out.to(dtype)
