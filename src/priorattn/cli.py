@@ -41,6 +41,7 @@ def train(args: argparse.Namespace) -> int:
     from .models import GPTConfig, preset
     from .train import TrainConfig
     from .train import train as run
+    from .train.runs import CONFIG_JSON
 
     model_flags = dict(prior=args.prior, encoding=args.encoding, window=args.window, backend=args.backend)
     model_flags = {name: value for name, value in model_flags.items() if value is not None}
@@ -77,7 +78,7 @@ def train(args: argparse.Namespace) -> int:
             if model_flags or args.preset is not None:
                 names = ", ".join(f"--{name}" for name in model_flags) or "--preset"
                 raise ValueError(f"{names} cannot be combined with --init-from (the model is that run's)")
-            saved = json.loads((args.init_from / "config.json").read_text())
+            saved = json.loads((args.init_from / CONFIG_JSON).read_text())
             model_config = GPTConfig.from_dict(saved["model"])
             for name in ("data", "tokenizer", "vocab_size", "val_fraction"):  # the same data by default
                 train_flags.setdefault(name, saved["train"][name])

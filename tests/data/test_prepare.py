@@ -93,7 +93,7 @@ def test_resume_after_a_document_changed_is_refused(corpus_dir, tmp_path):
 
 
 def test_resume_without_a_record_is_file_not_found(corpus_dir, tmp_path):
-    with pytest.raises(FileNotFoundError, match="cannot resume.*data.json"):
+    with pytest.raises(FileNotFoundError, match="data.json is missing"):
         prepare_data(str(corpus_dir), seq_len=16, run_dir=tmp_path, cache_dir=tmp_path, resume=True)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from ..data.prepare import DATA_FILE, read_data_record
 from ..train.runs import CONFIG_JSON, METRICS_JSONL, read_metrics
 from .plots import save
 
@@ -36,9 +37,8 @@ def plot_runs(run_dirs: list[Path], out: Path) -> Path:
         val_ax.plot(
             [r["step"] for r in evaluated], [r["val_loss"] for r in evaluated], marker="o", label=label
         )
-        data = run_dir / "data.json"
-        if data.exists():
-            baselines.add(round(json.loads(data.read_text())["unigram_loss"], 4))
+        if (run_dir / DATA_FILE).exists():
+            baselines.add(round(read_data_record(run_dir)["unigram_loss"], 4))
     for baseline in sorted(baselines):
         for ax in (train_ax, val_ax):
             ax.axhline(baseline, color="0.4", linestyle="--", linewidth=1, label=f"unigram {baseline:.3f}")

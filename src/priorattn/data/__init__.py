@@ -8,7 +8,7 @@
 
 from .corpus import Document, load_corpus, split_documents
 from .packing import Batches, PackedSequences, eval_batches
-from .prepare import Data, prepare_data
+from .prepare import Data, prepare_data, read_data_record
 from .stats import unigram_cross_entropy
 from .store import TokenStore, cached_store, default_cache_dir
 from .tokenizer import (
@@ -38,6 +38,7 @@ __all__ = [
     "load_corpus",
     "load_tokenizer",
     "prepare_data",
+    "read_data_record",
     "split_documents",
     "unigram_cross_entropy",
     "vocab_size_of",

@@ -98,7 +98,7 @@ def prepare_data(
 def read_data_record(run_dir: Path) -> dict:
     path = run_dir / DATA_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"cannot resume: {path} is missing (did a run start in {run_dir}?)")
+        raise FileNotFoundError(f"{path} is missing: no run has prepared its data in {run_dir}")
     return json.loads(path.read_text(encoding="utf-8"))
 
 

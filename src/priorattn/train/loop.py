@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from ..data import Batches, PackedSequences, eval_batches, prepare_data
+from ..data import Batches, PackedSequences, eval_batches, prepare_data, read_data_record
 from ..data.packing import IGNORE_INDEX
 from ..files import write_json_atomic
 from ..models import GPT, GPTConfig
@@ -223,11 +223,7 @@ def _micro_batch(config: TrainConfig, process: Process) -> int:
 
 def _start_from(source: Path, model: GPT, tokenizer) -> None:
     """Load the final weights of the run in ``source``, which must have used the same tokenizer."""
-    used = (
-        json.loads((source / "data.json").read_text())["tokenizer"]
-        if (source / "data.json").exists()
-        else None
-    )
+    used = read_data_record(source)["tokenizer"]
     if used != tokenizer.to_dict():
         raise ValueError(
             f"init_from={str(source)!r} used the tokenizer {used}, this run {tokenizer.to_dict()}: "

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data import Tokenizer, load_tokenizer
+from ..data import Tokenizer, load_tokenizer, read_data_record
 from ..files import write_atomic
 from ..models import GPT, GPTConfig
 from . import checkpoint as ckpt
@@ -45,7 +45,7 @@ def load_run(run_dir: str | Path) -> TrainedRun:
     step, tensors, state = ckpt.load_checkpoint(run_dir)
     model = GPT(model_config)
     ckpt.load_module(model, tensors, state["model_aliases"], "model.")
-    tokenizer = load_tokenizer(json.loads((run_dir / "data.json").read_text())["tokenizer"], run_dir)
+    tokenizer = load_tokenizer(read_data_record(run_dir)["tokenizer"], run_dir)
     return TrainedRun(model.eval(), tokenizer, model_config, train_config, step)
 
 
