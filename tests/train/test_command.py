@@ -50,6 +50,24 @@ def test_sample_and_plot_runs_use_a_finished_run(corpus, tmp_path, capsys):
     assert "holds no run" in capsys.readouterr().err
 
 
+def test_init_from_continues_the_earlier_model_on_its_data(corpus, tmp_path, capsys):
+    short = tmp_path / "short"
+    assert (
+        cli.main(
+            ["train", *SMALL, "--prior", "ggd", "--steps", "2", "--data", str(corpus), "--out", str(short)]
+        )
+        == 0
+    )
+    longer = ["train", "--init-from", str(short), "--seq-len", "64", "--steps", "1", "--quiet"]
+    assert cli.main([*longer, "--out", str(tmp_path / "long")]) == 0
+    saved = json.loads((tmp_path / "long" / "config.json").read_text())
+    assert saved["model"] == json.loads((short / "config.json").read_text())["model"]
+    assert saved["train"]["data"] == str(corpus) and saved["train"]["seq_len"] == 64
+    capsys.readouterr()
+    assert exit_code([*longer, "--prior", "goat", "--out", str(tmp_path / "other")]) == 2
+    assert "--prior cannot be combined with --init-from" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
