@@ -312,3 +312,18 @@ def test_loss_gradients_reach_the_priors():
     loss.backward()
     trainable = [p for p in gpt.prior_parameters() if p.requires_grad]
     assert trainable and all(p.grad is not None and torch.isfinite(p.grad).all() for p in trainable)
+
+
+def test_sinusoidal_input_is_scaled_embedding_plus_position():
+    """Vaswani Sec. 3.4: token embeddings times sqrt(d_model), plus the sinusoids."""
+    from priorattn.encodings import Sinusoidal
+
+    model = GPT(
+        GPTConfig(vocab_size=50, seq_len=16, d_model=32, n_layers=1, n_heads=2, encoding="sinusoidal")
+    )
+    seen = []
+    model.blocks[0].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    tokens = torch.randint(0, 50, (2, 7))
+    model(tokens)
+    expected = model.embed(tokens) * math.sqrt(32) + Sinusoidal(32)(torch.arange(7))
+    torch.testing.assert_close(seen[0], expected)

@@ -261,7 +261,9 @@ class GPT(nn.Module):
             positions = torch.arange(past, past + L, device=tokens.device)  # (L,)
         x = self.embed(tokens)  # (B, L, d_model)
         if self.sinusoidal is not None:
-            x = x + self.sinusoidal(positions, dtype=x.dtype)  # (L or B, L, d_model)
+            # Vaswani et al. Sec. 3.4: embeddings times sqrt(d_model), so the unit-amplitude
+            # sinusoids do not drown the token identity (embeddings start at std 0.02).
+            x = x * math.sqrt(self.config.d_model) + self.sinusoidal(positions, dtype=x.dtype)
         x = self.dropout(x)
         new_caches = []
         for i, block in enumerate(self.blocks):
