@@ -113,19 +113,19 @@ def sample(args: argparse.Namespace) -> int:
 
     try:
         run = load_run(args.run)
-    except (ValueError, FileNotFoundError) as e:
+        prompt = torch.tensor([run.tokenizer.encode(args.prompt)])
+        if prompt.shape[1] == 0:
+            raise ValueError("argument --prompt: give at least one character")
+        tokens = run.model.generate(
+            prompt,
+            args.tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            greedy=args.greedy,
+            generator=torch.Generator().manual_seed(args.seed),
+        )
+    except (ValueError, FileNotFoundError) as e:  # no run there, an empty prompt, a bad temperature
         args.parser.error(str(e))
-    prompt = torch.tensor([run.tokenizer.encode(args.prompt)])
-    if prompt.shape[1] == 0:
-        args.parser.error("argument --prompt: give at least one character")
-    tokens = run.model.generate(
-        prompt,
-        args.tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        greedy=args.greedy,
-        generator=torch.Generator().manual_seed(args.seed),
-    )
     print(run.tokenizer.decode(tokens[0].tolist()))
     return 0
 

@@ -48,6 +48,8 @@ def test_sample_and_plot_runs_use_a_finished_run(corpus, tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert exit_code(["sample", "--run", str(tmp_path / "nothing")]) == 2
     assert "holds no run" in capsys.readouterr().err
+    assert exit_code(["sample", "--run", str(run), "--temperature", "0"]) == 2
+    assert "temperature must be > 0" in capsys.readouterr().err
 
 
 def test_init_from_continues_the_earlier_model_on_its_data(corpus, tmp_path, capsys):
