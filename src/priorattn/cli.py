@@ -45,8 +45,9 @@ def train(args: argparse.Namespace) -> int:
 
     model_flags = dict(prior=args.prior, encoding=args.encoding, window=args.window, backend=args.backend)
     model_flags = {name: value for name, value in model_flags.items() if value is not None}
-    if args.ssmax:
-        model_flags["ssmax"] = True
+    for flag in ("ssmax", "shared_prior"):
+        if getattr(args, flag):
+            model_flags[flag] = True
     train_flags = dict(
         data=args.data,
         tokenizer=args.tokenizer,
@@ -208,6 +209,11 @@ def add_train_parser(commands) -> None:
     model.add_argument("--encoding", choices=ENCODINGS, help="position encoding (the preset's: none)")
     model.add_argument("--window", type=int_at_least(1), help="sliding window (required by local_rope)")
     model.add_argument("--ssmax", action="store_true", help="Scalable-Softmax in every layer")
+    model.add_argument(
+        "--shared-prior",
+        action="store_true",
+        help="one prior shared by all layers, as BAM's code (default: one per layer, seed 003 App. C)",
+    )
     model.add_argument("--backend", help="attention route (auto)")
     data = p.add_argument_group("data")
     data.add_argument("--data", help="text folder, glob, file or hf:PATH[:COLUMN] (embedded Shakespeare)")
