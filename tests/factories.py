@@ -1,9 +1,11 @@
-"""Test factories: priors with random (non-trivial) parameters, in float64 when asked."""
+"""Shared test helpers: priors with random (non-trivial) parameters, and the CLI's exit code."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from priorattn import cli
 from priorattn.priors import GGD, GOAT, ALiBi, Prior, Sum, Uniform
 
 PRIOR_NAMES = ("uniform", "alibi", "ggd", "ggd_negative", "goat", "goat_noslope", "sum")
@@ -37,3 +39,10 @@ def make_prior(name: str, heads: int, seed: int = 0, dtype=torch.float64) -> Pri
     else:
         raise ValueError(name)
     return prior.to(dtype)
+
+
+def exit_code(argv: list[str]) -> int:
+    """The status ``python -m priorattn *argv`` exits with (argparse errors exit with 2)."""
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    return stop.value.code

@@ -3,14 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from factories import exit_code
 
 from priorattn import cli
-
-
-def exit_code(argv):
-    with pytest.raises(SystemExit) as stop:
-        cli.main(argv)
-    return stop.value.code
 
 
 def test_help_lists_subcommands(capsys):

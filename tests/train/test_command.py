@@ -10,17 +10,12 @@ import sys
 import time
 
 import pytest
+from factories import exit_code
 
 from priorattn import cli
 from priorattn.train.checkpoint import load_checkpoint
 
 SMALL = ["--preset", "tiny", "--seq-len", "32", "--batch-size", "4", "--eval-sequences", "4", "--quiet"]
-
-
-def exit_code(argv) -> int:
-    with pytest.raises(SystemExit) as stop:
-        cli.main(argv)
-    return stop.value.code
 
 
 def losses(run_dir) -> list[dict]:
