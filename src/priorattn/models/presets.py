@@ -35,6 +35,17 @@ from dataclasses import fields
 
 from .gpt import GPTConfig
 
+# What the three BAM sizes share (seed 003 App. C): the tokenizer, the context, untied embeddings,
+# and the GGD prior started uniform, training alpha and beta.
+_BAM = dict(
+    vocab_size=32768,
+    seq_len=512,
+    tie_embeddings=False,
+    prior="ggd",
+    prior_init="uniform",
+    ggd_trainable=("alpha", "beta"),
+)
+
 PRESETS: dict[str, dict] = {
     # Byte-level, trains in minutes on 2 CPU cores. GOAT's 3 frequencies fold into 8 of 32 lanes.
     "tiny": dict(vocab_size=256, seq_len=256, d_model=128, n_layers=4, n_heads=4, goat_freqs=3),
@@ -54,42 +65,9 @@ PRESETS: dict[str, dict] = {
         goat_slope=True,
         goat_sink_freqs=8,
     ),
-    "bam-120m": dict(
-        vocab_size=32768,
-        seq_len=512,
-        d_model=768,
-        n_layers=12,
-        n_heads=16,
-        mlp_hidden=2 * 768,
-        tie_embeddings=False,
-        prior="ggd",
-        prior_init="uniform",
-        ggd_trainable=("alpha", "beta"),
-    ),
-    "bam-432m": dict(
-        vocab_size=32768,
-        seq_len=512,
-        d_model=1536,
-        n_layers=14,
-        n_heads=24,
-        mlp_hidden=2 * 1536,
-        tie_embeddings=False,
-        prior="ggd",
-        prior_init="uniform",
-        ggd_trainable=("alpha", "beta"),
-    ),
-    "bam-1.1b": dict(
-        vocab_size=32768,
-        seq_len=512,
-        d_model=2048,
-        n_layers=15,
-        n_heads=32,
-        mlp_hidden=4 * 2048,
-        tie_embeddings=False,
-        prior="ggd",
-        prior_init="uniform",
-        ggd_trainable=("alpha", "beta"),
-    ),
+    "bam-120m": dict(_BAM, d_model=768, n_layers=12, n_heads=16, mlp_hidden=2 * 768),
+    "bam-432m": dict(_BAM, d_model=1536, n_layers=14, n_heads=24, mlp_hidden=2 * 1536),
+    "bam-1.1b": dict(_BAM, d_model=2048, n_layers=15, n_heads=32, mlp_hidden=4 * 2048),
 }
 
 
