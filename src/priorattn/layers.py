@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .attention import BACKENDS, attention
+from .attention import attention
+from .attention.api import check_options
 from .checks import describe, is_integer_tensor
 from .encodings import RoPE, Sinusoidal
 from .priors import Prior
@@ -118,14 +119,7 @@ class PriorMultiheadAttention(nn.Module):
             )
         if not isinstance(head_dim, int) or head_dim < 1:
             raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
-        if window is not None and (not isinstance(window, int) or window < 1):
-            raise ValueError(f"window must be a positive int, got {window!r}")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if prior is not None and not isinstance(prior, Prior):
-            raise TypeError(f"prior must be a priorattn.priors.Prior, got {type(prior).__name__}")
-        if prior is not None and prior.num_heads is not None and prior.num_heads != num_heads:
-            raise ValueError(f"prior has {prior.num_heads} heads but num_heads={num_heads}")
+        check_options(prior, num_heads, window, backend, heads=f"num_heads={num_heads}")
 
         content_dim = head_dim
         if prior is not None and prior.can_fold(causal) and prior.fold_width:

@@ -70,18 +70,11 @@ def attention(
     """
     B, H, Lq, Dk = _check_qkv(q, k, v)
     Lk = k.shape[2]
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if prior is not None and not isinstance(prior, Prior):
-        raise TypeError(f"prior must be a priorattn.priors.Prior, got {type(prior).__name__}")
-    if prior is not None and prior.num_heads is not None and prior.num_heads != H:
-        raise ValueError(f"prior has {prior.num_heads} heads but q has {H}")
+    check_options(prior, H, window, backend, heads=f"q has {H}")
     if prior is not None:
         prior.check_finite()
     if isinstance(prior, Uniform):
         prior = None
-    if window is not None and (not isinstance(window, int) or window < 1):
-        raise ValueError(f"window must be a positive int, got {window!r}")
     q_pos = _positions("q_pos", q_pos, B, Lq, torch.arange(Lk - Lq, Lk, device=q.device))
     k_pos = _positions("k_pos", k_pos, B, Lk, torch.arange(Lk, device=q.device))
     q_doc, k_doc = _doc_ids(doc_ids, B, Lq, Lk)
@@ -91,6 +84,19 @@ def attention(
     if backend == "auto":
         backend = _choose(q, prior, masking)
     return ROUTES[backend](q, k, v, prior, masking, scale, scaling)
+
+
+def check_options(prior: Prior | None, num_heads: int, window, backend: str, heads: str) -> None:
+    """Checks shared by :func:`attention` and the layers that call it; ``heads`` says where
+    ``num_heads`` came from, for the message."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if prior is not None and not isinstance(prior, Prior):
+        raise TypeError(f"prior must be a priorattn.priors.Prior, got {type(prior).__name__}")
+    if prior is not None and prior.num_heads is not None and prior.num_heads != num_heads:
+        raise ValueError(f"prior has {prior.num_heads} heads but {heads}")
+    if window is not None and (not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be a positive int, got {window!r}")
 
 
 def _choose(q: Tensor, prior: Prior | None, masking: Masking) -> str:
