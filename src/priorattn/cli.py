@@ -54,6 +54,7 @@ def train(args: argparse.Namespace) -> int:
         vocab_size=args.vocab_size,
         val_fraction=args.val_fraction,
         seq_len=args.seq_len,
+        retrieval_mix=args.retrieval_mix,
         steps=args.steps,
         batch_size=args.batch_size,
         grad_accum=args.grad_accum,
@@ -142,6 +143,49 @@ def plot_runs(args: argparse.Namespace) -> int:
     return 0
 
 
+def int_list(text: str) -> list[int]:
+    """An argparse ``type`` for comma-separated positive integers: ``"256,512,1024"``."""
+    parse = int_at_least(1)
+    values = [parse(part.strip()) for part in text.split(",")]
+    return values
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    """``priorattn eval {ppl,passkey,niah}``: score a run, write results.json and plots to --out."""
+    from . import eval as evaluations
+
+    out = args.out or args.run / "eval" / args.task
+    options = dict(data=args.data, lengths=args.lengths, seed=args.seed, progress=not args.quiet)
+    if args.task == "ppl":
+        job, options = evaluations.ppl_job, options | dict(windows=args.windows)
+    elif args.task == "passkey":
+        job, options = evaluations.passkey_job, options | dict(depths=args.depths, trials=args.trials)
+        options["digits"] = args.digits
+    else:
+        job, options = evaluations.niah_job, options | dict(depths=args.depths, trials=args.trials)
+        options["variants"] = args.variants
+    try:
+        job(args.run, out, **options)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:  # no run, bad data, lengths, out
+        args.parser.error(str(e))
+    print(f"{args.task}: results in {out}")
+    return 0
+
+
+def compare(args: argparse.Namespace) -> int:
+    """Train every positional mechanism alike, evaluate them all, write DIR/report.html."""
+    from .eval.compare import CompareConfig
+    from .eval.compare import compare as run
+
+    try:
+        config = CompareConfig.for_budget(args.budget, args.priors)
+        run(config, args.out, progress=not args.quiet)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:
+        args.parser.error(str(e))
+    print(f"report: {args.out / 'report.html'}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="priorattn", description="Attention priors for PyTorch: look at them, train with them."
@@ -175,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0, help="sampling seed (0)")
     gen.set_defaults(func=sample, parser=gen)
 
+    add_eval_parser(commands)
+    add_compare_parser(commands)
+
     curves = commands.add_parser(
         "plot-runs",
         help="draw train and validation loss of runs against step",
@@ -184,6 +231,93 @@ def build_parser() -> argparse.ArgumentParser:
     curves.add_argument("--out", type=Path, required=True, help="PNG file to write")
     curves.set_defaults(func=plot_runs, parser=curves)
     return parser
+
+
+def add_eval_parser(commands) -> None:
+    from .data.retrieval import NIAH_VARIANTS
+
+    def variant_list(text: str) -> list[str]:
+        names = [part.strip() for part in text.split(",")]
+        unknown = [name for name in names if name not in NIAH_VARIANTS]
+        if unknown:
+            raise argparse.ArgumentTypeError(
+                f"unknown NIAH variant {unknown[0]!r}: use {','.join(NIAH_VARIANTS)}"
+            )
+        return names
+
+    p = commands.add_parser(
+        "eval",
+        help="score a trained run beyond its training length: ppl, passkey or niah",
+        description=(
+            "Evaluate the model of a run directory at lengths from its training length T to 64 T; "
+            "write results.json and PNG plots into --out (default RUN/eval/TASK)."
+        ),
+    )
+    tasks = p.add_subparsers(title="evaluations", dest="task", required=True)
+    helps = dict(
+        ppl="perplexity per length, past the training length, by position, and paired with short context",
+        passkey="passkey retrieval at 20 depths (seed 003 Sec. 3.1)",
+        niah="RULER-style needle in a haystack, six variants",
+    )
+    for task, text in helps.items():
+        t = tasks.add_parser(task, help=text, description=text)
+        t.add_argument("--run", type=Path, required=True, help="a run directory of priorattn train")
+        t.add_argument(
+            "--data", help="text file, folder, glob or hf:PATH to score (the run's validation split)"
+        )
+        t.add_argument("--lengths", type=int_list, help="comma-separated lengths in tokens (T, 2T, ..., 64T)")
+        t.add_argument("--out", type=Path, help="output directory (RUN/eval/TASK)")
+        t.add_argument("--seed", type=int_at_least(0), default=0, help="(0)")
+        t.add_argument("--quiet", action="store_true", help="no progress bar")
+        if task == "ppl":
+            t.add_argument("--windows", type=int_at_least(1), default=8, help="windows per length (8)")
+        else:
+            depths = 20 if task == "passkey" else 5
+            t.add_argument("--depths", type=int_at_least(1), default=depths, help=f"needle depths ({depths})")
+            t.add_argument("--trials", type=int_at_least(1), default=3, help="prompts per cell (3)")
+        if task == "passkey":
+            t.add_argument("--digits", type=int_at_least(1), default=5, help="passkey digits (5)")
+        if task == "niah":
+            t.add_argument(
+                "--variants", type=variant_list, default=list(NIAH_VARIANTS), help="comma-separated (all)"
+            )
+        t.set_defaults(func=evaluate, parser=t)
+
+
+def add_compare_parser(commands) -> None:
+    from .eval.compare import MODELS
+
+    def model_list(text: str) -> list[str]:
+        names = [part.strip() for part in text.split(",")]
+        unknown = [name for name in names if name not in MODELS]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown prior {unknown[0]!r}: use {','.join(MODELS)}")
+        return names
+
+    def budget(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+        return value
+
+    p = commands.add_parser(
+        "compare",
+        help="train every positional mechanism alike, evaluate them, write an HTML report",
+        description=(
+            "Train tiny models that differ only in positional mechanism (NoPE, sinusoidal, RoPE, "
+            "local RoPE, ALiBi, BAM, GOAT) on the embedded corpus with a retrieval mix, evaluate "
+            "perplexity, passkey and NIAH beyond the training length, and write DIR/report.html and "
+            "DIR/results.json. A re-run reuses finished models and evaluations."
+        ),
+    )
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--priors", type=model_list, help=f"comma-separated subset of {','.join(MODELS)} (all)")
+    p.add_argument("--budget", type=budget, default=1.0, help="training budget scale: 0.1 smoke run (1)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=compare, parser=p)
 
 
 def add_train_parser(commands) -> None:
@@ -221,6 +355,11 @@ def add_train_parser(commands) -> None:
     data.add_argument("--vocab-size", type=int_at_least(257), help="BPE vocabulary to train (8192)")
     data.add_argument("--val-fraction", type=float, help=f"documents held out ({defaults.val_fraction})")
     data.add_argument("--seq-len", type=int_at_least(1), help="training length (the preset's)")
+    data.add_argument(
+        "--retrieval-mix",
+        type=float,
+        help="fraction of sequences replaced by synthetic passkey/needle samples (0)",
+    )
     opt = p.add_argument_group("optimization")
     opt.add_argument("--steps", type=int_at_least(1), help=f"optimizer steps ({defaults.steps})")
     opt.add_argument("--batch-size", type=int_at_least(1), help=f"sequences per step ({defaults.batch_size})")

@@ -60,13 +60,14 @@ def test_accumulation_and_bf16_follow_the_full_batch(corpus, tmp_path):
     assert losses["bf16"] == pytest.approx(losses["full"], abs=3e-2)
 
 
-def test_resume_continues_exactly(corpus, tmp_path, monkeypatch):
+@pytest.mark.parametrize("retrieval_mix", [0.0, 0.5])
+def test_resume_continues_exactly(corpus, tmp_path, monkeypatch, retrieval_mix):
     """A run that dies in step 5 (after its step-3 checkpoint and step-4 log) and is resumed logs
-    exactly what the uninterrupted run logged, dropout included."""
+    exactly what the uninterrupted run logged, dropout and retrieval samples included."""
     from priorattn.train import loop
 
-    config = settings(corpus, prior_lr=1e-2)
-    model = small_model(prior="goat", dropout=0.1)
+    config = settings(corpus, prior_lr=1e-2, retrieval_mix=retrieval_mix)
+    model = small_model(prior="goat", dropout=0.1, seq_len=192 if retrieval_mix else 32)
     train(model, config, tmp_path / "whole", progress=False)
 
     calls = []
@@ -188,3 +189,15 @@ def test_metrics_go_to_tensorboard_when_it_is_installed(corpus, tmp_path, monkey
 def test_model_vocabulary_must_hold_the_tokenizer(corpus, tmp_path):
     with pytest.raises(ValueError, match="vocab_size is 100"):
         train(small_model(vocab_size=100), settings(corpus), tmp_path / "run", progress=False)
+
+
+def test_retrieval_mix_changes_the_batches_and_needs_room(corpus, tmp_path):
+    model = small_model(seq_len=192)
+    plain = train(model, settings(corpus, steps=2, eval_every=0), tmp_path / "plain", progress=False)
+    mixed = train(
+        model, settings(corpus, steps=2, eval_every=0, retrieval_mix=1.0), tmp_path / "mix", progress=False
+    )
+    assert mixed.train_loss != plain.train_loss
+    with pytest.raises(ValueError, match="too short for retrieval samples"):
+        train(small_model(), settings(corpus, retrieval_mix=0.5), tmp_path / "short", progress=False)
+    assert not (tmp_path / "short" / "config.json").exists()  # refused before the run was written

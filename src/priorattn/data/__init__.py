@@ -2,13 +2,14 @@
 
 ``prepare_data(source, seq_len=..., run_dir=...)`` does it all; the pieces are: ``load_corpus`` and
 ``split_documents`` (corpus.py), tokenizers (tokenizer.py), ``TokenStore`` and ``cached_store``
-(store.py), ``PackedSequences``, ``Batches`` and ``eval_batches`` (packing.py), and the
-``unigram_cross_entropy`` baseline (stats.py).
+(store.py), ``PackedSequences``, ``Batches`` and ``eval_batches`` (packing.py), the ``unigram_cross_entropy``
+baseline (stats.py), and synthetic passkey/needle sequences (retrieval.py). ``run_documents`` gives
+back a run's validation (or train) documents.
 """
 
 from .corpus import Document, load_corpus, split_documents
 from .packing import Batches, PackedSequences, eval_batches
-from .prepare import Data, prepare_data, read_data_record
+from .prepare import Data, prepare_data, read_data_record, run_documents
 from .stats import unigram_cross_entropy
 from .store import TokenStore, cached_store, default_cache_dir
 from .tokenizer import (
@@ -39,6 +40,7 @@ __all__ = [
     "load_tokenizer",
     "prepare_data",
     "read_data_record",
+    "run_documents",
     "split_documents",
     "unigram_cross_entropy",
     "vocab_size_of",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..files import write_json_atomic
-from .corpus import load_corpus, split_documents
+from .corpus import Document, load_corpus, split_documents
 from .packing import PackedSequences
 from .stats import unigram_cross_entropy
 from .store import TokenStore, cached_store
@@ -100,6 +100,23 @@ def read_data_record(run_dir: Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: no run has prepared its data in {run_dir}")
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def run_documents(run_dir: Path, split: str = "val") -> list[Document]:
+    """The documents of a run's ``"train"`` or ``"val"`` split, as :func:`prepare_data` split them
+    (read again from the run's corpus source, so the text is the run's only if the source is)."""
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    record = read_data_record(Path(run_dir))
+    names = record[f"{split}_documents"]
+    by_name = {doc.name: doc for doc in load_corpus(record["source"])}
+    missing = [name for name in names if name not in by_name]
+    if missing:
+        raise FileNotFoundError(
+            f"the {split} documents {missing[:3]} of {run_dir} are no longer in its corpus "
+            f"{record['source']!r}"
+        )
+    return [by_name[name] for name in names]
 
 
 def check_same(saved: dict, record: dict, keys: tuple[str, ...], run_dir: Path) -> None:

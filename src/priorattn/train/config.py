@@ -20,6 +20,10 @@ class TrainConfig:
       Shakespeare works); ``tokenizer`` one of ``TOKENIZERS`` (``vocab_size`` sizes a trained BPE).
     - ``seq_len``: training sequence length, ``None`` for the model's ``seq_len``. Longer than the
       model's, from ``init_from``, is BAM's context extension (seed 003 App. F.5).
+    - ``retrieval_mix``: the fraction of training sequences replaced by synthetic passkey and needle
+      samples at the training length (:class:`priorattn.data.retrieval.RetrievalMix`, seed 000's
+      retrieval experiments), so a small model learns the retrieval formats that evaluation then
+      probes far beyond that length. 0 trains on the corpus alone.
     - ``batch_size``: sequences per optimizer step over all processes and accumulation steps, so a
       run gives the same updates on one process or several (``batch_size`` must divide evenly by
       ``grad_accum * world_size``).
@@ -42,6 +46,7 @@ class TrainConfig:
     vocab_size: int | None = None
     val_fraction: float = 0.1
     seq_len: int | None = None
+    retrieval_mix: float = 0.0
     steps: int = 1200
     batch_size: int = 16
     grad_accum: int = 1
@@ -77,6 +82,8 @@ class TrainConfig:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.tokenizer not in TOKENIZERS:
             raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
+        if not 0.0 <= self.retrieval_mix <= 1.0:
+            raise ValueError(f"retrieval_mix must be in [0, 1], got {self.retrieval_mix!r}")
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in (0, 1), got {self.val_fraction!r}")
         for name in ("lr", "prior_lr"):

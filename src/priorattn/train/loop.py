@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from ..data import Batches, PackedSequences, eval_batches, prepare_data, read_data_record
 from ..data.packing import IGNORE_INDEX
+from ..data.retrieval import RetrievalMix
 from ..files import write_json_atomic
 from ..models import GPT, GPTConfig
 from . import checkpoint as ckpt
@@ -38,6 +39,7 @@ from .runs import (
     check_run_dir,
     last_logged,
     run_configs,
+    saved_configs,
     truncate_metrics,
 )
 
@@ -102,6 +104,10 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
             f"vocab_size is {model_config.vocab_size}: raise vocab_size (the CLI sets it from the tokenizer)"
         )
     micro_batch = _micro_batch(config, process)
+    batches = Batches(data.train, config.batch_size // config.grad_accum, seed=config.seed)
+    if config.retrieval_mix:  # checked before the run's config is written
+        tokens = data.train.store.tokens
+        batches = RetrievalMix(batches, config.retrieval_mix, data.tokenizer, tokens, seed=config.seed)
 
     torch.manual_seed(config.seed)  # the same initial weights on every process
     model = GPT(model_config).to(process.device)
@@ -119,7 +125,6 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
         truncate_metrics(run_dir / METRICS_JSONL, step)
     wrapped = DistributedDataParallel(model) if process.distributed else model
 
-    batches = Batches(data.train, config.batch_size // config.grad_accum, seed=config.seed)
     log = MetricsLog(run_dir, step, enabled=process.is_main)
     bar = tqdm(total=config.steps, initial=step, disable=not (progress and process.is_main), unit="step")
     tokens_per_step = config.batch_size * seq_len
@@ -252,7 +257,7 @@ def _save(run_dir, step, model, optimizer, scheduler, process: Process) -> None:
 
 def _restore(run_dir, model, optimizer, scheduler, model_config, config, process: Process) -> int:
     step, tensors, state = ckpt.load_checkpoint(run_dir)
-    if state.get("configs") != run_configs(model_config, config):
+    if "configs" not in state or saved_configs(state["configs"]) != run_configs(model_config, config):
         raise ckpt.CheckpointError(f"the checkpoint in {run_dir} was written by a run with other configs")
     ckpt.load_module(model, tensors, state["model_aliases"], "model.")
     ckpt.load_optimizer(optimizer, tensors, state["optimizer"])

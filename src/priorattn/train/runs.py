@@ -53,6 +53,12 @@ def run_configs(model_config: GPTConfig, config: TrainConfig) -> dict:
     return json.loads(json.dumps(dict(model=model_config.to_dict(), train=config.to_dict())))
 
 
+def saved_configs(configs: dict) -> dict:
+    """Configs read from a run, with fields added to the library since it was written at their
+    defaults, so a run from an earlier version still resumes."""
+    return run_configs(GPTConfig.from_dict(configs["model"]), TrainConfig.from_dict(configs["train"]))
+
+
 def check_run_dir(run_dir: Path, model_config: GPTConfig, config: TrainConfig, continuing: bool) -> None:
     """A new run needs a directory without a run; a continued one the configs it started with."""
     saved_path = run_dir / CONFIG_JSON
@@ -64,7 +70,7 @@ def check_run_dir(run_dir: Path, model_config: GPTConfig, config: TrainConfig, c
             )
         run_dir.mkdir(parents=True, exist_ok=True)
         return
-    saved, given = json.loads(saved_path.read_text()), run_configs(model_config, config)
+    saved, given = saved_configs(json.loads(saved_path.read_text())), run_configs(model_config, config)
     differences = [
         f"{part}.{key}: run has {saved[part].get(key)!r}, given {value!r}"
         for part in ("model", "train")

@@ -1,0 +1,165 @@
+"""``priorattn compare``: models that differ only in their positional mechanism, trained alike,
+evaluated alike, in one report (the main job; seed 003 Sec. 3 and App. D-E, seed 000 Sec. 6).
+
+Every model is the ``tiny`` preset trained with the same data, steps, seed and retrieval mix; only
+the way position enters differs (:data:`MODELS`). Each is then scored by the three evaluations at
+lengths from the training length ``T`` upwards. The output directory holds one run directory per
+model (``models/NAME``), each model's evaluation results (``models/NAME/eval/TASK``), and the
+report (``report.html``, ``results.json``, the figures). Everything finished is reused: a re-run
+only does what is missing or was asked with other settings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..data import vocab_size_of
+from ..data.retrieval import NIAH_VARIANTS
+from ..files import write_json_atomic
+from ..models import preset
+from ..train import TrainConfig, train
+from .jobs import RESULTS_JSON, niah_job, passkey_job, ppl_job
+
+# name -> (label, GPTConfig fields): the positional mechanisms of seed 003 Fig. 6 and seed 000 Fig. 3.
+MODELS: dict[str, tuple[str, dict]] = {
+    "nope": ("NoPE", dict(prior="uniform", encoding="none")),
+    "sinusoidal": ("Sinusoidal", dict(encoding="sinusoidal")),
+    "rope": ("RoPE", dict(encoding="rope")),
+    "local_rope": ("RoPE local", dict(encoding="local_rope")),  # window: CompareConfig.window
+    "alibi": ("ALiBi", dict(prior="alibi")),
+    "bam": ("BAM (GGD + SSMax)", dict(prior="ggd", ssmax=True)),
+    "goat": ("GOAT", dict(prior="goat")),
+}
+
+
+@dataclass
+class CompareConfig:
+    """What ``compare`` trains and measures; :meth:`for_budget` makes one from ``--budget``.
+
+    The default (budget 1) trains each tiny model for 600 steps of 16 x 256 bytes with a quarter of
+    the sequences replaced by retrieval samples, and evaluates perplexity from T = 256 to 64 T and
+    retrieval to 16 T.
+    """
+
+    models: list[str] = field(default_factory=lambda: list(MODELS))
+    data: str | None = None  # the corpus (priorattn.data.load_corpus); None: embedded Shakespeare
+    preset: str = "tiny"
+    seq_len: int = 256
+    window: int = 128
+    steps: int = 600
+    batch_size: int = 16
+    retrieval_mix: float = 0.25
+    seed: int = 0
+    ppl_factors: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
+    ppl_windows: int = 4
+    retrieval_factors: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
+    passkey_depths: int = 20
+    niah_depths: int = 5
+    trials: int = 2
+    niah_variants: list[str] = field(default_factory=lambda: list(NIAH_VARIANTS))
+
+    def __post_init__(self):
+        unknown = [m for m in self.models if m not in MODELS]
+        if unknown or not self.models:
+            raise ValueError(f"unknown model {unknown[0] if unknown else None!r}: use some of {list(MODELS)}")
+        bad = [v for v in self.niah_variants if v not in NIAH_VARIANTS]
+        if bad:
+            raise ValueError(f"unknown NIAH variant {bad[0]!r}: use some of {list(NIAH_VARIANTS)}")
+
+    @classmethod
+    def for_budget(cls, budget: float = 1.0, models: Sequence[str] | None = None) -> CompareConfig:
+        """Training steps scale with ``budget``; below 0.5 the evaluations shrink to a smoke test
+        (shorter lengths, fewer depths and trials), from 4 the retrieval reaches 32 T."""
+        if not budget > 0 or not math.isfinite(budget):
+            raise ValueError(f"budget must be a positive number, got {budget!r}")
+        config = cls(models=list(models or MODELS), steps=max(10, round(600 * budget)))
+        if budget < 0.5:
+            config.ppl_factors, config.retrieval_factors = [1, 2, 4, 8], [1, 2, 4]
+            config.passkey_depths, config.niah_depths, config.trials, config.ppl_windows = 5, 3, 1, 2
+        elif budget >= 4:
+            config.retrieval_factors.append(32)
+            config.trials = 4
+        return config
+
+    def model_config(self, name: str):
+        fields = dict(MODELS[name][1], seq_len=self.seq_len, vocab_size=vocab_size_of("byte"))
+        if fields.get("encoding") == "local_rope":
+            fields["window"] = self.window
+        return preset(self.preset, **fields)
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(
+            data=self.data,
+            steps=self.steps,
+            batch_size=self.batch_size,
+            retrieval_mix=self.retrieval_mix,
+            seed=self.seed,
+            warmup_steps=min(100, self.steps // 10),
+            eval_every=0,
+            save_every=0,
+        )
+
+    def evaluations(self) -> dict[str, dict]:
+        """The settings of each evaluation, as recorded with its results (a change re-runs it)."""
+        T = self.seq_len
+        retrieval = [T * f for f in self.retrieval_factors]
+        return dict(
+            ppl=dict(lengths=[T * f for f in self.ppl_factors], windows=self.ppl_windows, seed=self.seed),
+            passkey=dict(lengths=retrieval, depths=self.passkey_depths, trials=self.trials, seed=self.seed),
+            niah=dict(
+                lengths=retrieval,
+                depths=self.niah_depths,
+                trials=self.trials,
+                seed=self.seed,
+                variants=self.niah_variants,
+            ),
+        )
+
+
+JOBS = dict(ppl=ppl_job, passkey=passkey_job, niah=niah_job)
+
+
+def compare(config: CompareConfig, out: str | Path, *, progress: bool = True, log=print) -> dict:
+    """Train and evaluate every model of ``config`` into ``out``; write the report; return its data."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"the output directory {out} is a file")
+    results = {}
+    for i, name in enumerate(config.models, 1):
+        run_dir = out / "models" / name
+        log(f"[{i}/{len(config.models)}] {MODELS[name][0]}: training {config.steps} steps in {run_dir}")
+        trained = train(
+            config.model_config(name), config.train_config(), run_dir, resume=True, progress=progress
+        )
+        entry = dict(label=MODELS[name][0], run=str(run_dir), val_loss=trained.val_loss)
+        entry["unigram_loss"] = trained.unigram_loss
+        for task, settings in config.evaluations().items():
+            entry[task] = evaluation(task, settings, run_dir, progress, log)
+        results[name] = entry
+    from .report import write_report  # matplotlib and the HTML only when there is something to show
+
+    return write_report(config, results, out)
+
+
+def evaluation(task: str, settings: dict, run_dir: Path, progress: bool, log) -> dict:
+    """The results of ``task`` on ``run_dir`` with ``settings``: read back if already there."""
+    task_dir = run_dir / "eval" / task
+    path = task_dir / RESULTS_JSON
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("settings") == settings:
+            log(f"    {task}: reusing {path}")
+            return saved
+    log(f"    {task}: evaluating")
+    result = JOBS[task](run_dir, task_dir, progress=progress, **settings)
+    result["settings"] = settings
+    write_json_atomic(path, result)
+    return result
+
+
+def config_record(config: CompareConfig) -> dict:
+    return asdict(config)

@@ -1,0 +1,169 @@
+"""Evaluations of a run directory: each job loads the trained model, scores it, and writes
+``results.json`` and its plots into an output directory (what ``priorattn eval`` runs).
+
+The text is the run's own validation split by default (:func:`priorattn.data.run_documents`), or
+any corpus source (``data=``: a text file, folder, glob, ``hf:PATH``), so a model can be scored on
+text it never saw. Default lengths run from the training length ``T`` to ``64 T`` in powers of two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..analysis.runs import run_label
+from ..data import load_corpus, run_documents
+from ..data.retrieval import NIAH_VARIANTS, RetrievalTask, default_filler
+from ..files import write_json_atomic
+from ..train import load_run
+from .plots import plot_accuracy_vs_length, plot_ppl, plot_retrieval_heatmaps
+from .ppl import evaluate_ppl
+from .retrieval import evaluate_retrieval, uniform_depths
+
+RESULTS_JSON = "results.json"
+DEFAULT_FACTORS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def default_lengths(train_len: int, factors: Sequence[int] = DEFAULT_FACTORS) -> list[int]:
+    return [train_len * f for f in factors]
+
+
+def eval_documents(run, run_dir: Path, data: str | None) -> list[np.ndarray]:
+    """Token arrays of the evaluation text: ``data``'s documents, or the run's validation split."""
+    documents = load_corpus(data) if data is not None else run_documents(run_dir, "val")
+    tokens = [np.asarray(run.tokenizer.encode(doc.read()), dtype=np.int64) for doc in documents]
+    return [t for t in tokens if len(t)]
+
+
+def prepare_out(out: Path) -> Path:
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"the output directory {out} is a file")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def ppl_job(
+    run_dir: str | Path,
+    out: str | Path,
+    *,
+    data: str | None = None,
+    lengths: Sequence[int] | None = None,
+    windows: int = 8,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """:func:`~priorattn.eval.evaluate_ppl` of the run in ``run_dir``; writes ``results.json`` and
+    ``ppl.png`` into ``out``."""
+    run_dir, out = Path(run_dir), prepare_out(out)
+    run = load_run(run_dir)
+    T = run.model_config.seq_len
+    documents = eval_documents(run, run_dir, data)
+    result = evaluate_ppl(
+        run.model,
+        documents,
+        lengths=lengths or default_lengths(T),
+        train_len=T,
+        windows=windows,
+        seed=seed,
+        progress=progress,
+    )
+    result = dict(run=str(run_dir), data=data or "validation split", seed=seed) | result
+    write_json_atomic(out / RESULTS_JSON, result)
+    plot_ppl({run_label(run_dir): result}, out / "ppl.png")
+    return result
+
+
+def passkey_job(
+    run_dir: str | Path,
+    out: str | Path,
+    *,
+    data: str | None = None,
+    lengths: Sequence[int] | None = None,
+    depths: int = 20,
+    trials: int = 3,
+    digits: int = 5,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """Passkey retrieval (seed 003 Sec. 3.1) of the run in ``run_dir`` at ``depths`` uniformly
+    spaced depths; writes ``results.json``, ``heatmap.png`` and ``accuracy.png`` into ``out``.
+    ``data`` is not read by the passkey (its haystack is the repeated filler) but is accepted for a
+    uniform command line."""
+    run_dir, out = Path(run_dir), prepare_out(out)
+    run = load_run(run_dir)
+    T = run.model_config.seq_len
+    task = RetrievalTask(
+        "passkey", run.tokenizer, default_filler("passkey", run.tokenizer, None), digits=digits
+    )
+    result = evaluate_retrieval(
+        run.model,
+        task,
+        lengths=lengths or default_lengths(T),
+        depths=uniform_depths(depths),
+        trials=trials,
+        seed=seed,
+        progress=progress,
+    )
+    result = dict(run=str(run_dir), seed=seed, digits=digits, train_len=T) | result
+    write_json_atomic(out / RESULTS_JSON, result)
+    label = run_label(run_dir)
+    plot_retrieval_heatmaps({label: result}, out / "heatmap.png", title="passkey retrieval")
+    plot_accuracy_vs_length({label: result}, out / "accuracy.png", title="passkey retrieval")
+    return result
+
+
+def niah_job(
+    run_dir: str | Path,
+    out: str | Path,
+    *,
+    data: str | None = None,
+    variants: Sequence[str] = NIAH_VARIANTS,
+    lengths: Sequence[int] | None = None,
+    depths: int = 5,
+    trials: int = 3,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """RULER-style needle-in-a-haystack of the run in ``run_dir`` for each of ``variants``; writes
+    ``results.json`` (``{"variants": {name: result}}``), one heatmap per variant and
+    ``accuracy.png`` into ``out``. Corpus haystacks come from the evaluation text. A variant is
+    evaluated at the ``lengths`` that hold its prompt (multi-needle prompts need a few hundred
+    tokens)."""
+    unknown = [v for v in variants if v not in NIAH_VARIANTS]
+    if unknown or not variants:
+        raise ValueError(
+            f"unknown NIAH variant {unknown[0] if unknown else None!r}: use some of {NIAH_VARIANTS}"
+        )
+    run_dir, out = Path(run_dir), prepare_out(out)
+    run = load_run(run_dir)
+    T = run.model_config.seq_len
+    corpus = np.concatenate(eval_documents(run, run_dir, data))
+    per_variant = {}
+    lengths = lengths or default_lengths(T)
+    for name in variants:
+        task = RetrievalTask(name, run.tokenizer, default_filler(name, run.tokenizer, corpus))
+        usable = [n for n in lengths if n >= task.min_length()]  # multi-needle prompts are long
+        if not usable:
+            raise ValueError(
+                f"NIAH {name} needs prompts of at least {task.min_length()} tokens: give longer --lengths"
+            )
+        per_variant[name] = evaluate_retrieval(
+            run.model,
+            task,
+            lengths=usable,
+            depths=uniform_depths(depths),
+            trials=trials,
+            seed=seed,
+            progress=progress,
+        )
+    result = dict(run=str(run_dir), data=data or "validation split", seed=seed, train_len=T)
+    result["variants"] = per_variant
+    write_json_atomic(out / RESULTS_JSON, result)
+    label = run_label(run_dir)
+    for name, r in per_variant.items():
+        plot_retrieval_heatmaps({label: r}, out / f"heatmap_{name}.png", title=f"NIAH {name}")
+    plot_accuracy_vs_length(per_variant, out / "accuracy.png", title=f"NIAH, {label}")
+    return result

@@ -1,0 +1,92 @@
+"""``priorattn eval`` and ``priorattn compare`` from the command line: outputs and clear errors."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from factories import exit_code
+
+from priorattn import cli
+from priorattn.models import GPTConfig
+from priorattn.train import TrainConfig, train
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A run of a small GOAT model, two steps on word salad (3 kB documents)."""
+    root = tmp_path_factory.mktemp("eval-cli")
+    words = "double double toil and trouble fire burn and cauldron bubble".split()
+    rng = random.Random(1)
+    for i in range(6):
+        (root / f"doc{i}.txt").write_text(" ".join(rng.choice(words) for _ in range(500)))
+    model = GPTConfig(
+        vocab_size=256, seq_len=128, d_model=32, n_layers=2, n_heads=2, prior="goat", goat_freqs=3
+    )
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PRIORATTN_CACHE", str(root / "cache"))
+    train(
+        model,
+        TrainConfig(data=str(root), steps=2, batch_size=2, eval_sequences=2),
+        root / "run",
+        progress=False,
+    )
+    mp.undo()
+    return root / "run"
+
+
+def test_eval_writes_results_and_plots(run_dir, tmp_path, capsys):
+    out = tmp_path / "ppl"
+    assert cli.main(["eval", "ppl", "--run", str(run_dir), "--lengths", "128,256", "--windows", "2",
+                     "--out", str(out), "--quiet"]) == 0  # fmt: skip
+    result = json.loads((out / "results.json").read_text())
+    assert result["lengths"] == [128, 256] and len(result["ppl"]) == 2 and result["tail_loss"][0] is None
+    assert (out / "ppl.png").read_bytes()[:4] == b"\x89PNG"
+    assert cli.main(["eval", "passkey", "--run", str(run_dir), "--lengths", "128", "--depths", "3",
+                     "--trials", "1", "--quiet"]) == 0  # fmt: skip
+    result = json.loads((run_dir / "eval" / "passkey" / "results.json").read_text())
+    assert result["depths"] == [0.0, 0.5, 1.0] and len(result["accuracy"]) == 1
+    assert {"heatmap.png", "accuracy.png"} <= {p.name for p in (run_dir / "eval" / "passkey").iterdir()}
+    assert cli.main(["eval", "niah", "--run", str(run_dir), "--lengths", "160,300", "--variants",
+                     "single_repeat,multikey", "--depths", "1", "--trials", "1", "--quiet"]) == 0  # fmt: skip
+    result = json.loads((run_dir / "eval" / "niah" / "results.json").read_text())
+    assert result["variants"]["single_repeat"]["lengths"] == [160, 300]
+    assert result["variants"]["multikey"]["lengths"] == [300]  # its prompt needs more than 160 tokens
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["eval", "ppl", "--run", "{missing}"], "holds no run"),
+        (["eval", "ppl", "--run", "{no_checkpoint}"], "no checkpoint"),
+        (["eval", "ppl", "--run", "{run}", "--lengths", "0"], "argument --lengths: must be an integer >= 1"),
+        (["eval", "ppl", "--run", "{run}", "--lengths", "128,x"], "argument --lengths: expected an integer"),
+        (["eval", "ppl", "--run", "{run}", "--data", "{empty}"], "empty corpus"),
+        (["eval", "ppl", "--run", "{run}", "--data", "{missing}"], "no such file or directory"),
+        (["eval", "ppl", "--run", "{run}", "--lengths", "99999"], "no document of the evaluation text"),
+        (["eval", "ppl", "--run", "{run}", "--out", "{file}"], "is a file"),
+        (["eval", "passkey", "--run", "{run}", "--lengths", "20"], "needs at least"),
+        (
+            ["eval", "niah", "--run", "{run}", "--variants", "single_bogus"],
+            "unknown NIAH variant 'single_bogus'",
+        ),
+        (["compare", "--out", "{tmp}", "--priors", "nope,xpos"], "unknown prior 'xpos'"),
+        (["compare", "--out", "{tmp}", "--budget", "0"], "argument --budget: must be a positive number"),
+        (["compare", "--out", "{file}", "--budget", "0.1"], "is a file"),
+    ],
+)
+def test_bad_input_is_a_one_line_error(run_dir, tmp_path, capsys, args, message):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "no_checkpoint").mkdir()
+    (tmp_path / "no_checkpoint" / "config.json").write_text((run_dir / "config.json").read_text())
+    (tmp_path / "file").write_text("not a directory")
+    paths = dict(
+        missing=tmp_path / "missing", no_checkpoint=tmp_path / "no_checkpoint", run=run_dir,
+        empty=tmp_path / "empty", file=tmp_path / "file", tmp=tmp_path / "out",
+    )  # fmt: skip
+    argv = [arg.format(**paths) for arg in args]
+    assert exit_code(argv + ["--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()[-1]) > 0
