@@ -88,8 +88,8 @@ def test_passkey_answer_is_its_digits_and_filler_is_the_classic_haystack():
     text = TOKENIZER.decode(sample.prompt)
     answer = TOKENIZER.decode(sample.answer)
     assert len(answer) == 8 and answer.isdigit()
-    assert f"The pass key is {answer}." in text
-    assert text.endswith("What is the pass key? The pass key is ")
+    assert f"The pass key is #{answer}." in text
+    assert text.endswith("What is the pass key? The pass key is #")
     assert REPEATED_FILLER[:40] in text
 
 
@@ -100,9 +100,9 @@ def test_multikey_asks_one_key_among_distinct_distractors():
     keys = [text[s:].split(" for ")[1].split(" is ")[0] for s in decoded_starts(sample)]
     assert len(keys) == 4 and len(set(keys)) == 4
     asked = keys[sample.answer_needle]
-    assert text.endswith(f"The magic number for {asked} is ")
+    assert text.endswith(f"The magic number for {asked} is #")
     needle = TOKENIZER.decode(sample.prompt[sample.needle_starts[sample.answer_needle] :])
-    assert needle.startswith(f" The magic number for {asked} is {TOKENIZER.decode(sample.answer)}.")
+    assert needle.startswith(f" The magic number for {asked} is #{TOKENIZER.decode(sample.answer)}.")
 
 
 def decoded_starts(sample) -> list[int]:
@@ -115,7 +115,7 @@ def test_multivalue_answer_lists_every_value_in_the_order_they_appear():
     sample = task.sample(700, 0.7, np.random.default_rng(4))
     text = TOKENIZER.decode(sample.prompt)
     in_order = [text[s:].split(" is ")[1].split(".")[0] for s in sample.needle_starts]
-    assert TOKENIZER.decode(sample.answer) == ", ".join(in_order)
+    assert "#" + TOKENIZER.decode(sample.answer) == ", ".join(in_order)
     assert len({text[s:].split(" for ")[1].split(" is ")[0] for s in sample.needle_starts}) == 1
     assert sample.answer_needle == 0
 
@@ -129,7 +129,7 @@ def test_multiquery_answer_follows_the_question_order():
         for s in sample.needle_starts
     }
     asked = text.split("What are the magic numbers for ")[1].split("?")[0].replace(" and ", ", ").split(", ")
-    assert TOKENIZER.decode(sample.answer) == ", ".join(value_of[key] for key in asked)
+    assert "#" + TOKENIZER.decode(sample.answer) == ", ".join(value_of[key] for key in asked)
 
 
 def test_uuid_values_look_like_uuids():

@@ -67,7 +67,7 @@ def test_results_are_deterministic_for_a_seed():
 @pytest.mark.parametrize(
     "options, message",
     [
-        (dict(lengths=[20]), "needs at least 86 tokens"),
+        (dict(lengths=[20]), "needs at least 88 tokens"),
         (dict(lengths=[200, -1]), "positive integers"),
         (dict(lengths=[200], trials=0), "trials"),
         (dict(lengths=[200], depths=[1.5]), "depths"),

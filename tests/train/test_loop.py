@@ -201,3 +201,18 @@ def test_retrieval_mix_changes_the_batches_and_needs_room(corpus, tmp_path):
     with pytest.raises(ValueError, match="too short for retrieval samples"):
         train(small_model(), settings(corpus, retrieval_mix=0.5), tmp_path / "short", progress=False)
     assert not (tmp_path / "short" / "config.json").exists()  # refused before the run was written
+
+
+def test_a_run_written_before_a_config_field_existed_still_resumes(corpus, tmp_path):
+    """Fields added to TrainConfig later (here retrieval_mix) take their defaults when a run from an
+    earlier version is resumed, instead of counting as changed arguments."""
+    config, model = settings(corpus, steps=3, eval_every=0, save_every=0), small_model()
+    train(model, config, tmp_path / "run", progress=False)
+    path = tmp_path / "run" / "config.json"
+    saved = json.loads(path.read_text())
+    del saved["train"]["retrieval_mix"]
+    path.write_text(json.dumps(saved))
+    index = json.loads((tmp_path / "run" / "checkpoint.json").read_text())
+    del index["state"]["configs"]["train"]["retrieval_mix"]
+    (tmp_path / "run" / "checkpoint.json").write_text(json.dumps(index))
+    assert train(model, config, tmp_path / "run", resume=True, progress=False).step == 3

@@ -41,9 +41,14 @@ KEY_WORDS = (
     "orange", "pillow", "quartz", "rabbit", "salmon", "tunnel", "velvet", "wizard", "yellow", "zipper",
 )  # fmt: skip
 Tokens = list[int]
+# Every value follows this mark, in the needle and after the cue. A mark that filler text never
+# holds makes the lookup one exact match (an induction head's), where "is " would also match the
+# filler's "The grass is green": the tiny models then learn retrieval within minutes.
+MARK = "#"
 NIAH_VARIANTS = ("single_repeat", "single_corpus", "single_uuid", "multikey", "multivalue", "multiquery")
 # What the training mix draws from, each with its evaluation haystack (short enough for seq_len 256).
 MIX_TASKS = ("passkey", "single_repeat", "single_corpus")
+MIN_FILLER = 16  # filler tokens a training sample keeps at least
 
 
 @dataclass(frozen=True)
@@ -134,23 +139,25 @@ class RetrievalTask:
         if self.name == "passkey":
             key = self.chars(self.value(rng))
             intro = self.encode("Remember the pass key.\n")
-            needle = self.encode(" The pass key is ") + key + self.encode(". ")
-            return intro, [needle], [key], self.encode("\nWhat is the pass key? The pass key is ")
+            needle = self.encode(f" The pass key is {MARK}") + key + self.encode(". ")
+            return intro, [needle], [key], self.encode(f"\nWhat is the pass key? The pass key is {MARK}")
         noun = "uuid" if self.name == "single_uuid" else "number"
         distinct = 1 if self.name == "multivalue" else self.needles
         keys = [KEY_WORDS[i] for i in rng.choice(len(KEY_WORDS), distinct, replace=False)]
         keys = keys * self.needles if self.name == "multivalue" else keys
         values = [self.chars(self.value(rng)) for _ in range(self.needles)]
         needles = [
-            self.encode(f" The magic {noun} for {key} is ") + value + self.encode(". ")
+            self.encode(f" The magic {noun} for {key} is {MARK}") + value + self.encode(". ")
             for key, value in zip(keys, values)
         ]
         intro = self.encode(f"Remember the magic {noun}s.\n")
         if self.name in ("multivalue", "multiquery"):  # every value asked
             subject = join_words(keys[:distinct])
-            question = f"\nWhat are the magic {noun}s for {subject}? The magic {noun}s for {subject} are "
+            question = (
+                f"\nWhat are the magic {noun}s for {subject}? The magic {noun}s for {subject} are {MARK}"
+            )
             return intro, needles, values, self.encode(question)
-        question = f"\nWhat is the magic {noun} for {keys[0]}? The magic {noun} for {keys[0]} is "
+        question = f"\nWhat is the magic {noun} for {keys[0]}? The magic {noun} for {keys[0]} is {MARK}"
         return intro, needles, values, self.encode(question)
 
     def answer(self, values: list[list[int]], order: list[int]) -> list[int]:
@@ -159,7 +166,7 @@ class RetrievalTask:
         if self.name not in ("multivalue", "multiquery"):
             return values[0]
         asked = [values[i] for i in order] if self.name == "multivalue" else values
-        return sum((v + self.encode(", ") for v in asked[:-1]), []) + asked[-1]
+        return sum((v + self.encode(f", {MARK}") for v in asked[:-1]), []) + asked[-1]
 
     def min_length(self) -> int:
         """The shortest prompt this task can build (no filler at all)."""
@@ -224,11 +231,11 @@ class RetrievalMix:
 
     Wraps :class:`~priorattn.data.Batches` and keeps its contract: batch ``step`` is a pure function of
     ``(seed, step)``, so resuming stays exact and the global batch is the same on any number of
-    processes. Whether global row ``r`` of batch ``step`` is replaced, and the sample that replaces it
-    (task from :data:`MIX_TASKS`, uniform depth, fresh values, the task's haystack: the repeated
-    sentences or ``corpus_tokens``), are
-    drawn from a generator seeded by ``(seed, step, r)``. A sample is a prompt of ``seq_len + 1 -
-    len(answer)`` tokens followed by its answer, one document, with the loss on every token.
+    processes. Whether global row ``r`` of batch ``step`` is replaced, and by what (a task among those
+    of :data:`MIX_TASKS` that fit in ``seq_len``, a uniform depth, fresh values, the task's haystack:
+    the repeated sentences or ``corpus_tokens``), is drawn from a generator seeded by
+    ``(seed, step, r)``. A sample is a prompt of ``seq_len + 1 - len(answer)`` tokens followed by its
+    answer, one document, with the loss on every token.
     """
 
     def __init__(self, batches, fraction: float, tokenizer: Tokenizer, corpus_tokens: np.ndarray, seed: int):
@@ -238,16 +245,18 @@ class RetrievalMix:
         self.fraction = fraction
         self.seed = seed
         self.seq_len = batches.packed.seq_len
-        self.tasks = [
+        tasks = [
             RetrievalTask(name, tokenizer, default_filler(name, tokenizer, corpus_tokens))
             for name in MIX_TASKS
         ]
+        room = self.seq_len + 1 - MIN_FILLER  # every sample keeps some filler
+        self.tasks = [task for task in tasks if task.min_length() + task.answer_length() <= room]
         self.answer_lengths = [task.answer_length() for task in self.tasks]
-        longest = max(task.min_length() + n for task, n in zip(self.tasks, self.answer_lengths))
-        if fraction > 0 and self.seq_len + 1 < longest + 16:  # room for some filler
+        if fraction > 0 and not self.tasks:
+            shortest = min(task.min_length() + task.answer_length() for task in tasks) + MIN_FILLER - 1
             raise ValueError(
-                f"seq_len {self.seq_len} is too short for retrieval samples (they need about "
-                f"{longest + 16} tokens): use a longer seq_len or no retrieval mix"
+                f"seq_len {self.seq_len} is too short for retrieval samples (the shortest needs "
+                f"seq_len >= {shortest}): use a longer seq_len or no retrieval mix"
             )
 
     def batch(self, step: int, rank: int = 0, world_size: int = 1) -> tuple[Tensor, Tensor, Tensor]:

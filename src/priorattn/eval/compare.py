@@ -40,8 +40,8 @@ MODELS: dict[str, tuple[str, dict]] = {
 class CompareConfig:
     """What ``compare`` trains and measures; :meth:`for_budget` makes one from ``--budget``.
 
-    The default (budget 1) trains each tiny model for 600 steps of 16 x 256 bytes with a quarter of
-    the sequences replaced by retrieval samples, and evaluates perplexity from T = 256 to 64 T and
+    The default (budget 1) trains each tiny model for 600 steps of 8 x 256 bytes with half of the
+    sequences replaced by retrieval samples, and evaluates perplexity from T = 256 to 64 T and
     retrieval to 16 T.
     """
 
@@ -51,8 +51,8 @@ class CompareConfig:
     seq_len: int = 256
     window: int = 128
     steps: int = 600
-    batch_size: int = 16
-    retrieval_mix: float = 0.25
+    batch_size: int = 8
+    retrieval_mix: float = 0.5
     seed: int = 0
     ppl_factors: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     ppl_windows: int = 4

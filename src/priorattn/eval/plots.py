@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator, ScalarFormatter
 
 from ..analysis.plots import save
 
@@ -17,6 +18,13 @@ from ..analysis.plots import save
 def mark_train_len(ax, train_lens: set[int]) -> None:
     for T in sorted(train_lens):
         ax.axvline(T, color="0.5", linestyle=":", linewidth=1)
+
+
+def length_axis(ax, lengths: list[int]) -> None:
+    """A log-x axis labelled at the evaluated lengths themselves."""
+    ax.set_xscale("log")
+    ax.set_xticks(lengths, [str(n) for n in lengths], rotation=45)
+    ax.xaxis.set_minor_locator(NullLocator())
 
 
 def plot_ppl(results: dict[str, dict], path: Path) -> Path:
@@ -38,12 +46,16 @@ def plot_ppl(results: dict[str, dict], path: Path) -> Path:
         edges = np.asarray(longest["edges"], dtype=float)
         centres = np.sqrt(edges[:-1] * np.maximum(edges[1:] - 1, edges[:-1]))  # geometric bin centres
         pos_ax.plot(centres, longest["loss"], marker=".", label=label)
-    ppl_ax.set(xscale="log", yscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity")
+    lengths = sorted({n for r in results.values() for n in r["lengths"]})
+    ppl_ax.set(yscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity")
+    ppl_ax.yaxis.set_major_formatter(ScalarFormatter())
+    ppl_ax.yaxis.set_minor_formatter(ScalarFormatter())
     ppl_ax.set_title("perplexity vs length")
     delta_ax.axhline(0, color="0.3", linewidth=1)
-    delta_ax.set(xscale="log", xlabel="evaluation length (tokens)", ylabel="nats / token")
+    delta_ax.set(xlabel="evaluation length (tokens)", ylabel="nats / token")
     delta_ax.set_title("paired delta: long context minus short (< 0 helps)")
-    lengths = sorted({n for r in results.values() for n in r["lengths"]})
+    for ax in (ppl_ax, delta_ax):
+        length_axis(ax, lengths)
     pos_ax.set(xscale="log", xlabel="token position", ylabel="mean loss (nats / token)")
     pos_ax.set_title(f"loss by position, windows of {lengths[-1]} tokens")
     for ax in (ppl_ax, delta_ax, pos_ax):
@@ -88,7 +100,9 @@ def plot_accuracy_vs_length(results: dict[str, dict], path: Path, title: str = "
     ax = fig.subplots()
     for label, r in results.items():
         ax.plot(r["lengths"], r["by_length"], marker="o", label=label)
-    ax.set(xscale="log", ylim=(-0.03, 1.03), xlabel="context length (tokens)", ylabel="accuracy")
+    length_axis(ax, sorted({n for r in results.values() for n in r["lengths"]}))
+    mark_train_len(ax, {r["train_len"] for r in results.values() if "train_len" in r})
+    ax.set(ylim=(-0.03, 1.03), xlabel="context length (tokens)", ylabel="accuracy")
     ax.set_title(title)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
