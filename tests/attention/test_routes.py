@@ -213,3 +213,28 @@ def test_half_precision_slope_folds_in_float32(dtype, monkeypatch):
     assert_close(out, ref, TOLERANCE[torch.bfloat16], "half-precision ALiBi via SDPA")
     out.float().sum().backward()
     assert all(t.grad.dtype == dtype and torch.isfinite(t.grad).all() for t in half)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "L, one_key", [(1, {}), (24, {"window": 1}), (24, {"doc_ids": torch.arange(24).expand(4, 24)})]
+)
+def test_memeff_logit_gradient_is_zero_when_each_query_sees_one_key(L, one_key, dtype):
+    """A query with one visible key puts weight exactly 1 on it whatever its logit, so the logits and
+    the prior's parameters get no gradient. GGD with theta_beta < 0 and mu near the lag 0 has a steep
+    bias (d b / d theta_mu ~ -1e4 here) that turns any rounding residual of the softmax backward into
+    a visible gradient (issue 8: -3.2e-3 for theta_mu at Lq = Lk = 1, theta_beta = -0.84)."""
+    prior = GGD(2, init="alibi", trainable=("alpha", "beta", "mu")).to(dtype)
+    with torch.no_grad():
+        prior.theta_beta.fill_(-0.84)
+        prior.theta_mu.copy_(torch.tensor([-1e-3, 2e-3]))
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(4, 2, L, 8, generator=gen).to(dtype).requires_grad_() for _ in range(2))
+    v = torch.randn(4, 2, L, 6, generator=gen).to(dtype).requires_grad_()
+    out = priorattn.attention(q, k, v, prior=prior, backend="memeff", **one_key)
+    grad_out = torch.randn(out.shape, generator=gen).to(dtype)
+    out.backward(grad_out)
+    assert torch.equal(out, v)
+    assert torch.equal(v.grad, grad_out)
+    for name, leaf in [*prior.named_parameters(), ("q", q), ("k", k)]:
+        assert not leaf.grad.any(), f"{name} has gradient up to {leaf.grad.abs().max():.3g}, expected 0"
