@@ -32,8 +32,9 @@ compare: $(VENV)/.installed
 	done
 	$(PY) -m priorattn plot-runs $(addprefix $(OUT)/compare/,$(PRIORS)) --out $(OUT)/compare/curves.png
 
+# PYTEST_ARGS passes options through, e.g. make test PYTEST_ARGS="--hypothesis-seed 7".
 test: $(VENV)/.installed
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests benchmarks
