@@ -24,8 +24,9 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(PY) -m priorattn compare --out $(OUT) --budget $(BUDGET) $(if $(PRIORS),--priors $(PRIORS))
 
+# PYTEST_ARGS passes options through, e.g. make test PYTEST_ARGS="--hypothesis-seed 7".
 test: $(VENV)/.installed
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check src tests benchmarks

@@ -1,7 +1,76 @@
-"""Shared fixtures."""
+"""Shared fixtures, and the settings that make every run of the suite replayable.
+
+Hypothesis runs under the "ci" profile unless told otherwise: derandomized (each property test
+draws the same examples on every run, fixed by the test's source and the Hypothesis version), no
+example database (nothing from earlier local runs is replayed), no deadline (the machine is
+shared), and a failure prints its ``@reproduce_failure`` blob. ``--hypothesis-seed N`` explores
+other examples: it switches to "ci-seeded", the same profile drawing from seed N. Every test starts
+from ``torch.manual_seed`` of that seed (0 by default), so tests that draw unseeded tensors are
+replayable too. The profile and seed are printed in the header (or, under ``-q``, the summary).
+"""
 
 import pytest
+import torch
 from factories import PRIOR_NAMES
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("ci-seeded", settings.get_profile("ci"), derandomize=False)
+settings.load_profile("ci")
+
+
+def run_seed(config) -> int | None:
+    """The run's ``--hypothesis-seed`` as an integer, or None when none was given."""
+    seed = config.getoption("--hypothesis-seed")
+    if seed is None:
+        return None
+    try:
+        return int(seed)
+    except ValueError:
+        raise pytest.UsageError(
+            f"--hypothesis-seed must be an integer (it seeds torch too), got {seed!r}"
+        ) from None
+
+
+def pytest_configure(config):
+    # Derandomized tests ignore --hypothesis-seed: a seed given without a profile selects the
+    # seeded copy of the default profile so that it takes effect.
+    if run_seed(config) is not None and config.getoption("--hypothesis-profile") is None:
+        settings.load_profile("ci-seeded")
+
+
+def replay_line(config) -> str:
+    seed = run_seed(config)
+    if settings.default.derandomize:
+        draws, replay = "derandomized (examples fixed by each test's source)", "rerun the same command"
+    elif seed is not None:
+        draws, replay = f"seed {seed}", f"rerun with --hypothesis-seed {seed}"
+    else:
+        draws, replay = "a random seed per test", "add the @seed(...) that the failure prints"
+    profile = settings.get_current_profile_name()
+    return f"hypothesis profile {profile!r}, {draws}, torch seed {seed or 0}; to replay a failure: {replay}"
+
+
+def pytest_report_header(config):
+    return replay_line(config)
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    if config.option.verbose < 0:  # -q hides the header
+        terminalreporter.write_line(replay_line(config))
+
+
+@pytest.fixture(autouse=True)
+def torch_seed(request):
+    """Each test draws its unseeded tensors from the same state, whatever ran before it."""
+    torch.manual_seed(run_seed(request.config) or 0)
 
 
 @pytest.fixture(params=PRIOR_NAMES)

@@ -100,11 +100,18 @@ def test_goat_components_add_up_and_relative_part_is_toeplitz():
         assert np.ptp(np.diagonal(relative, lag)) < 1e-8
 
 
-def test_illustrative_goat_sink_is_a_spike_at_the_first_key():
+def test_goat_figure_shows_a_sink_for_the_first_quarter_of_queries_then_recency():
+    """What the decomposition and heatmap figures draw: the causal prior of the first quarter of the
+    queries peaks at key 0 (the sink), later ones at their own position (recency); u is one key wide."""
     length = 64
-    u, _, _ = goat_components(illustrative_goat(4, length).double(), length, head=2)
-    assert u[0] == pytest.approx(alibi_slopes(4)[2].item() * length / 4)
-    assert np.abs(u[1:]).max() < 1e-3
+    prior = illustrative_goat(4, length).double()
+    _, probs = prior_matrices(prior, length, head=2)
+    favourite, queries = probs.argmax(-1), np.arange(length)
+    sink_rows, recency_rows = queries < length / 4 - 1, queries > length / 4 + 1
+    assert (favourite[sink_rows] == 0).all()
+    assert (favourite[recency_rows] == queries[recency_rows]).all()
+    u, _, _ = goat_components(prior, length, head=2)
+    assert np.abs(u[1:]).max() < 1e-3 < u[0]
 
 
 def test_illustrative_goat_fits_recency_on_visible_keys():

@@ -50,12 +50,18 @@ def tokens(B, L, seed=1, vocab=TINY["vocab_size"]):
 
 @pytest.mark.parametrize("prior", PRIORS)
 @pytest.mark.parametrize("encoding", ENCODINGS)
-def test_shapes_for_every_prior_and_encoding(prior, encoding):
-    gpt = model(prior=prior, encoding=encoding, dtype=torch.float32)
-    logits, loss, caches = gpt(tokens(2, 7))
-    assert logits.shape == (2, 7, TINY["vocab_size"]) and loss is None
+def test_logits_read_past_tokens_only_for_every_prior_and_encoding(prior, encoding):
+    """Changing token t leaves the logits before t exactly as they were (causal), and changes the
+    logits after t (the past is read)."""
+    gpt = model(prior=prior, encoding=encoding)
+    t, V = 4, TINY["vocab_size"]
+    x = tokens(1, 7).repeat(2, 1)
+    x[1, t] = (x[0, t] + 1) % V
+    logits, loss, caches = gpt(x)
+    assert logits.shape == (2, 7, V) and loss is None
     assert len(caches) == TINY["n_layers"] and all(len(cache) == 7 for cache in caches)
-    assert torch.isfinite(logits).all()
+    torch.testing.assert_close(logits[1, :t], logits[0, :t], rtol=0, atol=1e-12)
+    assert (logits[1, t + 1 :] - logits[0, t + 1 :]).abs().amax(-1).min() > 1e-6
 
 
 def test_encodings_go_where_they_belong():

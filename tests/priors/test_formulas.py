@@ -8,6 +8,7 @@ import pytest
 import torch
 from factories import make_prior
 
+import priorattn
 from priorattn.priors import GGD, GOAT, ALiBi, Sum, Uniform, alibi_slopes
 
 
@@ -90,7 +91,8 @@ def goat_by_hand(prior, i, j, h):
     hidden = torch.nn.functional.silu(sink.mlp[0].weight @ x + sink.mlp[0].bias)
     u = (sink.mlp[2].weight @ hidden + sink.mlp[2].bias)[h].item()
     total += u - sink.decay[h].item() * j / sink.train_len
-    return total - prior.slope[h].item() * abs(i - j)
+    slope = 0.0 if prior.slope is None else prior.slope[h].item()
+    return total - slope * abs(i - j)
 
 
 def test_goat_matches_section_4_formula():
@@ -108,10 +110,21 @@ def test_goat_uniform_init_is_exactly_standard_attention():
     assert torch.equal(K, torch.zeros_like(K))
 
 
-def test_goat_recency_init_is_alibi():
-    q_pos, k_pos = grid(12, 12)
-    goat = GOAT(4, 8, init="recency").double()
-    assert torch.allclose(goat.log_prior(q_pos, k_pos), ALiBi(4).double().log_prior(q_pos, k_pos))
+def test_goat_recency_init_attends_exactly_like_alibi():
+    """Press et al.'s slopes for H = 8 heads, 2^(-8 h / H), and the bias -m_h |i - j|, written out
+    here, in a dense causal softmax; GOAT's recency init through every route gives its output."""
+    H, L, D = 8, 12, 4
+    slopes = torch.tensor([2.0 ** (-8 * h / H) for h in range(1, H + 1)], dtype=torch.float64)
+    i, j = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    alibi = -slopes[:, None, None] * (i - j).abs()  # (H, L, L)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, H, L, D, generator=gen, dtype=torch.float64) for _ in range(3))
+    logits = (q @ k.transpose(-1, -2) / math.sqrt(D) + alibi).masked_fill(j > i, -math.inf)
+    expected = torch.softmax(logits, -1) @ v
+    goat = GOAT(H, 8, init="recency").double()
+    for backend in ("reference", "sdpa", "memeff"):
+        out = priorattn.attention(q, k, v, prior=goat, backend=backend)
+        assert torch.allclose(out, expected, rtol=0, atol=1e-12), backend
 
 
 def test_goat_recency_without_slope_approximates_alibi_under_causal_mask():
@@ -140,19 +153,41 @@ def test_uniform_is_zero():
     assert torch.equal(Uniform().log_prior(*grid(3, 4)), torch.zeros(1, 3, 4))
 
 
-def test_batched_positions_give_a_batch_dimension(prior_name):
+def log_prior_by_hand(prior, h, i, j):
+    """``K_h(i, j)`` of any prior from the formulas above, one cell at a time."""
+    if isinstance(prior, Uniform):
+        return 0.0
+    if isinstance(prior, ALiBi):
+        return -alibi_slopes(prior.num_heads)[h].item() * abs(i - j)
+    if isinstance(prior, GGD):
+        return ggd_by_hand(
+            *(p[h].item() for p in (prior.theta_alpha, prior.theta_beta, prior.theta_mu)), i, j
+        )
+    if isinstance(prior, GOAT):
+        return goat_by_hand(prior, i, j, h)
+    if isinstance(prior, Sum):
+        return sum(log_prior_by_hand(part, h, i, j) for part in prior.parts)
+    raise TypeError(prior)
+
+
+def test_batched_positions_give_each_row_its_own_log_prior(prior_name):
     prior = make_prior(prior_name, 2)
     q_pos = torch.tensor([[3, 4], [10, 11]])
     k_pos = torch.tensor([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]])
     K = prior.log_prior(q_pos, k_pos)
+    assert K.shape[0] == 2 and K.shape[-2:] == (2, 5)
     for b in range(2):
-        assert torch.allclose(K[b], prior.log_prior(q_pos[b], k_pos[b]))
+        expected = [
+            [[log_prior_by_hand(prior, h, i, j) for j in k_pos[b].tolist()] for i in q_pos[b].tolist()]
+            for h in range(2)
+        ]
+        assert torch.allclose(
+            K[b].expand(2, 2, 5), torch.tensor(expected, dtype=K.dtype), rtol=1e-12, atol=1e-12
+        )
 
 
 def test_goat_learnable_freqs_get_the_reference_gradient_through_every_route():
     """Open question 2 of the paper: frequencies as parameters, exact through the fold too."""
-    import priorattn
-
     grads = {}
     for backend in ("reference", "sdpa", "memeff"):
         prior = GOAT(2, 3, learnable_freqs=True, init="recency").double()
