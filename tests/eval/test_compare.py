@@ -91,10 +91,10 @@ def test_every_model_differs_only_in_position():
     assert len({tuple(sorted((k, c[k]) for k in positional)) for c in configs.values()}) == len(configs)
 
 
-def row(label, ratio=1.0, passkey=0.0, ppl=10.0, delta=0.0, niah=0.0):
+def row(label, ratio=1.0, passkey=0.0, ppl=10.0, delta=0.0, niah=0.0, at_train_len=1.0):
     return dict(
         label=label, ppl_ratio=ratio, passkey_longest=passkey, passkey_beyond=passkey, ppl_longest=ppl,
-        paired_delta_longest=delta, niah_beyond=niah,
+        paired_delta_longest=delta, niah_beyond=niah, passkey_train_len=at_train_len,
     )  # fmt: skip
 
 
@@ -123,3 +123,9 @@ def test_an_accuracy_nobody_scored_has_no_winner():
     rows = dict(a=row("A"), b=row("B"))
     found = {metric: labels for metric, labels, _ in winners(rows)}
     assert found["passkey accuracy past the training length"] == []
+
+
+def test_a_claim_about_far_retrieval_needs_retrieval_at_the_training_length():
+    rows = dict(alibi=row("ALiBi", at_train_len=0.0), bam=row("BAM", passkey=0.0, at_train_len=0.2))
+    verdicts = [agrees for claim, _, agrees in seed_claims(rows, 4096, 1024) if "retrieves" in claim]
+    assert verdicts == [None, None]
