@@ -146,8 +146,7 @@ def plot_runs(args: argparse.Namespace) -> int:
 def int_list(text: str) -> list[int]:
     """An argparse ``type`` for comma-separated positive integers: ``"256,512,1024"``."""
     parse = int_at_least(1)
-    values = [parse(part.strip()) for part in text.split(",")]
-    return values
+    return [parse(part.strip()) for part in text.split(",")]
 
 
 def evaluate(args: argparse.Namespace) -> int:

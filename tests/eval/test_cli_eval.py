@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
+from eval_fakes import word_salad
 from factories import exit_code
 
 from priorattn import cli
@@ -16,11 +16,9 @@ from priorattn.train import TrainConfig, train
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A run of a small GOAT model, two steps on word salad (3 kB documents)."""
-    root = tmp_path_factory.mktemp("eval-cli")
-    words = "double double toil and trouble fire burn and cauldron bubble".split()
-    rng = random.Random(1)
-    for i in range(6):
-        (root / f"doc{i}.txt").write_text(" ".join(rng.choice(words) for _ in range(500)))
+    root = word_salad(
+        tmp_path_factory.mktemp("eval-cli"), "double toil and trouble fire burn cauldron bubble", length=500
+    )
     model = GPTConfig(
         vocab_size=256, seq_len=128, d_model=32, n_layers=2, n_heads=2, prior="goat", goat_freqs=3
     )

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
+from eval_fakes import word_salad
 
 from priorattn.eval.compare import CompareConfig, compare
 from priorattn.eval.report import seed_claims, winners
@@ -14,12 +14,7 @@ from priorattn.eval.report import seed_claims, winners
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     """Six documents of about 3 kB of word salad (one becomes the validation split)."""
-    root = tmp_path_factory.mktemp("corpus")
-    words = "when shall we three meet again in thunder lightning or in rain".split()
-    rng = random.Random(0)
-    for i in range(6):
-        (root / f"doc{i}.txt").write_text(" ".join(rng.choice(words) for _ in range(600)))
-    return root
+    return word_salad(tmp_path_factory.mktemp("corpus"), "when shall we three meet again in thunder or rain")
 
 
 def small(corpus, **overrides) -> CompareConfig:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..data import vocab_size_of
@@ -159,7 +159,3 @@ def evaluation(task: str, settings: dict, run_dir: Path, progress: bool, log) ->
     result["settings"] = settings
     write_json_atomic(path, result)
     return result
-
-
-def config_record(config: CompareConfig) -> dict:
-    return asdict(config)
