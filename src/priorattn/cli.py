@@ -24,6 +24,17 @@ def int_at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def positive_number(text: str) -> float:
+    """An argparse ``type`` accepting finite numbers ``> 0``."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
 def plot_priors(args: argparse.Namespace) -> int:
     """Draw every prior's log-prior curves and heatmaps to PNG files; print their paths."""
     if args.head >= args.heads:
@@ -43,7 +54,13 @@ def train(args: argparse.Namespace) -> int:
     from .train import train as run
     from .train.runs import CONFIG_JSON
 
-    model_flags = dict(prior=args.prior, encoding=args.encoding, window=args.window, backend=args.backend)
+    model_flags = dict(
+        prior=args.prior,
+        encoding=args.encoding,
+        window=args.window,
+        rope_interpolation=args.rope_interpolation,
+        backend=args.backend,
+    )
     model_flags = {name: value for name, value in model_flags.items() if value is not None}
     for flag in ("ssmax", "shared_prior"):
         if getattr(args, flag):
@@ -77,10 +94,16 @@ def train(args: argparse.Namespace) -> int:
         train_flags["grad_clip"] = None
     try:
         if args.init_from is not None:  # context extension: the model is the earlier run's
+            interpolation = model_flags.pop("rope_interpolation", None)
             if model_flags or args.preset is not None:
                 names = ", ".join(f"--{name}" for name in model_flags) or "--preset"
-                raise ValueError(f"{names} cannot be combined with --init-from (the model is that run's)")
+                raise ValueError(
+                    f"{names} cannot be combined with --init-from (the model is that run's; "
+                    "only --rope-interpolation may change)"
+                )
             saved = json.loads((args.init_from / CONFIG_JSON).read_text())
+            if interpolation is not None:  # position interpolation for the longer context
+                saved["model"]["rope_interpolation"] = interpolation
             model_config = GPTConfig.from_dict(saved["model"])
             for name in ("data", "tokenizer", "vocab_size", "val_fraction"):  # the same data by default
                 train_flags.setdefault(name, saved["train"][name])
@@ -293,15 +316,6 @@ def add_compare_parser(commands) -> None:
             raise argparse.ArgumentTypeError(f"unknown prior {unknown[0]!r}: use {','.join(MODELS)}")
         return names
 
-    def budget(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-        if not 0 < value < float("inf"):
-            raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
-        return value
-
     p = commands.add_parser(
         "compare",
         help="train every positional mechanism alike, evaluate them, write an HTML report",
@@ -314,7 +328,9 @@ def add_compare_parser(commands) -> None:
     )
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--priors", type=model_list, help=f"comma-separated subset of {','.join(MODELS)} (all)")
-    p.add_argument("--budget", type=budget, default=1.0, help="training budget scale: 0.1 smoke run (1)")
+    p.add_argument(
+        "--budget", type=positive_number, default=1.0, help="training budget scale: 0.1 smoke run (1)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=compare, parser=p)
 
@@ -341,6 +357,11 @@ def add_train_parser(commands) -> None:
     )
     model.add_argument("--encoding", choices=ENCODINGS, help="position encoding (the preset's: none)")
     model.add_argument("--window", type=int_at_least(1), help="sliding window (required by local_rope)")
+    model.add_argument(
+        "--rope-interpolation",
+        type=positive_number,
+        help="RoPE position interpolation: positions p -> p / S; with --init-from, new/old seq-len (1)",
+    )
     model.add_argument("--ssmax", action="store_true", help="Scalable-Softmax in every layer")
     model.add_argument(
         "--shared-prior",

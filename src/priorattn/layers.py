@@ -76,6 +76,8 @@ class PriorMultiheadAttention(nn.Module):
         prior: a :class:`~priorattn.priors.Prior` with ``num_heads`` heads (or head-independent).
         encoding: ``None``, ``"rope"`` or a :class:`~priorattn.encodings.RoPE` of width ``d_q``,
             applied to the content q/k at their positions.
+        rope_interpolation: with ``encoding="rope"``, RoPE's position interpolation factor
+            (positions ``p -> p / rope_interpolation``); a RoPE module carries its own.
         ssmax: ``None``, ``True`` (a new :class:`~priorattn.SSMax`) or an ``SSMax`` module.
         causal: key j is visible to query i iff ``pos[j] <= pos[i]``.
         head_dim: value width ``D`` per head, default ``d_model // num_heads``.
@@ -98,6 +100,7 @@ class PriorMultiheadAttention(nn.Module):
         *,
         prior: Prior | None = None,
         encoding: RoPE | str | None = None,
+        rope_interpolation: float = 1.0,
         ssmax: SSMax | bool | None = None,
         causal: bool = True,
         num_kv_heads: int | None = None,
@@ -131,7 +134,7 @@ class PriorMultiheadAttention(nn.Module):
                 )
             if encoding is not None and content_dim % 2:
                 content_dim -= 1  # one padding lane so RoPE can rotate the content in pairs
-        self.rope = _rope(encoding, content_dim)
+        self.rope = _rope(encoding, content_dim, rope_interpolation)
         self.ssmax = _ssmax(ssmax, num_heads)
 
         self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
@@ -233,13 +236,18 @@ class PriorMultiheadAttention(nn.Module):
         )
 
 
-def _rope(encoding: RoPE | str | None, content_dim: int) -> RoPE | None:
+def _rope(encoding: RoPE | str | None, content_dim: int, interpolation: float) -> RoPE | None:
+    if interpolation != 1.0 and encoding != "rope":
+        raise ValueError(
+            f"rope_interpolation={interpolation!r} goes with encoding='rope' (a RoPE module carries "
+            f"its own interpolation), got encoding={encoding!r}"
+        )
     if encoding is None:
         return None
     if isinstance(encoding, str):
         if encoding != "rope":
             raise ValueError(f"encoding must be None, 'rope' or a RoPE module, got {encoding!r}")
-        return RoPE(content_dim)
+        return RoPE(content_dim, interpolation=interpolation)
     if isinstance(encoding, Sinusoidal):
         raise TypeError("Sinusoidal is added to the token embeddings, not inside attention")
     if not isinstance(encoding, RoPE):

@@ -212,9 +212,34 @@ def test_sampling_follows_the_generator_and_top_k_one_is_greedy():
 
 
 def test_config_round_trips_through_json():
-    cfg = preset("bam-120m", prior="alibi+goat", encoding="local_rope", window=64, ssmax=True)
+    cfg = preset(
+        "bam-120m", prior="alibi+goat", encoding="local_rope", window=64, ssmax=True, rope_interpolation=2.5
+    )
     again = GPTConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
-    assert again == cfg and again.ggd_trainable == ("alpha", "beta")
+    assert again == cfg and again.ggd_trainable == ("alpha", "beta") and again.rope_interpolation == 2.5
+
+
+def test_config_saved_before_rope_interpolation_loads_without_it():
+    saved = config(encoding="rope").to_dict()
+    del saved["rope_interpolation"]
+    assert GPTConfig.from_dict(saved).rope_interpolation == 1.0
+
+
+@pytest.mark.parametrize("interpolation, positions, plain_positions", [(2, 2, 1), (1.5, 3, 2)])
+def test_rope_interpolation_reads_position_p_as_p_over_s(interpolation, positions, plain_positions):
+    # RoPE's angle is theta_r * p / s: positions a * arange(L) with factor s are b * arange(L)
+    # without, where a / s = b. The causal mask compares positions, so it is the same at both;
+    # a prior reads unscaled positions (ALiBi's distance doubles), so the models have none.
+    x = tokens(2, 12)
+    interpolated = model(encoding="rope", ssmax=True, rope_interpolation=interpolation)
+    plain = model(encoding="rope", ssmax=True)
+    plain.load_state_dict(interpolated.state_dict())
+    arange = torch.arange(12)
+    logits, _, _ = interpolated(x, positions=positions * arange)
+    expected, _, _ = plain(x, positions=plain_positions * arange)
+    torch.testing.assert_close(logits, expected, rtol=1e-12, atol=1e-12)
+    unscaled, _, _ = plain(x, positions=positions * arange)
+    assert not torch.allclose(logits, unscaled)
 
 
 @pytest.mark.parametrize("name", ["tiny", "small"])
@@ -291,6 +316,16 @@ def test_preset_overrides_and_unknown_names():
         (dict(ggd_trainable=("gamma",)), "ggd_trainable must name parameters in"),
         (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
         (dict(backend="cuda"), "backend must be one of"),
+        (
+            dict(encoding="rope", rope_interpolation=0.0),
+            "rope_interpolation must be a finite number > 0, got 0.0",
+        ),
+        (
+            dict(encoding="rope", rope_interpolation=float("inf")),
+            "rope_interpolation must be a finite number > 0",
+        ),
+        (dict(encoding="rope", rope_interpolation="2"), "rope_interpolation must be a number, got '2'"),
+        (dict(rope_interpolation=2.0), "it needs encoding='rope' or 'local_rope', got encoding='none'"),
     ],
 )
 def test_bad_config_is_a_clear_error(overrides, message):

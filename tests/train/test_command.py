@@ -66,6 +66,33 @@ def test_init_from_continues_the_earlier_model_on_its_data(corpus, tmp_path, cap
     assert "--prior cannot be combined with --init-from" in capsys.readouterr().err
 
 
+def test_init_from_with_rope_interpolation_extends_a_rope_run(corpus, tmp_path, capsys):
+    from priorattn.train import load_run
+
+    short, long = tmp_path / "short", tmp_path / "long"
+    argv = ["train", *SMALL, "--encoding", "rope", "--steps", "1", "--data", str(corpus)]
+    assert cli.main([*argv, "--rope-interpolation", "1.5", "--out", str(tmp_path / "fresh")]) == 0
+    assert json.loads((tmp_path / "fresh" / "config.json").read_text())["model"]["rope_interpolation"] == 1.5
+    assert cli.main([*argv, "--out", str(short)]) == 0
+    extend = ["train", "--init-from", str(short), "--seq-len", "64", "--steps", "1", "--quiet"]
+    assert cli.main([*extend, "--rope-interpolation", "2", "--out", str(long)]) == 0
+    before = json.loads((short / "config.json").read_text())["model"]
+    after = json.loads((long / "config.json").read_text())["model"]
+    assert before["rope_interpolation"] == 1.0
+    assert after == before | {"rope_interpolation": 2.0}
+    assert all(block.attn.rope.interpolation == 2.0 for block in load_run(long).model.blocks)
+    capsys.readouterr()
+    assert exit_code([*extend, "--rope-interpolation", "0", "--out", str(tmp_path / "zero")]) == 2
+    assert "argument --rope-interpolation: must be a positive number, got 0" in capsys.readouterr().err
+
+
+def test_rope_interpolation_without_rope_is_a_clear_error(corpus, tmp_path, capsys):
+    argv = ["train", *SMALL, "--steps", "1", "--data", str(corpus), "--rope-interpolation", "2"]
+    assert exit_code([*argv, "--out", str(tmp_path / "run")]) == 2
+    assert "it needs encoding='rope' or 'local_rope', got encoding='none'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(
     "args, message",
     [

@@ -42,6 +42,10 @@ class GPTConfig:
     - ``prior``: one of ``PRIORS`` or a sum of them written ``"alibi+goat"``.
     - ``encoding``: one of ``ENCODINGS``; ``"local_rope"`` is RoPE with a sliding ``window``
       (required). ``window`` with another encoding is plain sliding-window attention.
+    - ``rope_interpolation``: RoPE position interpolation (Chen et al., 2023; a baseline of seed 003):
+      RoPE rotates position ``p`` as ``p / rope_interpolation``. A context extension from length
+      ``L`` to ``L'`` sets it to ``L' / L`` so every position stays in the trained range. Only with
+      ``encoding="rope"`` or ``"local_rope"`` (the window still counts unscaled positions).
     - ``shared_prior``: one prior module (one set of parameters) for every layer. ``None`` is the
       papers' choice, which for every prior here is one prior per layer: BAM has "three learnable
       parameters for each attention head in each layer" (seed 003 Sec. 3, 576 for the 120M model in
@@ -65,6 +69,7 @@ class GPTConfig:
     prior: str = "uniform"
     encoding: str = "none"
     window: int | None = None
+    rope_interpolation: float = 1.0
     ssmax: bool = False
     shared_prior: bool | None = None
     prior_init: str = "uniform"
@@ -102,6 +107,17 @@ class GPTConfig:
             raise ValueError(f"encoding must be one of {ENCODINGS}, got {self.encoding!r}")
         if self.encoding == "local_rope" and self.window is None:
             raise ValueError("encoding='local_rope' is RoPE with a sliding window: give window=")
+        interpolation = self.rope_interpolation
+        if isinstance(interpolation, bool) or not isinstance(interpolation, (int, float)):
+            raise ValueError(f"rope_interpolation must be a number, got {interpolation!r}")
+        if not 0.0 < interpolation < math.inf:
+            raise ValueError(f"rope_interpolation must be a finite number > 0, got {interpolation!r}")
+        if interpolation != 1.0 and self.encoding not in ("rope", "local_rope"):
+            raise ValueError(
+                f"rope_interpolation={interpolation!r} interpolates RoPE positions: it needs "
+                f"encoding='rope' or 'local_rope', got encoding={self.encoding!r}"
+            )
+        self.rope_interpolation = float(interpolation)
         if self.encoding == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal encoding needs an even d_model, got {self.d_model}")
         if self.prior_init not in PRIOR_INITS:
@@ -182,6 +198,7 @@ class Block(nn.Module):
             config.n_heads,
             prior=prior,
             encoding="rope" if config.encoding in ("rope", "local_rope") else None,
+            rope_interpolation=config.rope_interpolation,
             ssmax=config.ssmax,
             num_kv_heads=config.n_kv_heads,
             head_dim=config.head_dim,
