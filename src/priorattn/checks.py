@@ -16,3 +16,30 @@ def is_integer_tensor(t: object) -> bool:
 def describe(t: object) -> str:
     """``int64 (2, 5)`` for a tensor, the type name otherwise: for error messages."""
     return f"{t.dtype} {tuple(t.shape)}" if isinstance(t, Tensor) else type(t).__name__
+
+
+def check_positions(name: str, positions: object, B: int, L: int) -> Tensor:
+    """Integer positions ``(L,)``, ``(1, L)`` or ``(B, L)`` as ``(B or 1, L)`` int64."""
+    if not is_integer_tensor(positions):
+        raise ValueError(f"{name} must be an integer tensor, got {describe(positions)}")
+    if positions.shape not in ((L,), (1, L), (B, L)):
+        shapes = f"({L},) or (1, {L})" if B == 1 else f"({L},), (1, {L}) or ({B}, {L})"
+        raise ValueError(f"{name} must have shape {shapes}, got {tuple(positions.shape)}")
+    return positions.long().reshape(-1, L)
+
+
+def check_doc_ids(name: str, doc_ids: object, B: int, L: int) -> Tensor:
+    """Document ids: an integer ``(B, L)`` tensor."""
+    if not is_integer_tensor(doc_ids) or doc_ids.shape != (B, L):
+        raise ValueError(f"{name} must be an integer tensor of shape ({B}, {L}), got {describe(doc_ids)}")
+    return doc_ids
+
+
+def check_key_padding_mask(mask: object, B: int, L: int) -> Tensor:
+    """``key_padding_mask``: a bool ``(B, L)`` tensor, True at padding keys."""
+    if not (isinstance(mask, Tensor) and mask.dtype == torch.bool and mask.shape == (B, L)):
+        raise ValueError(
+            f"key_padding_mask must be a bool tensor of shape ({B}, {L}) with True at padding keys, "
+            f"got {describe(mask)}"
+        )
+    return mask

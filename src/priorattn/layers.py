@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from .attention import attention
 from .attention.api import check_options
-from .checks import describe, is_integer_tensor
+from .checks import check_doc_ids, check_key_padding_mask, check_positions, describe
 from .encodings import RoPE, Sinusoidal
 from .priors import Prior
 from .ssmax import SSMax
@@ -195,17 +195,10 @@ class PriorMultiheadAttention(nn.Module):
         B, L, d_model = x.shape
         if d_model != self.d_model:
             raise ValueError(f"x has d_model={d_model} but the layer was built for {self.d_model}")
-        if doc_ids is not None and (not is_integer_tensor(doc_ids) or doc_ids.shape != (B, L)):
-            raise ValueError(
-                f"doc_ids must be an integer tensor of shape ({B}, {L}), got {describe(doc_ids)}"
-            )
-        mask = key_padding_mask
-        bool_mask = isinstance(mask, Tensor) and mask.dtype == torch.bool
-        if mask is not None and not (bool_mask and mask.shape == (B, L)):
-            raise ValueError(
-                f"key_padding_mask must be a bool tensor of shape ({B}, {L}) with True at padding "
-                f"tokens, got {describe(mask)}"
-            )
+        if doc_ids is not None:
+            check_doc_ids("doc_ids", doc_ids, B, L)
+        if key_padding_mask is not None:
+            check_key_padding_mask(key_padding_mask, B, L)
         if cache is not None:
             if not isinstance(cache, KVCache):
                 raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
@@ -220,12 +213,7 @@ class PriorMultiheadAttention(nn.Module):
         """``(B or 1, L)`` int64 positions of the new tokens."""
         if positions is None:
             return torch.arange(past, past + L, device=device)[None]
-        if not is_integer_tensor(positions) or positions.shape not in ((L,), (1, L), (B, L)):
-            raise ValueError(
-                f"positions must be an integer tensor of shape ({L},) or ({B}, {L}), "
-                f"got {describe(positions)}"
-            )
-        return positions.long().reshape(-1, L)
+        return check_positions("positions", positions, B, L)
 
     def extra_repr(self) -> str:
         return (

@@ -24,7 +24,7 @@ kv = torch.randn(1, 2, 5, 8)
         (dict(v=torch.randn(1, 2, 4, 8)), ValueError, "must agree on"),
         (dict(q=torch.randn(4, 5, 8)), ValueError, "q must be a 4-D tensor"),
         (dict(q=q.double()), TypeError, "share a dtype"),
-        (dict(q_pos=torch.arange(5.0)), TypeError, "q_pos must be an integer tensor"),
+        (dict(q_pos=torch.arange(5.0)), ValueError, "q_pos must be an integer tensor"),
         (dict(k_pos=torch.arange(4)), ValueError, r"k_pos must have shape \(5,\)"),
         (dict(prior=ALiBi(3)), ValueError, "prior has 3 heads but q has 4"),
         (dict(prior=GGD(4), backend="sdpa"), ValueError, "GGD does not"),

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..checks import describe, is_integer_tensor
+from ..checks import check_doc_ids, check_key_padding_mask, check_positions
 from ..priors import Prior, Uniform
 from ..ssmax import Scaling, SSMax
 from .flex import flex_route
@@ -78,7 +78,8 @@ def attention(
     q_pos = _positions("q_pos", q_pos, B, Lq, torch.arange(Lk - Lq, Lk, device=q.device))
     k_pos = _positions("k_pos", k_pos, B, Lk, torch.arange(Lk, device=q.device))
     q_doc, k_doc = _doc_ids(doc_ids, B, Lq, Lk)
-    masking = Masking(causal, q_pos, k_pos, q_doc, k_doc, _padding(key_padding_mask, B, Lk), window)
+    padding = None if key_padding_mask is None else check_key_padding_mask(key_padding_mask, B, Lk)
+    masking = Masking(causal, q_pos, k_pos, q_doc, k_doc, padding, window)
     scaling = _scaling(ssmax, H)
     scale = 1.0 / math.sqrt(Dk) if scale is None else float(scale)
     if backend == "auto":
@@ -135,42 +136,22 @@ def _check_qkv(q: Tensor, k: Tensor, v: Tensor) -> tuple[int, int, int, int]:
 
 def _positions(name: str, pos: Tensor | None, B: int, L: int, default: Tensor) -> Tensor:
     """Positions as ``(B or 1, L)`` int64."""
-    if pos is None:
-        return default[None]
-    if not is_integer_tensor(pos):
-        raise TypeError(f"{name} must be an integer tensor, got {describe(pos)}")
-    if pos.shape not in ((L,), (B, L), (1, L)):
-        raise ValueError(f"{name} must have shape ({L},) or ({B}, {L}), got {tuple(pos.shape)}")
-    return pos.long().reshape(-1, L)
+    return default[None] if pos is None else check_positions(name, pos, B, L)
 
 
 def _doc_ids(doc_ids, B: int, Lq: int, Lk: int) -> tuple[Tensor | None, Tensor | None]:
     if doc_ids is None:
         return None, None
-    if isinstance(doc_ids, Tensor):
-        q_doc, k_doc = doc_ids[..., Lk - Lq :], doc_ids
+    if isinstance(doc_ids, tuple | list) and len(doc_ids) == 2:  # (q_doc_ids, k_doc_ids)
+        k_doc = check_doc_ids("doc_ids", doc_ids[1], B, Lk)
+        q_doc = check_doc_ids("q doc_ids", doc_ids[0], B, Lq)
     else:
-        q_doc, k_doc = doc_ids
-    for name, ids, L in (("q doc_ids", q_doc, Lq), ("doc_ids", k_doc, Lk)):
-        if ids.is_floating_point() or ids.shape != (B, L):
-            raise ValueError(
-                f"{name} must be an integer tensor of shape ({B}, {L}), got {ids.dtype} {tuple(ids.shape)}"
-            )
+        k_doc = check_doc_ids("doc_ids", doc_ids, B, Lk)
+        q_doc = k_doc[:, Lk - Lq :]
     first = k_doc[:, :1]  # (B, 1)
     if bool((k_doc == first).all()) and bool((q_doc == first).all()):
         return None, None  # one document per row masks nothing; dropping it keeps the mask-free kernels
     return q_doc, k_doc
-
-
-def _padding(mask: Tensor | None, B: int, Lk: int) -> Tensor | None:
-    if mask is None:
-        return None
-    if mask.dtype != torch.bool or mask.shape != (B, Lk):
-        raise ValueError(
-            f"key_padding_mask must be a bool tensor of shape ({B}, {Lk}) with True "
-            f"at padding keys, got {mask.dtype} {tuple(mask.shape)}"
-        )
-    return mask
 
 
 def _scaling(ssmax: Tensor | SSMax | None, H: int) -> Scaling | None:
