@@ -35,6 +35,19 @@ def positive_number(text: str) -> float:
     return value
 
 
+def name_list(choices, kind: str) -> Callable[[str], list[str]]:
+    """An argparse ``type`` for comma-separated names, each one of ``choices``."""
+
+    def parse(text: str) -> list[str]:
+        names = [part.strip() for part in text.split(",")]
+        unknown = [name for name in names if name not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {kind} {unknown[0]!r}: use {','.join(choices)}")
+        return names
+
+    return parse
+
+
 def plot_priors(args: argparse.Namespace) -> int:
     """Draw every prior's log-prior curves and heatmaps to PNG files; print their paths."""
     if args.head >= args.heads:
@@ -258,15 +271,6 @@ def build_parser() -> argparse.ArgumentParser:
 def add_eval_parser(commands) -> None:
     from .data.retrieval import NIAH_VARIANTS
 
-    def variant_list(text: str) -> list[str]:
-        names = [part.strip() for part in text.split(",")]
-        unknown = [name for name in names if name not in NIAH_VARIANTS]
-        if unknown:
-            raise argparse.ArgumentTypeError(
-                f"unknown NIAH variant {unknown[0]!r}: use {','.join(NIAH_VARIANTS)}"
-            )
-        return names
-
     p = commands.add_parser(
         "eval",
         help="score a trained run beyond its training length: ppl, passkey or niah",
@@ -301,20 +305,16 @@ def add_eval_parser(commands) -> None:
             t.add_argument("--digits", type=int_at_least(1), default=5, help="passkey digits (5)")
         if task == "niah":
             t.add_argument(
-                "--variants", type=variant_list, default=list(NIAH_VARIANTS), help="comma-separated (all)"
+                "--variants",
+                type=name_list(NIAH_VARIANTS, "NIAH variant"),
+                default=list(NIAH_VARIANTS),
+                help="comma-separated (all)",
             )
         t.set_defaults(func=evaluate, parser=t)
 
 
 def add_compare_parser(commands) -> None:
     from .eval.compare import MODELS
-
-    def model_list(text: str) -> list[str]:
-        names = [part.strip() for part in text.split(",")]
-        unknown = [name for name in names if name not in MODELS]
-        if unknown:
-            raise argparse.ArgumentTypeError(f"unknown prior {unknown[0]!r}: use {','.join(MODELS)}")
-        return names
 
     p = commands.add_parser(
         "compare",
@@ -327,7 +327,11 @@ def add_compare_parser(commands) -> None:
         ),
     )
     p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument("--priors", type=model_list, help=f"comma-separated subset of {','.join(MODELS)} (all)")
+    p.add_argument(
+        "--priors",
+        type=name_list(list(MODELS), "prior"),
+        help=f"comma-separated subset of {','.join(MODELS)} (all)",
+    )
     p.add_argument(
         "--budget", type=positive_number, default=1.0, help="training budget scale: 0.1 smoke run (1)"
     )

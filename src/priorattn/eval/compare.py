@@ -22,7 +22,7 @@ from ..data.retrieval import NIAH_VARIANTS
 from ..files import write_json_atomic
 from ..models import preset
 from ..train import TrainConfig, train
-from .jobs import RESULTS_JSON, niah_job, passkey_job, ppl_job
+from .jobs import RESULTS_JSON, niah_job, passkey_job, ppl_job, prepare_out
 
 # name -> (label, GPTConfig fields): the positional mechanisms of seed 003 Fig. 6 and seed 000 Fig. 3.
 MODELS: dict[str, tuple[str, dict]] = {
@@ -125,9 +125,7 @@ JOBS = dict(ppl=ppl_job, passkey=passkey_job, niah=niah_job)
 
 def compare(config: CompareConfig, out: str | Path, *, progress: bool = True, log=print) -> dict:
     """Train and evaluate every model of ``config`` into ``out``; write the report; return its data."""
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"the output directory {out} is a file")
+    out = prepare_out(out)
     results = {}
     for i, name in enumerate(config.models, 1):
         run_dir = out / "models" / name
