@@ -483,7 +483,7 @@ def header(args: argparse.Namespace, with_peer: bool, library: str) -> str:
     layer = (
         "priorattn.PriorMultiheadAttention"
         if hasattr(priorattn, "PriorMultiheadAttention")
-        else "nn.Linear projections + priorattn.attention (benchmarks/attention.py)"
+        else "nn.Linear projections + priorattn.functional (benchmarks/attention.py)"
     )
     peer = (
         "goat-attention " + _peer_version()

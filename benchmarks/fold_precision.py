@@ -17,7 +17,7 @@ import time
 import torch
 
 import priorattn
-from priorattn.attention import prior_inputs
+from priorattn.functional import prior_inputs
 from priorattn.priors import ALiBi
 
 

@@ -9,7 +9,7 @@ import torch
 from factories import PRIOR_NAMES, make_prior
 
 from priorattn import KVCache, PriorMultiheadAttention, SSMax
-from priorattn.attention import api
+from priorattn.functional import api
 from priorattn.encodings import RoPE, Sinusoidal
 from priorattn.priors import GGD, GOAT, ALiBi, Uniform
 

@@ -5,7 +5,7 @@ Attention logits = content score + a learnable log-prior over positions:
 """
 
 from . import encodings, models, priors
-from .attention import attention
+from .functional import attention
 from .layers import KVCache, PriorMultiheadAttention
 from .ssmax import SSMax
 

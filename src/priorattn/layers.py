@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .attention import attention
-from .attention.api import check_options
+from .functional import attention
+from .functional.api import check_options
 from .checks import check_doc_ids, check_key_padding_mask, check_positions, describe
 from .encodings import RoPE, Sinusoidal
 from .priors import Prior

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..attention import BACKENDS
+from ..functional import BACKENDS
 from ..checks import describe, is_integer_tensor
 from ..encodings import Sinusoidal
 from ..layers import KVCache, PriorMultiheadAttention

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from priorattn.attention.sdpa import LowerRightCausal
+from priorattn.functional.sdpa import LowerRightCausal
 
 
 def dense_lower_right(q, k, v):

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import priorattn
-from priorattn.attention import memeff
+from priorattn.functional import memeff
 from priorattn.priors import GGD, ALiBi
 
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-5, torch.bfloat16: 4e-2}
@@ -248,7 +248,7 @@ def test_alibi_fold_stays_exact_at_long_positions(dtype):
 
 
 def test_auto_never_builds_a_dense_bias_for_ggd(monkeypatch):
-    from priorattn.attention import api
+    from priorattn.functional import api
 
     calls = []
     monkeypatch.setitem(api.ROUTES, "reference", lambda *a: calls.append("reference"))
@@ -262,7 +262,7 @@ def test_auto_never_builds_a_dense_bias_for_ggd(monkeypatch):
 def test_half_precision_slope_folds_in_float32(dtype, monkeypatch):
     """A bfloat16 slope lane would allow runs of ~1/m queries; the SDPA route computes in float32
     instead, so auto keeps it, and output and gradients come back in the input dtype."""
-    from priorattn.attention import api
+    from priorattn.functional import api
 
     chosen = []
     monkeypatch.setitem(api.ROUTES, "memeff", lambda *a: chosen.append("memeff"))

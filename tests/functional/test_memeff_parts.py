@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from priorattn.attention.memeff import diagonal_sums, toeplitz_tile
+from priorattn.functional.memeff import diagonal_sums, toeplitz_tile
 
 
 @pytest.mark.parametrize("n, m", [(1, 1), (3, 5), (5, 3), (4, 4)])

@@ -67,7 +67,7 @@ def test_defaults_put_queries_at_the_end_of_the_keys():
 def test_one_document_per_row_is_no_mask():
     """Doc ids that never change along a row mask nothing, so they are dropped (the mask-free kernels
     stay in use); rows that cross a boundary keep them."""
-    from priorattn.attention.api import _doc_ids
+    from priorattn.functional.api import _doc_ids
 
     one_doc = torch.tensor([[3, 3, 3, 3], [7, 7, 7, 7]])
     assert _doc_ids(one_doc, 2, 4, 4) == (None, None)
@@ -77,3 +77,17 @@ def test_one_document_per_row_is_no_mask():
     x = torch.randn(2, 2, 4, 8)
     expected = priorattn.attention(x, x, x, prior=ALiBi(2), backend="reference")
     assert torch.allclose(priorattn.attention(x, x, x, prior=ALiBi(2), doc_ids=one_doc), expected, atol=1e-6)
+
+
+def test_the_op_and_its_subpackage_are_both_importable():
+    """``priorattn.attention`` is the function; the routes live in ``priorattn.functional``, so
+    importing a route module does not collide with the function's name (issue 14)."""
+    import importlib
+
+    for name in ("api", "masks", "reference", "sdpa", "memeff", "flex", "prior_inputs", "grouped"):
+        module = importlib.import_module(f"priorattn.functional.{name}")
+        assert module.__name__ == f"priorattn.functional.{name}"
+    import priorattn.functional.api
+
+    assert priorattn.attention is priorattn.functional.api.attention
+    assert callable(priorattn.attention)
