@@ -9,8 +9,8 @@ import torch
 from factories import PRIOR_NAMES, make_prior
 
 from priorattn import KVCache, PriorMultiheadAttention, SSMax
-from priorattn.functional import api
 from priorattn.encodings import RoPE, Sinusoidal
+from priorattn.functional import api
 from priorattn.priors import GGD, GOAT, ALiBi, Uniform
 
 H, HEAD_DIM, D_MODEL = 4, 12, 32

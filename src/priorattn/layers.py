@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .functional import attention
-from .functional.api import check_options
 from .checks import check_doc_ids, check_key_padding_mask, check_positions, describe
 from .encodings import RoPE, Sinusoidal
+from .functional import attention
+from .functional.api import check_options
 from .priors import Prior
 from .ssmax import SSMax
 

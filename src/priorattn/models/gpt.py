@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..functional import BACKENDS
 from ..checks import describe, is_integer_tensor
 from ..encodings import Sinusoidal
+from ..functional import BACKENDS
 from ..layers import KVCache, PriorMultiheadAttention
 from ..priors import GGD, GOAT, ALiBi, Prior, Sum
 
