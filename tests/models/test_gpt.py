@@ -11,6 +11,7 @@ import torch
 from priorattn.models import GPT, PRESETS, GPTConfig, preset
 from priorattn.models.gpt import ENCODINGS
 from priorattn.priors import GGD, GOAT, Sum
+from priorattn.train.optim import prior_parameters
 
 PRIORS = ["uniform", "alibi", "ggd", "goat", "alibi+goat"]
 TINY = dict(
@@ -36,7 +37,7 @@ def model(seed=0, dtype=torch.float64, **overrides) -> GPT:
     torch.manual_seed(seed)
     gpt = GPT(config(**overrides)).to(dtype)
     with torch.no_grad():
-        for p in gpt.prior_parameters():
+        for p in prior_parameters(gpt):
             p.uniform_(-0.5, 0.5)
         for block in gpt.blocks:
             if block.attn.ssmax is not None:
@@ -90,7 +91,7 @@ def test_shared_prior_is_one_module_counted_once(prior):
     assert own.blocks[0].attn.prior is not own.blocks[1].attn.prior
     per_layer = sum(p.numel() for p in own.blocks[0].attn.prior.parameters())
     assert own.num_parameters() - shared.num_parameters() == per_layer * (TINY["n_layers"] - 1)
-    assert len(own.prior_parameters()) == TINY["n_layers"] * len(shared.prior_parameters())
+    assert len(prior_parameters(own)) == TINY["n_layers"] * len(prior_parameters(shared))
 
 
 def test_default_is_one_prior_per_layer_and_saved_explicitly():
@@ -103,9 +104,9 @@ def test_prior_parameters_are_the_priors_and_ssmax():
     expected = set()
     for block in gpt.blocks:
         expected |= {id(p) for p in (*block.attn.prior.parameters(), block.attn.ssmax.s)}
-    assert {id(p) for p in gpt.prior_parameters()} == expected
-    assert len(gpt.prior_parameters()) == len(expected)  # 2 layers x (alpha, beta, mu, s)
-    assert model(prior="uniform").prior_parameters() == []
+    assert {id(p) for p in prior_parameters(gpt)} == expected
+    assert len(prior_parameters(gpt)) == len(expected)  # 2 layers x (alpha, beta, mu, s)
+    assert prior_parameters(model(prior="uniform")) == []
 
 
 def test_init_leaves_priors_as_standard_attention():
@@ -274,7 +275,7 @@ def test_bam_presets_match_seed_003_table(name):
     embedding = gpt.num_parameters() - gpt.num_parameters(embedding=False)
     assert embedding / 1e6 == pytest.approx(row["embedding"], rel=0.02)
     assert gpt.num_parameters(embedding=False) / 1e6 == pytest.approx(row["transformer"], rel=0.08)
-    assert sum(p.numel() for p in gpt.prior_parameters()) == row["bam"] == 3 * cfg.n_heads * cfg.n_layers
+    assert sum(p.numel() for p in prior_parameters(gpt)) == row["bam"] == 3 * cfg.n_heads * cfg.n_layers
     assert all(isinstance(block.attn.prior, GGD) for block in gpt.blocks)
 
 
@@ -351,7 +352,7 @@ def test_loss_gradients_reach_the_priors():
     gpt = model(prior="alibi+goat", ssmax=True, dtype=torch.float32)
     _, loss, _ = gpt(tokens(2, 8), targets=tokens(2, 8, seed=4))
     loss.backward()
-    trainable = [p for p in gpt.prior_parameters() if p.requires_grad]
+    trainable = [p for p in prior_parameters(gpt) if p.requires_grad]
     assert trainable and all(p.grad is not None and torch.isfinite(p.grad).all() for p in trainable)
 
 

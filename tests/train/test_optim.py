@@ -7,9 +7,11 @@ import math
 import pytest
 import torch
 
+from priorattn import PriorMultiheadAttention, SSMax
 from priorattn.models import GPT, preset
+from priorattn.priors import GGD, GOAT, Sum
 from priorattn.train import TrainConfig
-from priorattn.train.optim import build_optimizer, lr_factor, param_groups
+from priorattn.train.optim import build_optimizer, lr_factor, param_groups, prior_parameters
 
 
 def model(**overrides) -> GPT:
@@ -20,7 +22,7 @@ def test_groups_split_matrices_norms_and_priors():
     net = model(prior="ggd+goat", ssmax=True)
     groups = {g["name"]: g for g in param_groups(net, TrainConfig(lr=1e-3, prior_lr=5e-2, weight_decay=0.1))}
     assert set(groups) == {"decay", "no_decay", "prior"}
-    prior_ids = {id(p) for p in net.prior_parameters() if p.requires_grad}
+    prior_ids = {id(p) for p in prior_parameters(net) if p.requires_grad}
     assert {id(p) for p in groups["prior"]["params"]} == prior_ids
     assert groups["prior"]["lr"] == 5e-2 and groups["prior"]["weight_decay"] == 0.0
     assert all(p.dim() >= 2 for p in groups["decay"]["params"]) and groups["decay"]["weight_decay"] == 0.1
@@ -29,6 +31,30 @@ def test_groups_split_matrices_norms_and_priors():
     # every trainable parameter exactly once (the tied head is the embedding)
     grouped = [id(p) for g in groups.values() for p in g["params"]]
     assert sorted(grouped) == sorted(id(p) for p in net.parameters() if p.requires_grad)
+
+
+def test_groups_work_for_any_module_holding_priors():
+    # One's own model: priors found as submodules at any depth, shared ones counted once.
+    goat = GOAT(4, 2)
+    own = torch.nn.Sequential(
+        torch.nn.Linear(8, 32),
+        PriorMultiheadAttention(32, 4, prior=Sum(goat, GGD(4)), ssmax=SSMax(4)),
+        torch.nn.ModuleList([torch.nn.LayerNorm(32), goat]),
+    )
+    groups = {g["name"]: g for g in param_groups(own, TrainConfig(lr=1e-3, prior_lr=5e-2, weight_decay=0.1))}
+    attn = own[1]
+    expected = {id(p) for p in (*attn.prior.parameters(), *attn.ssmax.parameters()) if p.requires_grad}
+    assert {id(p) for p in groups["prior"]["params"]} == expected
+    assert groups["prior"]["lr"] == 5e-2 and groups["prior"]["weight_decay"] == 0.0
+    grouped = [id(p) for g in groups.values() for p in g["params"]]
+    assert sorted(grouped) == sorted(id(p) for p in own.parameters() if p.requires_grad)
+    torch.optim.AdamW(list(groups.values())).step()  # the groups are what an optimizer takes
+
+
+def test_a_module_without_priors_has_no_prior_group():
+    groups = param_groups(torch.nn.Sequential(torch.nn.Linear(4, 4)), TrainConfig())
+    assert [g["name"] for g in groups] == ["decay", "no_decay"]
+    assert prior_parameters(torch.nn.Linear(4, 4)) == []
 
 
 def test_frozen_prior_parameters_are_not_optimized():

@@ -349,11 +349,6 @@ class GPT(nn.Module):
         total = sum(p.numel() for p in self.parameters())
         return total if embedding else total - self.embed.weight.numel()
 
-    def prior_parameters(self) -> list[nn.Parameter]:
-        """The parameters of every prior and SSMax, each once (frozen ones included)."""
-        modules = [m for block in self.blocks for m in (block.attn.prior, block.attn.ssmax) if m is not None]
-        return list(dict.fromkeys(p for m in modules for p in m.parameters()))
-
 
 def sample(logits: Tensor, top_k: int | None, generator: torch.Generator | None) -> Tensor:
     """One token per row of ``logits: (B, V)``, from the softmax restricted to the ``top_k`` largest."""

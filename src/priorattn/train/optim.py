@@ -7,18 +7,27 @@ import math
 import torch
 from torch import nn
 
-from ..models import GPT
+from ..priors import Prior
+from ..ssmax import SSMax
 from .config import TrainConfig
 
 
-def param_groups(model: GPT, config: TrainConfig) -> list[dict]:
+def prior_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters of every :class:`Prior` and :class:`SSMax` inside ``model``, each once (frozen
+    ones included); ``model`` may be any module, the library's GPT or one's own."""
+    modules = [m for m in model.modules() if isinstance(m, Prior | SSMax)]
+    return list(dict.fromkeys(p for m in modules for p in m.parameters()))
+
+
+def param_groups(model: nn.Module, config: TrainConfig) -> list[dict]:
     """Three groups: matrices with weight decay, norm weights and biases without, and the priors.
 
-    Prior and SSMax parameters get their own group with ``prior_lr`` and no weight decay: decay
-    would pull a GGD or GOAT prior back towards its uniform start (the BAM code keeps them apart).
-    Frozen parameters (e.g. GGD's ``mu`` unless trained) are left out.
+    Prior and SSMax parameters (found as submodules of any ``model``) get their own group with
+    ``prior_lr`` and no weight decay: decay would pull a GGD or GOAT prior back towards its uniform
+    start (the BAM code keeps them apart). Frozen parameters (e.g. GGD's ``mu`` unless trained) are
+    left out. Groups with no parameters are dropped.
     """
-    prior = {id(p) for p in model.prior_parameters()}
+    prior = {id(p) for p in prior_parameters(model)}
     decay, no_decay, priors = [], [], []
     for p in dict.fromkeys(model.parameters()):  # a tied head is one parameter
         if not p.requires_grad:
@@ -37,7 +46,7 @@ def param_groups(model: GPT, config: TrainConfig) -> list[dict]:
     return [group for group in groups if group["params"]]
 
 
-def build_optimizer(model: GPT, config: TrainConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     """AdamW, or RAdam with decoupled weight decay (seed 003 App. C), over :func:`param_groups`."""
     groups = param_groups(model, config)
     if config.optimizer == "adamw":
