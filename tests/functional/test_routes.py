@@ -247,6 +247,28 @@ def test_alibi_fold_stays_exact_at_long_positions(dtype):
     assert_close(out, ref, TOLERANCE[dtype], "ALiBi via SDPA at position 1e6")
 
 
+@pytest.mark.parametrize("prior_name", PRIOR_NAMES)
+@pytest.mark.parametrize("start", [-16, -10_000_016, 10_000_000])
+def test_negative_and_very_large_positions_are_finite_and_exact(prior_name, start):
+    """Positions before 0 (GOAT's sink once gave NaN there) and near 1e7, on every route."""
+    pos = torch.arange(start, start + 16)
+    q, k, v = (torch.randn(1, 2, 16, 8, dtype=torch.float64) for _ in range(3))
+    prior = make_prior(prior_name, 2)
+    ref = priorattn.attention(q, k, v, prior=prior, q_pos=pos, k_pos=pos, backend="reference")
+    assert torch.isfinite(ref).all()
+    routes = ["sdpa", "memeff"] if prior.can_fold(causal=True) else ["memeff"]
+    for backend in routes:
+        out = priorattn.attention(q, k, v, prior=prior, q_pos=pos, k_pos=pos, backend=backend)
+        assert_close(out, ref, TOLERANCE[torch.float64], f"{backend} at positions from {start}")
+    # float32 stays finite; far from 0 its error grows with the sink's length-normalised inputs
+    float_prior = make_prior(prior_name, 2, dtype=torch.float32)
+    for backend in ["reference", *routes]:
+        out = priorattn.attention(
+            q.float(), k.float(), v.float(), prior=float_prior, q_pos=pos, k_pos=pos, backend=backend
+        )
+        assert torch.isfinite(out).all(), f"{backend} in float32 at positions from {start}"
+
+
 def test_auto_never_builds_a_dense_bias_for_ggd(monkeypatch):
     from priorattn.functional import api
 

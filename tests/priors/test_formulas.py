@@ -86,7 +86,7 @@ def goat_by_hand(prior, i, j, h):
         total += prior.beta[h, r].item() * math.sin(w * (i - j))
     sink = prior.sink
     feats = [math.cos(w * j) for w in sink.freqs.tolist()] + [math.sin(w * j) for w in sink.freqs.tolist()]
-    feats += [j / sink.train_len, math.log1p(j) / math.log1p(sink.train_len)]
+    feats += [j / sink.train_len, math.copysign(math.log1p(abs(j)), j) / math.log1p(sink.train_len)]
     x = torch.tensor(feats, dtype=torch.float64)
     hidden = torch.nn.functional.silu(sink.mlp[0].weight @ x + sink.mlp[0].bias)
     u = (sink.mlp[2].weight @ hidden + sink.mlp[2].bias)[h].item()
@@ -103,6 +103,17 @@ def test_goat_matches_section_4_formula():
         for i, qi in enumerate(q_pos.tolist()):
             for j, kj in enumerate(k_pos.tolist()):
                 assert K[h, i, j].item() == pytest.approx(goat_by_hand(prior, qi, kj, h), abs=1e-12)
+
+
+def test_goat_sink_is_defined_at_negative_positions():
+    """The sink's log input continues as an odd function, so ``u`` is finite before position 0."""
+    prior = make_prior("goat", 2, seed=4)
+    q_pos, k_pos = torch.arange(-5, 0), torch.arange(-9, 0)
+    K = prior.log_prior(q_pos, k_pos)
+    assert torch.isfinite(K).all()
+    for i, qi in enumerate(q_pos.tolist()):
+        for j, kj in enumerate(k_pos.tolist()):
+            assert K[1, i, j].item() == pytest.approx(goat_by_hand(prior, qi, kj, 1), abs=1e-12)
 
 
 def test_goat_uniform_init_is_exactly_standard_attention():

@@ -34,8 +34,14 @@ class GOATSink(nn.Module):
     """The key-only log-prior ``u_h(j)`` (seed 000 Eq. 19): a sink and absolute default per key.
 
     ``u_h(j) = -decay_h * j / train_len + MLP_h([cos(v_m j), sin(v_m j), j / train_len,
-    log(1 + j) / log(1 + train_len)])``: a learnable linear decay plus a small MLP over sinusoidal and
-    length-normalised inputs, so it is defined at every length, including unseen ones.
+    sign(j) log(1 + |j|) / log(1 + train_len)])``: a learnable linear decay plus a small MLP over
+    sinusoidal and length-normalised inputs (the seed names the kinds of input, not the formulas), so
+    it is defined at every length, including unseen ones. ``train_len`` only scales the two
+    length-normalised inputs (and sets the fitting range of ``GOAT(init="recency")``).
+
+    Negative key positions (e.g. keys counted back from a query at 0): the sinusoids and ``j /
+    train_len`` are defined there already; the log input is continued as an odd function, so ``u`` is
+    finite at every integer position and unchanged at ``j >= 0``.
     The MLP's output layer starts at zero, so a new sink is ``u = 0`` (standard attention).
     """
 
@@ -61,21 +67,21 @@ class GOATSink(nn.Module):
         nn.init.zeros_(self.mlp[2].weight)
         nn.init.zeros_(self.mlp[2].bias)
 
-    def forward(self, k_pos: Tensor) -> Tensor:
-        """``u_h(j)`` as ``(..., H, Lk)`` for integer key positions ``(..., Lk)`` (non-negative)."""
+    def features(self, k_pos: Tensor) -> Tensor:
+        """The MLP's inputs ``(..., Lk, 2 * sink_freqs + 2)`` for integer key positions ``(..., Lk)``."""
         dtype = self.freqs.dtype
         cos, sin = phases(k_pos, self.freqs)
         position = k_pos.to(dtype)[..., None]
-        features = torch.cat(
-            [
-                cos,
-                sin,
-                position / self.train_len,
-                torch.log1p(position) / math.log1p(self.train_len),
-            ],
-            dim=-1,
+        # odd continuation of log(1 + j): log1p alone is NaN below j = -1
+        log_position = position.sign() * torch.log1p(position.abs())
+        return torch.cat(
+            [cos, sin, position / self.train_len, log_position / math.log1p(self.train_len)], dim=-1
         )
-        u = self.mlp(features) - self.decay * position / self.train_len  # (..., Lk, H)
+
+    def forward(self, k_pos: Tensor) -> Tensor:
+        """``u_h(j)`` as ``(..., H, Lk)`` for integer key positions ``(..., Lk)``."""
+        position = k_pos.to(self.freqs.dtype)[..., None]
+        u = self.mlp(self.features(k_pos)) - self.decay * position / self.train_len  # (..., Lk, H)
         return u.transpose(-1, -2)
 
 
