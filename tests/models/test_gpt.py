@@ -369,3 +369,32 @@ def test_sinusoidal_input_is_scaled_embedding_plus_position():
     model(tokens)
     expected = model.embed(tokens) * math.sqrt(32) + Sinusoidal(32)(torch.arange(7))
     torch.testing.assert_close(seen[0], expected)
+
+
+def test_per_token_losses_are_each_targets_cross_entropy():
+    gpt = model(prior="goat")
+    x, targets = tokens(2, 9), tokens(2, 9, seed=2)
+    targets[0, 3] = targets[1, 0] = -100  # no loss taken there
+    logits, losses, _ = gpt(x, targets=targets, reduction="none")
+    assert losses.shape == (2, 9)
+    log_probs = logits.log_softmax(-1)
+    for b in range(2):
+        for t in range(9):
+            expected = 0.0 if targets[b, t] == -100 else -log_probs[b, t, targets[b, t]].item()
+            assert losses[b, t].item() == pytest.approx(expected, abs=1e-12)
+    _, mean, _ = gpt(x, targets=targets)
+    assert mean.item() == pytest.approx(losses.sum().item() / 16, abs=1e-12)  # 18 targets, 2 ignored
+
+
+def test_losses_of_bfloat16_logits_are_computed_in_float32():
+    gpt = model(prior="alibi", dtype=torch.bfloat16)
+    x, targets = tokens(1, 8), tokens(1, 8, seed=2)
+    logits, losses, _ = gpt(x, targets=targets, reduction="none")
+    assert losses.dtype == torch.float32
+    expected = torch.nn.functional.cross_entropy(logits.float()[0], targets[0], reduction="none")
+    assert torch.equal(losses[0], expected)
+
+
+def test_unknown_reduction_is_refused():
+    with pytest.raises(ValueError, match="reduction must be 'mean' or 'none', got 'sum'"):
+        model()(tokens(1, 4), targets=tokens(1, 4), reduction="sum")

@@ -9,10 +9,10 @@ instead of ``L x vocab``; attention itself never builds an ``L x L`` matrix on t
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..layers import KVCache
+from ..models.gpt import token_cross_entropy
 
 LOGITS_BUDGET = 1 << 28  # bytes of float32 logits held at once (256 MiB) before prefill is chunked
 
@@ -45,10 +45,7 @@ def _run(model, inputs: Tensor, targets: Tensor | None, chunk: int | None):
     for start in range(0, L, chunk):
         logits, _, caches = model(inputs[:, start : start + chunk], caches=caches)  # (B, c, V)
         if targets is not None:
-            part = targets[:, start : start + chunk]
-            wide = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits in float32
-            loss = F.cross_entropy(wide.transpose(1, 2), part, reduction="none")  # (B, c)
-            losses.append(loss)
+            losses.append(token_cross_entropy(logits, targets[:, start : start + chunk]))  # (B, c)
     return logits[:, -1], caches, torch.cat(losses, dim=1) if targets is not None else None
 
 

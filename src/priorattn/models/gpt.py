@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import describe, is_integer_tensor
+from ..data.packing import IGNORE_INDEX
 from ..encodings import Sinusoidal
 from ..functional import BACKENDS
 from ..layers import KVCache, PriorMultiheadAttention
@@ -263,16 +264,21 @@ class GPT(nn.Module):
         doc_ids: Tensor | None = None,
         targets: Tensor | None = None,
         caches: list[KVCache] | None = None,
+        reduction: str = "mean",
     ) -> tuple[Tensor, Tensor | None, list[KVCache]]:
         """Logits ``(B, L, V)`` for ``tokens: (B, L)``, the loss if ``targets`` is given, the caches.
 
         ``positions``: ``(L,)`` or ``(B, L)``, default ``past + arange(L)`` with ``past`` the cached
         length. ``doc_ids``: ``(B, L)`` document of each token (packed sequences; pass on every call
-        or none). ``targets``: ``(B, L)`` next tokens, ``-100`` where no loss is taken; the loss is
-        their mean cross-entropy. ``caches``: one :class:`KVCache` per layer from an earlier call;
-        the returned caches include these tokens.
+        or none). ``targets``: ``(B, L)`` next tokens, ``-100`` where no loss is taken.
+        ``reduction="mean"``: the loss is their mean cross-entropy; ``"none"``: the loss of every
+        token, ``(B, L)`` in nats (0 where the target is ``-100``), for evaluation and analysis.
+        Either is computed in at least float32. ``caches``: one :class:`KVCache` per layer from an
+        earlier call; the returned caches include these tokens.
         """
         B, L = self._check_input(tokens, targets, caches)
+        if reduction not in ("mean", "none"):
+            raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
         past = 0 if caches is None else len(caches[0])
         if positions is None:
             positions = torch.arange(past, past + L, device=tokens.device)  # (L,)
@@ -289,7 +295,9 @@ class GPT(nn.Module):
         logits = self.head(self.norm(x))  # (B, L, V)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+            loss = token_cross_entropy(logits, targets)  # (B, L)
+            if reduction == "mean":
+                loss = loss.sum() / (targets != IGNORE_INDEX).sum()
         return logits, loss, new_caches
 
     def _check_input(self, tokens, targets, caches) -> tuple[int, int]:
@@ -348,6 +356,14 @@ class GPT(nn.Module):
         """
         total = sum(p.numel() for p in self.parameters())
         return total if embedding else total - self.embed.weight.numel()
+
+
+def token_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    """Cross-entropy of each target ``(B, L)`` under ``logits: (B, L, V)``, in nats, 0 where the
+    target is ``IGNORE_INDEX``; bfloat16 logits are widened first (in bfloat16 a loss near 2 keeps
+    only two decimals)."""
+    wide = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return F.cross_entropy(wide.transpose(1, 2), targets, ignore_index=IGNORE_INDEX, reduction="none")
 
 
 def sample(logits: Tensor, top_k: int | None, generator: torch.Generator | None) -> Tensor:
