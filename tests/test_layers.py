@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -12,6 +13,10 @@ from priorattn import KVCache, PriorMultiheadAttention, SSMax
 from priorattn.encodings import RoPE, Sinusoidal
 from priorattn.functional import api
 from priorattn.priors import GGD, GOAT, ALiBi, Uniform
+
+# Narrow heads keep these tests small, so folded priors often take most lanes: that warning is
+# tested once, on its own (test_goat_taking_more_than_half_the_head_warns).
+pytestmark = pytest.mark.filterwarnings("ignore:.*query/key lanes of each head:UserWarning")
 
 H, HEAD_DIM, D_MODEL = 4, 12, 32
 
@@ -219,6 +224,26 @@ def test_bad_construction_names_the_problem(kwargs, error, message):
 def test_prior_too_wide_for_the_head_with_rope_names_the_problem():
     with pytest.raises(ValueError, match="leaves no content lanes"):
         PriorMultiheadAttention(32, 4, prior=GOAT(4, 3), encoding="rope")  # 8 lanes, 8 wide
+
+
+def test_prior_leaving_one_odd_lane_to_rope_is_refused():
+    # 23 of 24 lanes folded leaves one content lane, which RoPE cannot rotate on its own
+    with pytest.raises(ValueError, match="head_dim=24 leaves no content lanes: GOAT folds into 23"):
+        PriorMultiheadAttention(24, 1, prior=GOAT(1, 11, slope=False), encoding="rope")
+
+
+def test_goat_taking_more_than_half_the_head_warns():
+    with pytest.warns(UserWarning, match="GOAT folds into 18 of the 32 query/key lanes .* leaving 14"):
+        PriorMultiheadAttention(128, 4, prior=GOAT(4, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PriorMultiheadAttention(128, 4, prior=GOAT(4, 7))  # 16 of 32: content keeps half
+
+
+def test_d_model_not_divisible_by_heads_needs_an_explicit_head_dim():
+    with pytest.raises(ValueError, match="d_model=100 is not divisible by num_heads=8: .* give head_dim"):
+        PriorMultiheadAttention(100, 8)
+    assert PriorMultiheadAttention(100, 8, head_dim=12).out_proj.in_features == 96
 
 
 @pytest.mark.parametrize(

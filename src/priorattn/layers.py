@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -110,6 +111,7 @@ class PriorMultiheadAttention(nn.Module):
     ):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        given_head_dim = head_dim
         head_dim = d_model // num_heads if head_dim is None and num_heads > 0 else head_dim
         sizes = dict(d_model=d_model, num_heads=num_heads, num_kv_heads=num_kv_heads)
         for name, value in sizes.items():
@@ -122,18 +124,20 @@ class PriorMultiheadAttention(nn.Module):
             )
         if not isinstance(head_dim, int) or head_dim < 1:
             raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+        if given_head_dim is None and d_model % num_heads:
+            # the default head_dim would silently drop d_model % num_heads lanes of every token
+            raise ValueError(
+                f"d_model={d_model} is not divisible by num_heads={num_heads}: choose another head "
+                f"count or give head_dim explicitly"
+            )
         check_options(prior, num_heads, window, backend, heads=f"num_heads={num_heads}")
 
         content_dim = head_dim
         if prior is not None and prior.can_fold(causal) and prior.fold_width:
             content_dim = head_dim - prior.fold_width  # seed 000 Algorithm 1: d_c = d_h - d_p
-            if content_dim < 1:
-                raise ValueError(
-                    f"head_dim={head_dim} leaves no content lanes: {type(prior).__name__} folds "
-                    f"into {prior.fold_width} lanes of each head; use head_dim > {prior.fold_width}"
-                )
             if encoding is not None and content_dim % 2:
                 content_dim -= 1  # one padding lane so RoPE can rotate the content in pairs
+            _check_content_lanes(prior, head_dim, content_dim)
         self.rope = _rope(encoding, content_dim, rope_interpolation)
         self.ssmax = _ssmax(ssmax, num_heads)
 
@@ -221,6 +225,24 @@ class PriorMultiheadAttention(nn.Module):
             f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
             f"content_dim={self.content_dim}, causal={self.causal}, window={self.window}, "
             f"backend={self.backend!r}"
+        )
+
+
+def _check_content_lanes(prior: Prior, head_dim: int, content_dim: int) -> None:
+    """Refuse a fold that leaves no content lanes; warn when content keeps less than half the head."""
+    lanes = (
+        f"{type(prior).__name__} folds into {prior.fold_width} of the {head_dim} query/key lanes of each head"
+    )
+    if content_dim < 1:
+        raise ValueError(
+            f"head_dim={head_dim} leaves no content lanes: {lanes}; use a wider head or a prior "
+            "with fewer lanes (GOAT with R frequencies takes 2R + 2)"
+        )
+    if 2 * content_dim < head_dim:
+        warnings.warn(
+            f"{lanes}, leaving {content_dim} for the content score (less than half): use a wider "
+            "head or fewer GOAT frequencies (R frequencies take 2R + 2 lanes)",
+            stacklevel=3,
         )
 
 

@@ -116,6 +116,31 @@ def test_goat_sink_is_defined_at_negative_positions():
             assert K[1, i, j].item() == pytest.approx(goat_by_hand(prior, qi, kj, 1), abs=1e-12)
 
 
+def test_goat_without_frequencies_is_its_sink_and_slope():
+    prior = GOAT(2, 0, sink_freqs=2, sink_hidden=4).double()
+    with torch.no_grad():
+        for p in prior.parameters():
+            p.uniform_(-0.5, 0.5)
+    q_pos, k_pos = grid(4, 6, offset=2)
+    lag = (q_pos[:, None] - k_pos[None, :]).abs().double()
+    expected = prior.sink(k_pos)[:, None, :] - prior.slope[:, None, None] * lag
+    torch.testing.assert_close(prior.log_prior(q_pos, k_pos), expected, rtol=0, atol=1e-12)
+    assert prior.fold_width == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(num_heads=4, num_freqs=0, sink=False, slope=False), "has no term left: it is standard"),
+        (dict(num_heads=4, num_freqs=-1), "num_freqs must be an int >= 0, got -1"),
+        (dict(num_heads=0), "num_heads must be a positive int, got 0"),
+    ],
+)
+def test_goat_construction_names_the_problem(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        GOAT(**kwargs)
+
+
 def test_goat_uniform_init_is_exactly_standard_attention():
     K = GOAT(4, 8).log_prior(*grid(9, 9, offset=100))
     assert torch.equal(K, torch.zeros_like(K))

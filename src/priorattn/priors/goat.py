@@ -94,6 +94,11 @@ class GOAT(Prior):
     - ``slope=True``: the ALiBi-equivalent recency term (App. F.3); it folds only under a causal
       mask, where it is the key-linear lane ``m_h j`` (Prop. F.6).
 
+    ``num_freqs=0`` keeps only the sink and the slope (no relative spectral part).
+
+    Folded into a head (:class:`~priorattn.PriorMultiheadAttention`), GOAT takes ``fold_width`` of
+    its query/key lanes from the content: ``2 num_freqs`` + 1 for the sink + 1 for the slope.
+
     ``init="uniform"`` starts at ``K = 0``: standard attention, exactly. ``init="recency"`` starts
     at ALiBi: the slope takes the ALiBi slopes, or, with ``slope=False``, the spectral weights are
     fitted by least squares to ``-m_h d`` over lags ``d`` in ``[0, train_len)`` (so it matches
@@ -119,8 +124,15 @@ class GOAT(Prior):
         sink_hidden: int = 16,
     ):
         super().__init__()
-        if num_freqs < 0:
-            raise ValueError(f"num_freqs must be >= 0, got {num_freqs}")
+        if not isinstance(num_heads, int) or num_heads < 1:
+            raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
+        if not isinstance(num_freqs, int) or num_freqs < 0:
+            raise ValueError(f"num_freqs must be an int >= 0, got {num_freqs!r}")
+        if num_freqs == 0 and not (sink or slope):
+            raise ValueError(
+                "GOAT with num_freqs=0, sink=False and slope=False has no term left: it is standard "
+                "attention (use Uniform() or prior=None), or give num_freqs >= 1"
+            )
         if init not in ("uniform", "recency"):
             raise ValueError(f"init must be 'uniform' or 'recency', got {init!r}")
         dtype = torch.get_default_dtype()
