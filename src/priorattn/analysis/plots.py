@@ -4,11 +4,17 @@ Each ``plot_*`` function draws one PNG and returns its path. The arrays they dra
 functions (``prior_curve``, ``prior_matrices``, ``goat_components``) that tests check against the
 seeds' formulas. Figures are built on :class:`matplotlib.figure.Figure` directly (no pyplot), so
 nothing here touches a display or a global backend.
+
+Every figure is meant to be read without the papers: a plain-language title, axis labels in words,
+legends in words (parameters by name, not as theta symbols) and a caption under the axes saying what
+is plotted, how to read it and what to look for. Keys a causal query never sees (``j > i``) are left
+blank, not coloured.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -60,12 +66,6 @@ def ggd(num_heads: int, beta: float, scale: float, mu: float = 0.0) -> GGD:
     prior.theta_alpha.fill_(-beta * math.log(scale))
     prior.theta_mu.fill_(math.asinh(mu / 2))
     return prior
-
-
-def ggd_label(prior: GGD, head: int) -> str:
-    """The raw parameters of one head, as the legends quote them."""
-    ta, tb, tm = (float(getattr(prior, f"theta_{n}").detach()[head]) for n in PARAMETERS)
-    return f"GGD θβ={tb:g}, θα={ta:.2f}, θμ={tm:.2f}"
 
 
 @torch.no_grad()
@@ -161,23 +161,48 @@ def save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def shade_future(ax, start: float, stop: float, label: str | None = None) -> None:
-    ax.axvspan(start, stop, color="0.85", zorder=0, label=label)
+def captioned_figure(figsize: tuple[float, float], caption: str, fontsize: float = 10.0):
+    """A figure with ``caption`` under its panels: ``(fig, panel)``, draw on ``panel`` (a subfigure
+    of ``figsize`` with its own constrained layout), save ``fig``.
+
+    Paragraphs of ``caption`` are separated by blank lines; the figure grows to fit the wrapped text.
+    """
+    width, height = figsize
+    chars = int(width * 72 / (0.56 * fontsize))  # about 0.56 em per character of DejaVu Sans
+    body = "\n\n".join(textwrap.fill(" ".join(p.split()), chars) for p in caption.strip().split("\n\n"))
+    extra = (body.count("\n") + 1) * fontsize * 1.25 / 72 + 0.25  # inches
+    fig = Figure(figsize=(width, height + extra), layout="constrained")
+    panel, below = fig.subfigures(2, 1, height_ratios=[height, extra])
+    below.text(0.01, 0.97, body, ha="left", va="top", fontsize=fontsize)
+    return fig, panel
+
+
+def blank_future(values: np.ndarray) -> np.ndarray:
+    """``values: (Lq, Lk)`` as float with NaN where ``j > i``: keys a causal query never sees are
+    drawn blank instead of coloured."""
+    return np.where(np.tri(*values.shape, dtype=bool), values, np.nan)
 
 
 def curve_priors(num_heads: int, length: int, head: int) -> list[tuple[str, Prior]]:
-    """The priors of :func:`plot_prior_curves`, with their legends."""
+    """The priors of :func:`plot_prior_curves`, with legends in words."""
     scale, shift = ggd_scale(length), -length / 8
-    gaussians = [ggd(num_heads, 2.0, scale), ggd(num_heads, 2.0, scale, mu=shift)]
-    tails = [ggd(num_heads, b, scale) for b in (1.0, 0.5, -0.5)]
-    laplace = f"Laplace = ALiBi m={1 / scale:g}"
-    names = ["Gaussian", f"Gaussian, μ={shift:g}", laplace, "heavy tail", "inverted"]
     slope = float(alibi_slopes(num_heads)[head])
+    width = f"width {scale:g} tokens"
     return [
-        ("Uniform (NoPE)", Uniform()),
-        (f"ALiBi m={slope:g} (head {head} of {num_heads})", ALiBi(num_heads)),
-        *[(f"{ggd_label(p, head)} ({n})", p) for p, n in zip(gaussians + tails, names)],
-        (f"GOAT relative, recency fit (head {head})", illustrative_goat(num_heads, length, False)),
+        ("no prior (uniform, as NoPE): every key alike", Uniform()),
+        (f"ALiBi: linear recency penalty, slope {slope:g} per token", ALiBi(num_heads)),
+        (f"BAM GGD, shape 2 (Gaussian), {width}", ggd(num_heads, 2.0, scale)),
+        (
+            f"BAM GGD, shape 2, {width}, centred {-shift:g} tokens back",
+            ggd(num_heads, 2.0, scale, mu=shift),
+        ),
+        (f"BAM GGD, shape 1 (Laplace = ALiBi, slope {1 / scale:g}), {width}", ggd(num_heads, 1.0, scale)),
+        (f"BAM GGD, shape 0.5 (heavy tail), {width}", ggd(num_heads, 0.5, scale)),
+        (f"BAM GGD, shape -0.5 (inverted: avoids nearby keys), {width}", ggd(num_heads, -0.5, scale)),
+        (
+            "GOAT relative part (8 frequencies) fitted to ALiBi's penalty",
+            illustrative_goat(num_heads, length, False),
+        ),
     ]
 
 
@@ -185,45 +210,59 @@ def plot_prior_curves(out: Path, length: int = 512, num_heads: int = 8, head: in
     """``prior_curves.png``: log-prior and prior probability against ``j - i`` (seed 003 Fig. 1)."""
     check_sizes(length, num_heads, head)
     query = length // 2
-    fig = Figure(figsize=(15, 7), layout="constrained")
-    ax_log, ax_prob = fig.subplots(1, 2)
+    caption = (
+        f"Each line is one prior, seen from the query at position {query} looking back over the "
+        f"{query} keys before it; keys after the query are masked by causal attention and not drawn. "
+        "Left: the log-prior K(i, j), the number the prior adds to the attention score of key j, "
+        f"shifted so the best key is at 0 and cut off at {CURVE_FLOOR:g}. Right: the attention "
+        "weights the prior alone gives (the softmax of the left-hand curve over the visible keys), "
+        "i.e. where the query looks when no key's content stands out.\n\n"
+        "Look for: how fast each line falls with distance (a steep fall means a short memory); "
+        f"the shifted Gaussian, which prefers keys {length // 8} tokens back; and the inverted GGD, "
+        "which penalises nearby keys and spreads its weight over distant ones. The BAM GGD curves "
+        "are -(|j - i - centre| / width)^shape (seed 003 Sec. 2.3 and App. C: shape = theta_beta, width = "
+        "exp(-theta_alpha / theta_beta), centre = 2 sinh(theta_mu)). The GOAT curve (dashed) is its "
+        "relative part alone, with weights fitted to ALiBi: it overlies the ALiBi line."
+    )
+    fig, panel = captioned_figure((15, 7), caption)
+    ax_log, ax_prob = panel.subplots(1, 2)
     for name, prior in curve_priors(num_heads, length, head):
         offsets, K, probs = prior_curve(prior, length, query, head)
+        visible = slice(0, query + 1)  # keys j <= i; the masked future is not drawn
         style = dict(lw=1.6, ls="--" if name.startswith("GOAT") else "-")
-        (line,) = ax_log.plot(offsets, K - K[: query + 1].max(), label=name, **style)
-        ax_prob.plot(offsets[: query + 1], probs[: query + 1], color=line.get_color(), **style)
+        (line,) = ax_log.plot(offsets[visible], K[visible] - K[visible].max(), label=name, **style)
+        ax_prob.plot(offsets[visible], probs[visible], color=line.get_color(), **style)
     for ax in (ax_log, ax_prob):
-        shade_future(ax, 0.5, offsets[-1], "j > i (causally masked)" if ax is ax_log else None)
-        ax.set_xlabel("relative position j - i")
-        ax.set_xlim(offsets[0], offsets[-1])
+        ax.set_xlabel("key position relative to the query, j - i (tokens; 0 is the query itself)")
+        ax.set_xlim(-query, 0)
         ax.grid(alpha=0.3)
     ax_log.set_ylim(CURVE_FLOOR, 1.0)
-    ax_log.set_ylabel("log-prior K(i, j) − max over j ≤ i")
-    ax_log.set_title(f"Log-prior at query i = {query} (floor {CURVE_FLOOR:g}; row shifts don't matter)")
+    ax_log.set_ylabel("log-prior added to the attention score, best key = 0")
+    ax_log.set_title("Bonus or penalty each key gets from the prior")
     ax_prob.set_yscale("log")
     ax_prob.set_ylim(PROB_FLOOR, 1.0)
-    ax_prob.set_ylabel("prior probability softmax over j ≤ i")
-    ax_prob.set_title(f"Induced causal prior probability at query i = {query}")
-    fig.suptitle(f"Positional priors over relative position (L = {length})")
-    title = f"GGD scale α = exp(-θα / θβ) = {ggd_scale(length):g} tokens, location μ = 2 sinh(θμ)"
-    fig.legend(loc="outside lower center", ncols=3, fontsize=9, title=title)
+    ax_prob.set_ylabel("attention weight from the prior alone (log scale)")
+    ax_prob.set_title("Attention the prior alone would give (all content scores equal)")
+    panel.suptitle(f"How each positional prior weighs the keys behind one query (query at position {query})")
+    panel.legend(loc="outside lower center", ncols=2, fontsize=9)
     return save(fig, out / "prior_curves.png")
 
 
-def heatmap(fig: Figure, ax, values: np.ndarray, title: str, colorbar: bool = True, **kwargs):
-    """Draw ``values: (Lq, Lk)`` over (key, query) axes; returns the image for a shared colorbar."""
+def heatmap(fig: Figure, ax, values: np.ndarray, title: str, colorbar: str | None = None, **kwargs):
+    """Draw ``values: (Lq, Lk)`` with queries down and keys across; a colorbar labelled
+    ``colorbar`` if given. Returns the image, for a colorbar shared by several panels."""
     image = ax.imshow(values, interpolation="nearest", aspect="equal", **kwargs)
     ax.set_title(title, fontsize=10)
-    ax.set_xlabel("key position j")
-    ax.set_ylabel("query position i")
+    ax.set_xlabel("key position j (the token attended to)")
+    ax.set_ylabel("query position i (the token attending)")
     if colorbar:
-        fig.colorbar(image, ax=ax, shrink=0.85)
+        fig.colorbar(image, ax=ax, shrink=0.85, label=colorbar)
     return image
 
 
 def visible_probs(probs: np.ndarray) -> np.ndarray:
     """Probabilities floored at ``PROB_FLOOR`` for a log scale; NaN (blank) where ``j > i``."""
-    return np.where(np.tri(*probs.shape, dtype=bool), np.maximum(probs, PROB_FLOOR), np.nan)
+    return blank_future(np.maximum(probs, PROB_FLOOR))
 
 
 def prob_colours() -> dict:
@@ -231,9 +270,12 @@ def prob_colours() -> dict:
     return dict(cmap="magma", norm=LogNorm(PROB_FLOOR, 1.0))
 
 
+PROB_LABEL = "attention weight from the prior alone (log scale; black: below 1e-8)"
+
+
 def causal_heatmap(fig: Figure, ax, probs: np.ndarray, title: str, colorbar: bool = True):
     """Prior probabilities on a log colour scale; the masked cells (j > i) are left blank."""
-    return heatmap(fig, ax, visible_probs(probs), title, colorbar, **prob_colours())
+    return heatmap(fig, ax, visible_probs(probs), title, PROB_LABEL if colorbar else None, **prob_colours())
 
 
 def zoom_on_sink(ax, probs: np.ndarray) -> None:
@@ -243,14 +285,18 @@ def zoom_on_sink(ax, probs: np.ndarray) -> None:
     inset = ax.inset_axes([0.52, 0.5, 0.44, 0.38])
     inset.imshow(visible_probs(probs), interpolation="nearest", aspect="auto", **prob_colours())
     inset.set(xlim=(-0.5, keys - 0.5), ylim=(queries - 0.5, -0.5))
-    inset.set_title(f"zoom: keys j < {keys}, queries i < {queries}", fontsize=8)
+    inset.set_title(f"zoom: the first {keys} keys", fontsize=8)
     inset.tick_params(labelsize=7)
     ax.indicate_inset_zoom(inset, edgecolor="0.4")
 
 
 def log_prior_heatmap(fig: Figure, ax, K: np.ndarray, title: str) -> None:
-    """Log-prior on a linear colour scale from its 1st percentile up (clips GGD's β < 0 spike)."""
-    heatmap(fig, ax, K, title, cmap="viridis", vmin=np.percentile(K, 1), vmax=K.max())
+    """Log-prior of the visible keys on a linear colour scale from its 1st percentile up (clips the
+    inverted GGD's dip at j = i); the masked cells (j > i) are left blank."""
+    visible = blank_future(K)
+    low, high = np.nanpercentile(visible, 1), np.nanmax(visible)
+    label = "log-prior (added to the attention score)"
+    heatmap(fig, ax, visible, title, label, cmap="viridis", vmin=low, vmax=high)
 
 
 def plot_goat_decomposition(out: Path, length: int = 512, num_heads: int = 8, head: int = 0) -> Path:
@@ -259,39 +305,52 @@ def plot_goat_decomposition(out: Path, length: int = 512, num_heads: int = 8, he
     prior = illustrative_goat(num_heads, length)
     u, relative, K = goat_components(prior, length, head)
     _, probs = prior_matrices(prior, length, head)
-    centred = K - K.mean(axis=-1, keepdims=True)
-    fig = Figure(figsize=(13, 11), layout="constrained")
-    (ax_a, ax_b), (ax_c, ax_d) = fig.subplots(2, 2)
-    ax_a.plot(np.arange(length), u, color="C3")
-    ax_a.set_xlabel("key position j")
-    ax_a.set_ylabel("u(j)")
-    ax_a.set_title(f"(a) key-only sink component K_sink(i, j) = u(j), u(0) = {u[0]:.3g}", fontsize=10)
-    ax_a.grid(alpha=0.3)
-    relative_title = "(b) relative component K_rel(i, j) = κ(i − j) (fitted on i ≥ j only)"
-    heatmap(fig, ax_b, relative, relative_title, cmap="viridis")
-    limit = np.abs(centred).max()
-    centred_title = "(c) row-centred total log-prior K(i, j) − mean_j K(i, j)"
-    norm = TwoSlopeNorm(0.0, -limit, limit)
-    heatmap(fig, ax_c, centred, centred_title, cmap="RdBu_r", norm=norm)
-    causal_heatmap(fig, ax_d, probs, "(d) causal prior probability softmax over j ≤ i (log scale)")
-    zoom_on_sink(ax_d, probs)
+    visible = blank_future(K)
+    centred = visible - np.nanmean(visible, axis=-1, keepdims=True)
     slope = float(alibi_slopes(num_heads)[head])
-    fig.suptitle(
-        f"GOAT log-prior decomposition, head {head} of {num_heads}: spectral weights fitted to "
-        f"-{slope:g}|i - j| (init='recency', slope=False), sink spike u(0) = m L / 4"
+    caption = (
+        "Heatmaps have one row per query position i and one column per key position j; the blank "
+        "upper triangle holds keys after the query, which causal attention never sees. The "
+        "parameters are set by hand to show the two behaviours GOAT can learn, not trained: (a) a "
+        f"sink bonus of {u[0]:.3g} on key 0 and none elsewhere (seed 000 Eq. 19); (b) the relative "
+        f"part's spectral weights fitted to ALiBi's recency penalty -{slope:g} |i - j| (seed 000 "
+        "Eq. 12; GOAT(init='recency', slope=False)). (c) is their sum; shifting a row does not "
+        "change attention, so each row is drawn with mean 0.\n\n"
+        "Look for in (d): the bright column at key 0 (enlarged in the inset) is the sink. The first "
+        "quarter of the queries put nearly all their attention there, because the sink's bonus is "
+        "larger than the recency penalty up to that distance; later queries attend to their most "
+        "recent keys, the bright band along the diagonal. Black: weight below 1e-8."
     )
+    fig, panel = captioned_figure((13, 11), caption)
+    (ax_a, ax_b), (ax_c, ax_d) = panel.subplots(2, 2)
+    ax_a.plot(np.arange(length), u, color="C3")
+    ax_a.set_xlabel("key position j (the token attended to)")
+    ax_a.set_ylabel("sink bonus u(j) added to the score of key j")
+    ax_a.set_title("(a) Sink: a bonus per key position, the same for every query", fontsize=10)
+    ax_a.grid(alpha=0.3)
+    label = "log-prior (added to the attention score)"
+    relative_title = "(b) Relative part: depends only on the distance i - j"
+    heatmap(panel, ax_b, blank_future(relative), relative_title, label, cmap="viridis")
+    limit = np.nanmax(np.abs(centred))
+    centred_title = "(c) Total log-prior (a + b), each row shifted to mean 0"
+    norm = TwoSlopeNorm(0.0, -limit, limit)
+    heatmap(panel, ax_c, centred, centred_title, label + ", row mean 0", cmap="RdBu_r", norm=norm)
+    causal_heatmap(panel, ax_d, probs, "(d) Attention the prior alone gives (each row sums to 1)")
+    zoom_on_sink(ax_d, probs)
+    panel.suptitle(f"What GOAT's prior is made of: a sink plus a relative part (head {head}, L = {length})")
     return save(fig, out / "goat_decomposition.png")
 
 
 def heatmap_priors(num_heads: int, length: int, head: int) -> list[tuple[str, Prior]]:
-    """The priors of :func:`plot_heatmaps`, with their titles."""
+    """The priors of :func:`plot_heatmaps`, with titles in words."""
     heavy, inverted = (ggd(num_heads, b, ggd_scale(length)) for b in (0.5, -0.5))
+    slope = float(alibi_slopes(num_heads)[head])
     return [
-        (f"ALiBi m={float(alibi_slopes(num_heads)[head]):g}", ALiBi(num_heads)),
-        (f"{ggd_label(heavy, head)} (heavy tail)", heavy),
-        (f"{ggd_label(inverted, head)} (inverted)", inverted),
-        ("GOAT recency fit + sink", illustrative_goat(num_heads, length)),
-        ("Sum(ALiBi, GOAT)", Sum(ALiBi(num_heads), illustrative_goat(num_heads, length))),
+        (f"ALiBi: linear recency penalty, slope {slope:g}", ALiBi(num_heads)),
+        ("BAM GGD, shape 0.5: heavy tail", heavy),
+        ("BAM GGD, shape -0.5: inverted, avoids nearby keys", inverted),
+        ("GOAT: recency fitted to ALiBi + sink on key 0", illustrative_goat(num_heads, length)),
+        ("ALiBi + GOAT: their log-priors added", Sum(ALiBi(num_heads), illustrative_goat(num_heads, length))),
     ]
 
 
@@ -299,17 +358,29 @@ def plot_heatmaps(out: Path, length: int = 512, num_heads: int = 8, head: int = 
     """``heatmaps.png``: each prior's log-prior and causal prior probability (seed 000 Fig. 3b)."""
     check_sizes(length, num_heads, head)
     priors = heatmap_priors(num_heads, length, head)
-    fig = Figure(figsize=(10.5, 4.6 * len(priors)), layout="constrained")
-    axes = fig.subplots(len(priors), 2)
+    caption = (
+        "One row of panels per prior. Each panel has one row per query position i and one column "
+        "per key position j; the blank upper triangle holds keys after the query, which causal "
+        "attention never sees. Left: the log-prior the prior adds to each attention score (its own "
+        "colour scale per panel). Right: the attention weights it alone gives (softmax over each "
+        "row's visible keys), on one shared log scale; black is below 1e-8.\n\n"
+        "Look for: ALiBi's bright band along the diagonal (attention to recent keys only); the heavy "
+        "tail, which keeps weight on distant keys; the inverted GGD's dark stripe along the diagonal "
+        "(nearby keys avoided) with the weight spread over the rest; and GOAT's bright column at "
+        "key 0 (enlarged in the inset): an attention sink, where the first queries put nearly all "
+        "their weight before recency takes over."
+    )
+    fig, panel = captioned_figure((10.5, 4.6 * len(priors)), caption, fontsize=9)
+    axes = panel.subplots(len(priors), 2)
     for (name, prior), (ax_log, ax_prob) in zip(priors, axes):
         K, probs = prior_matrices(prior, length, head)
-        log_prior_heatmap(fig, ax_log, K, f"{name}\nunmasked log-prior K(i, j)")
-        title = f"{name}\ncausal prior probability"
-        image = causal_heatmap(fig, ax_prob, probs, title, colorbar=False)
+        log_prior_heatmap(panel, ax_log, K, f"{name}\nlog-prior of each visible key")
+        title = f"{name}\nattention from the prior alone"
+        image = causal_heatmap(panel, ax_prob, probs, title, colorbar=False)
         if any(isinstance(m, GOATSink) for m in prior.modules()):
             zoom_on_sink(ax_prob, probs)
-    fig.colorbar(image, ax=axes[:, 1], shrink=0.5, label="prior probability (log scale)")
-    fig.suptitle(f"Priors of head {head} of {num_heads} over L = {length} positions")
+    panel.colorbar(image, ax=axes[:, 1], shrink=0.5, label=PROB_LABEL)
+    panel.suptitle(f"Where each prior sends attention, for every query (head {head}, L = {length})")
     return save(fig, out / "heatmaps.png")
 
 

@@ -5,20 +5,29 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from matplotlib.figure import Figure
-
 from ..data.prepare import DATA_FILE, read_data_record
 from ..train.runs import CONFIG_JSON, METRICS_JSONL, read_metrics
-from .plots import save
+from .plots import captioned_figure, save
+
+#: Legend words for the names a run's config uses.
+PRIOR_WORDS = {"alibi": "ALiBi", "ggd": "GGD (BAM)", "goat": "GOAT"}
+ENCODING_WORDS = {"rope": "RoPE", "sinusoidal": "sinusoidal encoding", "local_rope": "local RoPE"}
 
 
 def run_label(run_dir: Path) -> str:
-    """``prior / encoding`` (and ``+ssmax``) from the run's config, else the directory name."""
+    """The run's positional mechanism in words, from its config ("GOAT prior", "RoPE + SSMax",
+    "no positional encoding (NoPE)"); the directory name if it has no config."""
     path = run_dir / CONFIG_JSON
     if not path.exists():
         return run_dir.name
     model = json.loads(path.read_text())["model"]
-    return f"{model['prior']} / {model['encoding']}" + (" + ssmax" if model["ssmax"] else "")
+    priors = [PRIOR_WORDS[p] for p in model["prior"].split("+") if p != "uniform"]
+    parts = [" + ".join(priors) + " prior"] if priors else []
+    if model["encoding"] != "none":
+        parts.append(ENCODING_WORDS[model["encoding"]])
+    if model["ssmax"]:
+        parts.append("SSMax")
+    return " + ".join(parts) if parts else "no positional encoding (NoPE)"
 
 
 def plot_runs(run_dirs: list[Path], out: Path) -> Path:
@@ -26,8 +35,18 @@ def plot_runs(run_dirs: list[Path], out: Path) -> Path:
     missing = [str(d) for d in run_dirs if not (Path(d) / METRICS_JSONL).exists()]
     if missing:
         raise FileNotFoundError(f"no {METRICS_JSONL} in {', '.join(missing)}")
-    fig = Figure(figsize=(11, 4.2), layout="constrained")
-    train_ax, val_ax = fig.subplots(1, 2, sharey=True)
+    caption = (
+        "Each line is one training run (the legend names its positional mechanism). Left: the loss "
+        "on each training batch; right: the loss on held-out text, one dot per evaluation of the run. "
+        "Loss is the cross-entropy of predicting the next token, in nats per token: lower is better. "
+        "The dashed line is the unigram baseline, the loss of always predicting each token's overall "
+        "frequency while ignoring the context: a run below it has learnt to use the context.\n\n"
+        "Look for: which run falls fastest and ends lowest, a gap between left and right "
+        "(overfitting), and flat stretches (plateaus), where a run has not yet learnt to use "
+        "positions."
+    )
+    fig, panel = captioned_figure((11, 4.6), caption)
+    train_ax, val_ax = panel.subplots(1, 2, sharey=True)
     baselines = set()
     for run_dir in map(Path, run_dirs):
         records = read_metrics(run_dir / METRICS_JSONL)
@@ -41,11 +60,12 @@ def plot_runs(run_dirs: list[Path], out: Path) -> Path:
             baselines.add(round(read_data_record(run_dir)["unigram_loss"], 4))
     for baseline in sorted(baselines):
         for ax in (train_ax, val_ax):
-            ax.axhline(baseline, color="0.4", linestyle="--", linewidth=1, label=f"unigram {baseline:.3f}")
-    for ax, title in ((train_ax, "train loss"), (val_ax, "validation loss")):
+            label = f"unigram baseline ({baseline:.3f}): no use of context"
+            ax.axhline(baseline, color="0.4", linestyle="--", linewidth=1, label=label)
+    for ax, title in ((train_ax, "Loss on training batches"), (val_ax, "Loss on held-out text")):
         ax.set_title(title)
-        ax.set_xlabel("step")
+        ax.set(xlabel="training step", ylabel="loss (nats per token; lower is better)")
         ax.grid(alpha=0.3)
-    train_ax.set_ylabel("nats / token")
     val_ax.legend(fontsize=8)
+    panel.suptitle("Training curves")
     return save(fig, Path(out))

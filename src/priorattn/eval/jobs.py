@@ -18,7 +18,7 @@ from ..data import load_corpus, run_documents
 from ..data.retrieval import NIAH_VARIANTS, RetrievalTask, default_filler
 from ..files import write_json_atomic
 from ..train import load_run
-from .plots import plot_accuracy_vs_length, plot_ppl, plot_retrieval_heatmaps
+from .plots import TASK_TITLES, plot_accuracy_vs_length, plot_ppl, plot_retrieval_heatmaps
 from .ppl import evaluate_ppl
 from .retrieval import evaluate_retrieval, uniform_depths
 
@@ -110,8 +110,8 @@ def passkey_job(
     result = dict(run=str(run_dir), seed=seed, digits=digits, train_len=T) | result
     write_json_atomic(out / RESULTS_JSON, result)
     label = run_label(run_dir)
-    plot_retrieval_heatmaps({label: result}, out / "heatmap.png", title="passkey retrieval")
-    plot_accuracy_vs_length({label: result}, out / "accuracy.png", title="passkey retrieval")
+    plot_retrieval_heatmaps({label: result}, out / "heatmap.png", title=TASK_TITLES["passkey"])
+    plot_accuracy_vs_length({label: result}, out / "accuracy.png", title=TASK_TITLES["passkey"])
     return result
 
 
@@ -164,6 +164,10 @@ def niah_job(
     write_json_atomic(out / RESULTS_JSON, result)
     label = run_label(run_dir)
     for name, r in per_variant.items():
-        plot_retrieval_heatmaps({label: r}, out / f"heatmap_{name}.png", title=f"NIAH {name}")
-    plot_accuracy_vs_length(per_variant, out / "accuracy.png", title=f"NIAH, {label}")
+        plot_retrieval_heatmaps({label: r}, out / f"heatmap_{name}.png", title=TASK_TITLES[name])
+    plot_accuracy_vs_length(
+        {name: r | dict(train_len=T) for name, r in per_variant.items()},
+        out / "accuracy.png",
+        title=f"Needle in a haystack, every variant: {label}",
+    )
     return result

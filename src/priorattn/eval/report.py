@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from ..files import write_atomic, write_json_atomic
-from .plots import plot_accuracy_vs_length, plot_ppl, plot_retrieval_heatmaps
+from .plots import TASK_TITLES, plot_accuracy_vs_length, plot_ppl, plot_retrieval_heatmaps
 
 # What the seeds claim, and the thresholds that decide whether a measurement agrees with them.
 DEGRADES = 1.5  # perplexity at the longest length over perplexity at T above this: "degrades"
@@ -145,20 +145,25 @@ def draw_figures(results: dict, out: Path) -> dict[str, Path]:
     figures = dict(
         ppl=plot_ppl({label: r["ppl"] for label, r in labelled.items()}, out / "ppl.png"),
         passkey_heatmaps=plot_retrieval_heatmaps(
-            {label: r["passkey"] for label, r in labelled.items()}, out / "passkey_heatmaps.png"
+            {label: r["passkey"] for label, r in labelled.items()},
+            out / "passkey_heatmaps.png",
+            title=TASK_TITLES["passkey"],
         ),
         passkey=plot_accuracy_vs_length(
             {label: r["passkey"] | dict(train_len=r["ppl"]["train_len"]) for label, r in labelled.items()},
             out / "passkey_accuracy.png",
-            title="passkey retrieval: mean accuracy over depths",
+            title=TASK_TITLES["passkey"],
         ),
     )
     variants = next(iter(results.values()))["niah"]["variants"]
     for variant in variants:
         figures[f"niah_{variant}"] = plot_accuracy_vs_length(
-            {label: r["niah"]["variants"][variant] for label, r in labelled.items()},
+            {
+                label: r["niah"]["variants"][variant] | dict(train_len=r["ppl"]["train_len"])
+                for label, r in labelled.items()
+            },
             out / f"niah_{variant}.png",
-            title=f"NIAH {variant}: mean accuracy over depths",
+            title=TASK_TITLES[variant],
         )
     return figures
 
