@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
 from ..data.prepare import DATA_FILE, read_data_record
+from ..files import read_json
 from ..train.runs import CONFIG_JSON, METRICS_JSONL, read_metrics
 from .plots import save
 
@@ -17,7 +17,7 @@ def run_label(run_dir: Path) -> str:
     path = run_dir / CONFIG_JSON
     if not path.exists():
         return run_dir.name
-    model = json.loads(path.read_text())["model"]
+    model = read_json(path)["model"]
     return f"{model['prior']} / {model['encoding']}" + (" + ssmax" if model["ssmax"] else "")
 
 
