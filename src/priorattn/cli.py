@@ -61,8 +61,8 @@ FLAG_ALIASES = {"warmup_steps": "warmup", "run_dir": "out"}
 
 def flag_names(message: str, parser: argparse.ArgumentParser) -> str:
     """``message`` with each argument name of ``parser``'s flags, where the library names an
-    argument (``window=``, ``lr must ...``), written as the flag: ``--window=``, ``--lr must``;
-    ``greedy=True`` of a switch becomes ``--greedy``."""
+    argument (``window=1``, ``lr must ...``), written as the flag: ``--window=1``, ``--lr must``;
+    a bare ``window=`` becomes ``--window`` and ``greedy=True`` of a switch ``--greedy``."""
     flags = {action.dest: action for action in parser._actions if action.option_strings}
     flags |= {name: flags[dest] for name, dest in FLAG_ALIASES.items() if dest in flags}
     names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
@@ -70,7 +70,8 @@ def flag_names(message: str, parser: argparse.ArgumentParser) -> str:
 
     def flag(match: re.Match) -> str:
         action = flags[match[1]]
-        if match[2] == "=True" and action.nargs == 0:
+        bare = match[2] == "=" and match.string[match.end() :][:1] in ("", " ", ")", ",", ";")
+        if bare or (match[2] == "=True" and action.nargs == 0):
             return action.option_strings[-1]
         return action.option_strings[-1] + match[2]
 
