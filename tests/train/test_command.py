@@ -202,10 +202,13 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(corpus, tmp_path):
     ]
     whole = run_command([*args, "--out", str(tmp_path / "whole")], command_env())
     killed = run_command([*args, "--out", str(tmp_path / "killed")], command_env())
-    index = tmp_path / "killed" / "checkpoint.json"
     deadline = time.monotonic() + 120
     while killed.poll() is None and time.monotonic() < deadline:
-        if index.exists() and json.loads(index.read_text())["step"] >= 20:
+        saved = [
+            int(path.stem.removeprefix("checkpoint-"))
+            for path in (tmp_path / "killed").glob("checkpoint-*.json")
+        ]
+        if max(saved, default=0) >= 20:
             killed.send_signal(signal.SIGKILL)
             break
         time.sleep(0.005)
