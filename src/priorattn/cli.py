@@ -56,7 +56,7 @@ def fail(args: argparse.Namespace, error: Exception) -> NoReturn:
 
 
 # Library arguments whose flag has another name.
-FLAG_ALIASES = {"warmup_steps": "warmup", "run_dir": "out"}
+FLAG_ALIASES = {"warmup_steps": "warmup"}
 
 
 def flag_names(message: str, parser: argparse.ArgumentParser) -> str:

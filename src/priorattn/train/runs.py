@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..data import Tokenizer, load_tokenizer, read_data_record
-from ..files import read_json, write_atomic
+from ..files import prepare_out, read_json, write_atomic
 from ..models import GPT, GPTConfig
 from . import checkpoint as ckpt
 from .config import TrainConfig
@@ -63,14 +63,12 @@ def check_run_dir(run_dir: Path, model_config: GPTConfig, config: TrainConfig, c
     """A new run needs a directory without a checkpoint (a run that failed before its first one
     starts again in place); a continued one the configs it started with."""
     saved_path = run_dir / CONFIG_JSON
-    if run_dir.exists() and not run_dir.is_dir():
-        raise FileExistsError(f"run_dir={str(run_dir)!r} is a file: expected a directory or a new path")
+    prepare_out(run_dir)  # created if missing; a file there is refused
     if not continuing:
         if ckpt.has_checkpoint(run_dir):
             raise FileExistsError(
                 f"{run_dir} already holds a run: pass resume=True to continue it, or choose another directory"
             )
-        run_dir.mkdir(parents=True, exist_ok=True)
         return
     differences = config_differences(read_json(saved_path), run_configs(model_config, config))
     if differences:
