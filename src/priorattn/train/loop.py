@@ -122,9 +122,8 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
     step = 0
     if continuing:
         step = _restore(run_dir, model, optimizer, scheduler, model_config, config, process)
-    if process.is_main:  # a continued run may have raised its steps
+    if process.is_main:  # written again when continued: the run may have raised its steps
         write_json_atomic(run_dir / CONFIG_JSON, run_configs(model_config, config))
-    if process.is_main:
         truncate_metrics(run_dir / METRICS_JSONL, step)
     wrapped = DistributedDataParallel(model) if process.distributed else model
 
