@@ -103,6 +103,7 @@ def test_rope_interpolation_without_rope_is_a_clear_error(corpus, tmp_path, caps
         (["--seq-len", "100000"], "seq_len"),
         (["--batch-size", "6", "--grad-accum", "4"], "--batch-size=6 must be a multiple of --grad-accum=4"),
         (["--lr", "-1"], "error: --lr must be > 0, got -1.0"),
+        (["--retrieval-mix", "0.5"], "give --seq-len of at least 108, or --retrieval-mix=0"),
         (
             ["--warmup", "2", "--text-encoding", "klingon"],
             "--text-encoding='klingon' is not a known text encoding",
