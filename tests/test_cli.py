@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 from factories import exit_code
 
@@ -46,3 +48,42 @@ def test_bad_sizes_give_a_clear_error(tmp_path, capsys, args, message):
     assert exit_code(["plot-priors", "--out", str(tmp_path), *args]) == 2
     assert message in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_version_is_printed(capsys):
+    from priorattn import __version__
+
+    assert exit_code(["--version"]) == 0
+    assert capsys.readouterr().out == f"priorattn {__version__}\n"
+
+
+def test_plot_priors_into_a_file_is_a_one_line_error(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert exit_code(["plot-priors", "--out", str(afile)]) == 2
+    assert capsys.readouterr().err.endswith(f"error: the output directory {afile} is a file\n")
+
+
+@pytest.mark.parametrize(
+    "message, expected",
+    [
+        ("give window=", "give --window"),
+        ("give window= (a size)", "give --window (a size)"),
+        (
+            "batch_size=6 must be a multiple of grad_accum=4",
+            "--batch-size=6 must be a multiple of --grad-accum=4",
+        ),
+        ("lr must be > 0, got -1", "--lr must be > 0, got -1"),
+        ("warmup_steps must be an int", "--warmup must be an int"),
+        ("pass resume=True to continue it", "pass --resume to continue it"),
+        ("d_model=32 is not divisible by n_heads=3", "d_model=32 is not divisible by n_heads=3"),  # no flags
+        ("the lr of 3 steps", "the lr of 3 steps"),  # a word, not an argument
+        ("train.lr: run has 0.1", "train.lr: run has 0.1"),  # a config path stays
+    ],
+)
+def test_library_argument_names_become_the_flags_of_the_command(message, expected):
+    parser = argparse.ArgumentParser()
+    for flag in ("--window", "--batch-size", "--grad-accum", "--lr", "--warmup"):
+        parser.add_argument(flag)
+    parser.add_argument("--resume", action="store_true")
+    assert cli.flag_names(message, parser) == expected

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -48,10 +49,45 @@ def name_list(choices, kind: str) -> Callable[[str], list[str]]:
     return parse
 
 
+def fail(args: argparse.Namespace, error: Exception) -> NoReturn:
+    """Exit with ``error`` as one usage line of the subcommand, with the library's argument names
+    written as the flags a user types (see :func:`flag_names`)."""
+    args.parser.error(flag_names(str(error), args.parser))
+
+
+# Library arguments whose flag has another name.
+FLAG_ALIASES = {"warmup_steps": "warmup"}
+
+
+def flag_names(message: str, parser: argparse.ArgumentParser) -> str:
+    """``message`` with each argument name of ``parser``'s flags, where the library names an
+    argument (``window=1``, ``lr must ...``), written as the flag: ``--window=1``, ``--lr must``;
+    a bare ``window=`` becomes ``--window`` and ``greedy=True`` of a switch ``--greedy``."""
+    flags = {action.dest: action for action in parser._actions if action.option_strings}
+    flags |= {name: flags[dest] for name, dest in FLAG_ALIASES.items() if dest in flags}
+    names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
+    pattern = re.compile(rf"(?<![\w.'-])({names})(=True\b|=|(?= must\b))")
+
+    def flag(match: re.Match) -> str:
+        action = flags[match[1]]
+        bare = match[2] == "=" and match.string[match.end() :][:1] in ("", " ", ")", ",", ";")
+        if bare or (match[2] == "=True" and action.nargs == 0):
+            return action.option_strings[-1]
+        return action.option_strings[-1] + match[2]
+
+    return pattern.sub(flag, message)
+
+
 def plot_priors(args: argparse.Namespace) -> int:
     """Draw every prior's log-prior curves and heatmaps to PNG files; print their paths."""
+    from .files import prepare_out
+
     if args.head >= args.heads:
         args.parser.error(f"argument --head: must be < --heads ({args.heads}), got {args.head}")
+    try:
+        prepare_out(args.out)
+    except FileExistsError as e:
+        fail(args, e)
     from .analysis.plots import plot_priors as draw  # matplotlib loads only when drawing
 
     for path in draw(args.out, args.length, args.heads, args.head):
@@ -61,78 +97,13 @@ def plot_priors(args: argparse.Namespace) -> int:
 
 def train(args: argparse.Namespace) -> int:
     """Train a GPT on the default corpus or ``--data``; the run goes to ``--out``."""
-    from .data import vocab_size_of
-    from .models import GPTConfig, preset
-    from .train import TrainConfig
     from .train import train as run
-    from .train.runs import CONFIG_JSON
 
-    model_flags = dict(
-        prior=args.prior,
-        encoding=args.encoding,
-        window=args.window,
-        rope_interpolation=args.rope_interpolation,
-        backend=args.backend,
-    )
-    model_flags = {name: value for name, value in model_flags.items() if value is not None}
-    for flag in ("ssmax", "shared_prior"):
-        if getattr(args, flag):
-            model_flags[flag] = True
-    train_flags = dict(
-        data=args.data,
-        tokenizer=args.tokenizer,
-        vocab_size=args.vocab_size,
-        val_fraction=args.val_fraction,
-        seq_len=args.seq_len,
-        retrieval_mix=args.retrieval_mix,
-        steps=args.steps,
-        batch_size=args.batch_size,
-        grad_accum=args.grad_accum,
-        optimizer=args.optimizer,
-        lr=args.lr,
-        prior_lr=args.prior_lr,
-        weight_decay=args.weight_decay,
-        warmup_steps=args.warmup,
-        grad_clip=args.grad_clip,
-        bf16=args.bf16,
-        seed=args.seed,
-        log_every=args.log_every,
-        eval_every=args.eval_every,
-        eval_sequences=args.eval_sequences,
-        save_every=args.save_every,
-        init_from=None if args.init_from is None else str(args.init_from),
-    )
-    train_flags = {name: value for name, value in train_flags.items() if value is not None}
-    if train_flags.get("grad_clip") == 0:
-        train_flags["grad_clip"] = None
     try:
-        if args.init_from is not None:  # context extension: the model is the earlier run's
-            interpolation = model_flags.pop("rope_interpolation", None)
-            if model_flags or args.preset is not None:
-                names = ", ".join(f"--{name}" for name in model_flags) or "--preset"
-                raise ValueError(
-                    f"{names} cannot be combined with --init-from (the model is that run's; "
-                    "only --rope-interpolation may change)"
-                )
-            saved = json.loads((args.init_from / CONFIG_JSON).read_text())
-            if interpolation is not None:  # position interpolation for the longer context
-                saved["model"]["rope_interpolation"] = interpolation
-            model_config = GPTConfig.from_dict(saved["model"])
-            for name in ("data", "tokenizer", "vocab_size", "val_fraction"):  # the same data by default
-                train_flags.setdefault(name, saved["train"][name])
-        else:
-            tokenizer = train_flags.get("tokenizer", TrainConfig.tokenizer)
-            model_flags["vocab_size"] = vocab_size_of(tokenizer, args.vocab_size)
-            if args.seq_len is not None:
-                model_flags["seq_len"] = args.seq_len
-            model_config = preset(args.preset or "tiny", **model_flags)
-        config = TrainConfig(**train_flags)
-    except (ValueError, FileNotFoundError) as e:
-        args.parser.error(str(e))
-    try:
+        model_config, config = train_configs(args)
         result = run(model_config, config, args.out, resume=args.resume, progress=not args.quiet)
-    except (ValueError, FileNotFoundError, FileExistsError) as e:  # bad data, run dir or checkpoint
-        args.parser.error(str(e))
+    except (ValueError, FileNotFoundError, FileExistsError) as e:  # bad flags, data, run dir or checkpoint
+        fail(args, e)
     if os.environ.get("RANK", "0") != "0":  # under torchrun, one report
         return 0
     print(
@@ -141,6 +112,89 @@ def train(args: argparse.Namespace) -> int:
         f"run in {result.run_dir}"
     )
     return 0
+
+
+def train_configs(args: argparse.Namespace):
+    """``(GPTConfig, TrainConfig)`` from the train flags. With ``--resume`` on a run, flags not
+    given keep the run's values (the training loop checks the given ones against the run); with
+    ``--init-from``, the model and data are that run's; else the model is ``--preset``'s."""
+    from .data import vocab_size_of
+    from .files import read_json
+    from .models import GPTConfig, preset
+    from .train import TrainConfig
+    from .train.runs import CONFIG_JSON
+
+    model_flags = dict(
+        prior=args.prior,
+        encoding=args.encoding,
+        window=args.window,
+        rope_interpolation=args.rope_interpolation,
+        backend=args.backend,
+        ssmax=args.ssmax or None,
+        shared_prior=args.shared_prior or None,
+    )
+    model_flags = {name: value for name, value in model_flags.items() if value is not None}
+    train_flags = {name: getattr(args, name) for name in TRAIN_FLAGS} | dict(
+        warmup_steps=args.warmup,
+        bf16=args.bf16 or None,
+        init_from=None if args.init_from is None else str(args.init_from),
+    )
+    train_flags = {name: value for name, value in train_flags.items() if value is not None}
+    if train_flags.get("grad_clip") == 0:
+        train_flags["grad_clip"] = None
+    saved_path = args.out / CONFIG_JSON
+    if args.resume and saved_path.is_file():  # what is not given is the run's
+        saved = read_json(saved_path)
+        config = TrainConfig.from_dict(saved["train"] | train_flags)
+        if args.preset is None:
+            return GPTConfig.from_dict(saved["model"] | model_flags), config
+    elif args.init_from is not None:  # context extension: the model is the earlier run's
+        interpolation = model_flags.pop("rope_interpolation", None)
+        if model_flags or args.preset is not None:
+            names = ", ".join(f"--{name.replace('_', '-')}" for name in model_flags) or "--preset"
+            raise ValueError(
+                f"{names} cannot be combined with --init-from (the model is that run's; "
+                "only --rope-interpolation may change)"
+            )
+        earlier = read_json(args.init_from / CONFIG_JSON)
+        if interpolation is not None:  # position interpolation for the longer context
+            earlier["model"]["rope_interpolation"] = interpolation
+        earlier_config = TrainConfig.from_dict(earlier["train"])
+        for name in ("data", "text_encoding", "tokenizer", "vocab_size", "val_fraction"):  # the same data
+            train_flags.setdefault(name, getattr(earlier_config, name))
+        return GPTConfig.from_dict(earlier["model"]), TrainConfig(**train_flags)
+    else:
+        config = TrainConfig(**train_flags)
+    model_flags["vocab_size"] = vocab_size_of(config.tokenizer, config.vocab_size)
+    if config.seq_len is not None:
+        model_flags["seq_len"] = config.seq_len
+    return preset(args.preset or "tiny", **model_flags), config
+
+
+# Train flags named as the TrainConfig fields they set.
+TRAIN_FLAGS = (
+    "data",
+    "text_encoding",
+    "tokenizer",
+    "vocab_size",
+    "val_fraction",
+    "seq_len",
+    "retrieval_mix",
+    "steps",
+    "batch_size",
+    "grad_accum",
+    "optimizer",
+    "lr",
+    "prior_lr",
+    "weight_decay",
+    "grad_clip",
+    "seed",
+    "log_every",
+    "eval_every",
+    "eval_sequences",
+    "save_every",
+    "keep_checkpoints",
+)
 
 
 def sample(args: argparse.Namespace) -> int:
@@ -163,7 +217,7 @@ def sample(args: argparse.Namespace) -> int:
             generator=torch.Generator().manual_seed(args.seed),
         )
     except (ValueError, FileNotFoundError) as e:  # no run there, an empty prompt, a bad temperature
-        args.parser.error(str(e))
+        fail(args, e)
     print(run.tokenizer.decode(tokens[0].tolist()))
     return 0
 
@@ -174,8 +228,8 @@ def plot_runs(args: argparse.Namespace) -> int:
 
     try:
         print(draw(args.runs, args.out))
-    except FileNotFoundError as e:
-        args.parser.error(str(e))
+    except (ValueError, FileNotFoundError) as e:  # no metrics, a damaged config.json
+        fail(args, e)
     return 0
 
 
@@ -190,7 +244,8 @@ def evaluate(args: argparse.Namespace) -> int:
     from . import eval as evaluations
 
     out = args.out or args.run / "eval" / args.task
-    options = dict(data=args.data, lengths=args.lengths, seed=args.seed, progress=not args.quiet)
+    options = dict(data=args.data, text_encoding=args.text_encoding, lengths=args.lengths, seed=args.seed)
+    options["progress"] = not args.quiet
     if args.task == "ppl":
         job, options = evaluations.ppl_job, options | dict(windows=args.windows)
     elif args.task == "passkey":
@@ -202,7 +257,7 @@ def evaluate(args: argparse.Namespace) -> int:
     try:
         job(args.run, out, **options)
     except (ValueError, FileNotFoundError, FileExistsError) as e:  # no run, bad data, lengths, out
-        args.parser.error(str(e))
+        fail(args, e)
     print(f"{args.task}: results in {out}")
     return 0
 
@@ -216,15 +271,18 @@ def compare(args: argparse.Namespace) -> int:
         config = CompareConfig.for_budget(args.budget, args.priors)
         run(config, args.out, progress=not args.quiet)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
-        args.parser.error(str(e))
+        fail(args, e)
     print(f"report: {args.out / 'report.html'}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(
         prog="priorattn", description="Attention priors for PyTorch: look at them, train with them."
     )
+    parser.add_argument("--version", action="version", version=f"priorattn {__version__}")
     commands = parser.add_subparsers(title="commands", dest="command", required=True)
 
     plot = commands.add_parser(
@@ -291,6 +349,7 @@ def add_eval_parser(commands) -> None:
         t.add_argument(
             "--data", help="text file, folder, glob or hf:PATH to score (the run's validation split)"
         )
+        t.add_argument("--text-encoding", default="utf-8", help="how --data's text files are decoded (utf-8)")
         t.add_argument("--lengths", type=int_list, help="comma-separated lengths in tokens (T, 2T, ..., 64T)")
         t.add_argument("--out", type=Path, help="output directory (RUN/eval/TASK)")
         t.add_argument("--seed", type=int_at_least(0), default=0, help="(0)")
@@ -350,8 +409,8 @@ def add_train_parser(commands) -> None:
         help="train a GPT with any prior on the embedded corpus or your own text",
         description=(
             "Train a GPT. The run directory --out gets config.json, data.json, metrics.jsonl and the "
-            "checkpoint; --resume continues it (same arguments) after a crash. Under torchrun every "
-            "process runs this same command (DDP)."
+            "checkpoints; --resume continues it after a crash with the arguments it was started with. "
+            "Under torchrun every process runs this same command (DDP)."
         ),
     )
     model = p.add_argument_group("model")
@@ -375,6 +434,9 @@ def add_train_parser(commands) -> None:
     model.add_argument("--backend", help="attention route (auto)")
     data = p.add_argument_group("data")
     data.add_argument("--data", help="text folder, glob, file or hf:PATH[:COLUMN] (embedded Shakespeare)")
+    data.add_argument(
+        "--text-encoding", help=f"how --data's text files are decoded ({defaults.text_encoding})"
+    )
     data.add_argument("--tokenizer", choices=TOKENIZERS, help=f"({defaults.tokenizer})")
     data.add_argument("--vocab-size", type=int_at_least(257), help="BPE vocabulary to train (8192)")
     data.add_argument("--val-fraction", type=float, help=f"documents held out ({defaults.val_fraction})")
@@ -399,11 +461,20 @@ def add_train_parser(commands) -> None:
     opt.add_argument("--init-from", type=Path, help="start from this run's weights (context extension)")
     run = p.add_argument_group("run")
     run.add_argument("--out", type=Path, required=True, help="run directory")
-    run.add_argument("--resume", action="store_true", help="continue the run in --out")
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out with its arguments (those given must match; --steps may be raised)",
+    )
     run.add_argument("--log-every", type=int_at_least(1), help=f"({defaults.log_every})")
     run.add_argument("--eval-every", type=int_at_least(0), help=f"0: only at the end ({defaults.eval_every})")
     run.add_argument("--eval-sequences", type=int_at_least(1), help=f"({defaults.eval_sequences})")
     run.add_argument("--save-every", type=int_at_least(0), help=f"0: only at the end ({defaults.save_every})")
+    run.add_argument(
+        "--keep-checkpoints",
+        type=int_at_least(1),
+        help=f"newest checkpoints kept; resume falls back to an older one ({defaults.keep_checkpoints})",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=train, parser=p)
 

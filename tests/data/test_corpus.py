@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from priorattn.data import load_corpus, split_documents
+from priorattn.data.corpus import cut_single_document
 
 # The split of the default corpus is part of every experiment's setup: a change must be noticed.
 SHAKESPEARE_VAL = [
@@ -69,9 +70,49 @@ def test_single_file_is_one_document(tmp_path):
     assert (doc.name, doc.read()) == ("play.txt", "Exeunt.")
 
 
-def test_bad_utf8_is_replaced_not_fatal(tmp_path):
-    write(tmp_path / "bad.txt", b"ok \xff ok")
-    assert load_corpus(str(tmp_path / "bad.txt"))[0].read() == "ok \ufffd ok"
+def test_text_that_is_not_utf8_is_an_error_naming_the_file_and_byte(tmp_path):
+    write(tmp_path / "menu.txt", "un café noir".encode("latin-1"))
+    [doc] = load_corpus(str(tmp_path / "menu.txt"))
+    with pytest.raises(ValueError, match=r"menu.txt is not utf-8 text: byte 6 is b'\\xe9'.*text_encoding="):
+        doc.read()
+    [doc] = load_corpus(str(tmp_path / "menu.txt"), text_encoding="latin-1")
+    assert doc.read() == "un café noir"
+
+
+def test_unknown_text_encoding_is_refused_before_reading(tmp_path):
+    write(tmp_path / "a.txt", "a")
+    with pytest.raises(ValueError, match="text_encoding='klingon' is not a known text encoding"):
+        load_corpus(str(tmp_path / "a.txt"), text_encoding="klingon")
+
+
+def test_the_embedded_corpus_is_valid_utf8():
+    """Read strictly now: a byte that did not decode would stop every default run."""
+    assert all(doc.read() for doc in load_corpus())
+
+
+def test_a_single_file_is_cut_into_parts_at_paragraph_breaks(tmp_path):
+    rng = random.Random(0)
+    paragraphs = [" ".join("word" for _ in range(rng.randint(5, 60))) for _ in range(200)]
+    text = "\n\n".join(paragraphs) + "\n"
+    write(tmp_path / "book.txt", text)
+    train, val = split_documents(load_corpus(str(tmp_path / "book.txt")))
+    parts = sorted(train + val, key=lambda doc: doc.name)
+    assert len(parts) >= 10 and len(val) == round(0.1 * len(parts))
+    assert names(parts)[:2] == ["book.txt#00", "book.txt#01"]
+    assert "".join(doc.read() for doc in parts) == text  # in order, nothing lost or repeated
+    assert all(doc.read().endswith("\n\n") for doc in parts[:-1])  # cut at paragraph breaks
+
+
+def test_a_single_file_without_blank_lines_is_cut_at_line_breaks_or_mid_line(documents):
+    lines = documents(log="\n".join(f"line {i}" for i in range(300)))
+    assert all(doc.read().endswith("\n") for doc in cut_single_document(lines)[:-1])
+    parts = cut_single_document(documents(blob="x" * 1000))
+    assert [len(doc.read()) for doc in parts] == [100] * 10
+
+
+def test_large_single_files_give_parts_of_at_most_64k_characters(documents):
+    parts = cut_single_document(documents(big=("y" * 99 + "\n") * 20000))
+    assert len(parts) == 31 and max(len(doc.read()) for doc in parts) <= 65536
 
 
 def test_missing_path_is_file_not_found(tmp_path):

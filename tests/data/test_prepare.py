@@ -102,3 +102,20 @@ def test_a_validation_split_shorter_than_a_window_names_the_split(corpus_dir, tm
     val_bytes = sum(len(doc.read().encode()) for doc in val_docs)
     with pytest.raises(ValueError, match="validation split: .* use a shorter --seq-len"):
         prepare_data(str(corpus_dir), seq_len=val_bytes, run_dir=tmp_path / "run", cache_dir=tmp_path)
+
+
+def test_a_single_latin1_file_is_a_corpus_and_its_run_finds_its_parts_again(tmp_path):
+    from priorattn.data import run_documents
+
+    book = tmp_path / "livre.txt"
+    book.write_bytes(
+        "\n\n".join(f"Chapitre {i}. Un café, deux cafés." * 3 for i in range(40)).encode("latin-1")
+    )
+    run = tmp_path / "run"
+    prepare_data(str(book), seq_len=16, text_encoding="latin-1", run_dir=run, cache_dir=tmp_path / "cache")
+    record = json.loads((run / "data.json").read_text())
+    assert record["text_encoding"] == "latin-1"
+    assert len(record["train_documents"]) + len(record["val_documents"]) >= 10
+    val = run_documents(run, "val")
+    assert [doc.name for doc in val] == record["val_documents"]
+    assert all(doc.name.startswith("livre.txt#") and "café" in doc.read() for doc in val)

@@ -53,6 +53,17 @@ def test_eval_writes_results_and_plots(run_dir, tmp_path, capsys):
     assert result["variants"]["multikey"]["lengths"] == [300]  # its prompt needs more than 160 tokens
 
 
+def test_eval_reads_other_text_with_its_encoding(run_dir, tmp_path):
+    text = tmp_path / "latin1.txt"
+    text.write_bytes(("Un café très fort, s'il vous plaît. " * 20).encode("latin-1"))
+    argv = ["eval", "ppl", "--run", str(run_dir), "--lengths", "128", "--windows", "1", "--quiet"]
+    assert (
+        cli.main([*argv, "--data", str(text), "--text-encoding", "latin-1", "--out", str(tmp_path / "o")])
+        == 0
+    )
+    assert json.loads((tmp_path / "o" / "results.json").read_text())["data"] == str(text)
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -64,6 +75,11 @@ def test_eval_writes_results_and_plots(run_dir, tmp_path, capsys):
         (["eval", "ppl", "--run", "{run}", "--data", "{missing}"], "no such file or directory"),
         (["eval", "ppl", "--run", "{run}", "--lengths", "99999"], "no document of the evaluation text"),
         (["eval", "ppl", "--run", "{run}", "--out", "{file}"], "is a file"),
+        (["eval", "ppl", "--run", "{run}", "--data", "{latin1}"], "is not utf-8 text: byte 6 is b'\\xe9'"),
+        (
+            ["eval", "niah", "--run", "{run}", "--data", "{latin1}", "--text-encoding", "klingon"],
+            "--text-encoding='klingon' is not a known text encoding",
+        ),
         (["eval", "passkey", "--run", "{run}", "--lengths", "20"], "needs at least"),
         (
             ["eval", "niah", "--run", "{run}", "--variants", "single_bogus"],
@@ -79,9 +95,11 @@ def test_bad_input_is_a_one_line_error(run_dir, tmp_path, capsys, args, message)
     (tmp_path / "no_checkpoint").mkdir()
     (tmp_path / "no_checkpoint" / "config.json").write_text((run_dir / "config.json").read_text())
     (tmp_path / "file").write_text("not a directory")
+    (tmp_path / "latin1.txt").write_bytes("Le café est fort.".encode("latin-1"))
     paths = dict(
         missing=tmp_path / "missing", no_checkpoint=tmp_path / "no_checkpoint", run=run_dir,
         empty=tmp_path / "empty", file=tmp_path / "file", tmp=tmp_path / "out",
+        latin1=tmp_path / "latin1.txt",
     )  # fmt: skip
     argv = [arg.format(**paths) for arg in args]
     assert exit_code(argv + ["--quiet"]) == 2

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -64,22 +62,50 @@ def test_tied_and_shared_tensors_are_stored_once(tmp_path):
     assert "model.head.weight" not in tensors
 
 
-def test_only_the_newest_file_is_kept(tmp_path):
+def files(run_dir) -> list[str]:
+    return sorted(p.name for p in run_dir.glob("checkpoint*"))
+
+
+def test_the_newest_checkpoints_are_kept(tmp_path):
+    net = model()
+    optimizer = build_optimizer(net, TrainConfig())
+    (tmp_path / "checkpoint-00000000.safetensors").write_bytes(b"left by a crash before its JSON")
+    for step in (1, 2, 3):
+        save(tmp_path, step, net, optimizer)
+    assert files(tmp_path) == [
+        f"checkpoint-0000000{s}.{ext}" for s in (2, 3) for ext in ("json", "safetensors")
+    ]
+    ckpt.save_checkpoint(tmp_path, 4, {"x": torch.zeros(1)}, {}, keep=1)
+    assert files(tmp_path) == ["checkpoint-00000004.json", "checkpoint-00000004.safetensors"]
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def corrupt(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupted_newest_checkpoint_falls_back_to_the_older_with_a_warning(tmp_path):
     net = model()
     optimizer = build_optimizer(net, TrainConfig())
     save(tmp_path, 1, net, optimizer)
-    path = save(tmp_path, 2, net, optimizer)
-    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == [path.name]
-    assert json.loads((tmp_path / ckpt.CHECKPOINT_JSON).read_text())["file"] == path.name
-    assert not list(tmp_path.glob(".*tmp"))
+    _, older, _ = ckpt.load_checkpoint(tmp_path)
+    step_once(net, optimizer)
+    newest = save(tmp_path, 2, net, optimizer)
+    corrupt(newest)
+    with pytest.warns(ckpt.CheckpointWarning, match=r"00000002.safetensors is corrupted.*step 1"):
+        step, tensors, _ = ckpt.load_checkpoint(tmp_path)
+    assert step == 1 and all(torch.equal(tensors[name], t) for name, t in older.items())
+    (tmp_path / "checkpoint-00000001.json").write_text('{"step": 1, "fi')
+    with pytest.raises(ckpt.CheckpointError, match=r"no intact checkpoint: .*corrupted.*corrupted"):
+        ckpt.load_checkpoint(tmp_path)
 
 
 def test_corrupted_file_is_refused(tmp_path):
     net = model()
     path = save(tmp_path, 3, net, build_optimizer(net, TrainConfig()))
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    path.write_bytes(bytes(data))
+    corrupt(path)
     with pytest.raises(ckpt.CheckpointError, match="corrupted"):
         ckpt.load_checkpoint(tmp_path)
 
@@ -87,9 +113,20 @@ def test_corrupted_file_is_refused(tmp_path):
 def test_truncated_json_and_missing_checkpoint_are_refused(tmp_path):
     with pytest.raises(ckpt.CheckpointError, match="no checkpoint"):
         ckpt.load_checkpoint(tmp_path)
-    (tmp_path / ckpt.CHECKPOINT_JSON).write_text('{"step": 3, "fi')
+    ckpt.checkpoint_json(tmp_path, 3).write_text('{"step": 3, "fi')
     with pytest.raises(ckpt.CheckpointError, match="corrupted"):
         ckpt.load_checkpoint(tmp_path)
+
+
+def test_a_run_saved_with_a_single_checkpoint_json_still_loads(tmp_path):
+    """Runs written before several checkpoints were kept have one index, checkpoint.json."""
+    net = model()
+    optimizer = build_optimizer(net, TrainConfig())
+    save(tmp_path, 5, net, optimizer)
+    ckpt.checkpoint_json(tmp_path, 5).rename(tmp_path / "checkpoint.json")
+    assert ckpt.load_checkpoint(tmp_path)[0] == 5
+    save(tmp_path, 6, net, optimizer)
+    assert files(tmp_path) == ["checkpoint-00000006.json", "checkpoint-00000006.safetensors"]
 
 
 def test_a_different_model_is_named(tmp_path):

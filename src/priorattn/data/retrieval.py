@@ -255,8 +255,8 @@ class RetrievalMix:
         if fraction > 0 and not self.tasks:
             shortest = min(task.min_length() + task.answer_length() for task in tasks) + MIN_FILLER - 1
             raise ValueError(
-                f"seq_len {self.seq_len} is too short for retrieval samples (the shortest needs "
-                f"seq_len >= {shortest}): use a longer seq_len or no retrieval mix"
+                f"seq_len={self.seq_len} is too short for retrieval samples (the shortest needs "
+                f"{shortest}): give seq_len= of at least {shortest}, or retrieval_mix=0"
             )
 
     def batch(self, step: int, rank: int = 0, world_size: int = 1) -> tuple[Tensor, Tensor, Tensor]:

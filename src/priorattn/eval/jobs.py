@@ -2,7 +2,8 @@
 ``results.json`` and its plots into an output directory (what ``priorattn eval`` runs).
 
 The text is the run's own validation split by default (:func:`priorattn.data.run_documents`), or
-any corpus source (``data=``: a text file, folder, glob, ``hf:PATH``), so a model can be scored on
+any corpus source (``data=``: a text file, folder, glob, ``hf:PATH``; its text files decoded with
+``text_encoding``), so a model can be scored on
 text it never saw. Default lengths run from the training length ``T`` to ``64 T`` in powers of two.
 """
 
@@ -16,7 +17,7 @@ import numpy as np
 from ..analysis.runs import run_label
 from ..data import load_corpus, run_documents
 from ..data.retrieval import NIAH_VARIANTS, RetrievalTask, default_filler
-from ..files import write_json_atomic
+from ..files import prepare_out, write_json_atomic
 from ..train import load_run
 from .plots import TASK_TITLES, plot_accuracy_vs_length, plot_ppl, plot_retrieval_heatmaps
 from .ppl import evaluate_ppl
@@ -30,19 +31,14 @@ def default_lengths(train_len: int, factors: Sequence[int] = DEFAULT_FACTORS) ->
     return [train_len * f for f in factors]
 
 
-def eval_documents(run, run_dir: Path, data: str | None) -> list[np.ndarray]:
+def eval_documents(run, run_dir: Path, data: str | None, text_encoding: str) -> list[np.ndarray]:
     """Token arrays of the evaluation text: ``data``'s documents, or the run's validation split."""
-    documents = load_corpus(data) if data is not None else run_documents(run_dir, "val")
+    if data is None:
+        documents = run_documents(run_dir, "val")
+    else:
+        documents = load_corpus(data, text_encoding)
     tokens = [np.asarray(run.tokenizer.encode(doc.read()), dtype=np.int64) for doc in documents]
     return [t for t in tokens if len(t)]
-
-
-def prepare_out(out: Path) -> Path:
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"the output directory {out} is a file")
-    out.mkdir(parents=True, exist_ok=True)
-    return out
 
 
 def ppl_job(
@@ -50,6 +46,7 @@ def ppl_job(
     out: str | Path,
     *,
     data: str | None = None,
+    text_encoding: str = "utf-8",
     lengths: Sequence[int] | None = None,
     windows: int = 8,
     seed: int = 0,
@@ -60,7 +57,7 @@ def ppl_job(
     run_dir, out = Path(run_dir), prepare_out(out)
     run = load_run(run_dir)
     T = run.model_config.seq_len
-    documents = eval_documents(run, run_dir, data)
+    documents = eval_documents(run, run_dir, data, text_encoding)
     result = evaluate_ppl(
         run.model,
         documents,
@@ -81,6 +78,7 @@ def passkey_job(
     out: str | Path,
     *,
     data: str | None = None,
+    text_encoding: str = "utf-8",
     lengths: Sequence[int] | None = None,
     depths: int = 20,
     trials: int = 3,
@@ -90,8 +88,8 @@ def passkey_job(
 ) -> dict:
     """Passkey retrieval (seed 003 Sec. 3.1) of the run in ``run_dir`` at ``depths`` uniformly
     spaced depths; writes ``results.json``, ``heatmap.png`` and ``accuracy.png`` into ``out``.
-    ``data`` is not read by the passkey (its haystack is the repeated filler) but is accepted for a
-    uniform command line."""
+    ``data`` and ``text_encoding`` are not read by the passkey (its haystack is the repeated
+    filler) but are accepted for a uniform command line."""
     run_dir, out = Path(run_dir), prepare_out(out)
     run = load_run(run_dir)
     T = run.model_config.seq_len
@@ -120,6 +118,7 @@ def niah_job(
     out: str | Path,
     *,
     data: str | None = None,
+    text_encoding: str = "utf-8",
     variants: Sequence[str] = NIAH_VARIANTS,
     lengths: Sequence[int] | None = None,
     depths: int = 5,
@@ -140,7 +139,7 @@ def niah_job(
     run_dir, out = Path(run_dir), prepare_out(out)
     run = load_run(run_dir)
     T = run.model_config.seq_len
-    corpus = np.concatenate(eval_documents(run, run_dir, data))
+    corpus = np.concatenate(eval_documents(run, run_dir, data, text_encoding))
     per_variant = {}
     lengths = lengths or default_lengths(T)
     for name in variants:

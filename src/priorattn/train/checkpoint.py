@@ -1,15 +1,18 @@
 """Checkpoints: every tensor in one safetensors file, the rest in a small JSON, both written atomically.
 
-A run directory holds ``checkpoint-<step>.safetensors`` and ``checkpoint.json``, which names that
-file and its sha256. The tensor file is written first (to a temporary name, then renamed), then the
-JSON that points at it, then older tensor files are removed: a crash at any moment leaves a JSON
-that points at a complete file. Nothing is ever unpickled.
+A checkpoint is a pair, ``checkpoint-<step>.safetensors`` and ``checkpoint-<step>.json``, which names
+that file and its sha256. The tensor file is written first (to a temporary name, then renamed), then
+the JSON that points at it, then checkpoints beyond the newest ``keep`` are removed (JSON first): a
+crash at any moment leaves JSONs that point at complete files. Loading takes the newest checkpoint
+that is intact and warns when it had to skip a newer one, so one damaged file does not lose the run.
+Nothing is ever unpickled.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 
 import torch
@@ -19,7 +22,8 @@ from torch import Tensor, nn
 
 from ..files import write_atomic, write_json_atomic
 
-CHECKPOINT_JSON = "checkpoint.json"
+# The single index of runs written before several checkpoints were kept; still read.
+LEGACY_JSON = "checkpoint.json"
 FORMAT_VERSION = 1
 
 
@@ -27,34 +31,77 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used: missing, corrupted, or not matching the model."""
 
 
-def save_checkpoint(run_dir: Path, step: int, tensors: dict[str, Tensor], state: dict) -> Path:
-    """Write ``tensors`` and the JSON-able ``state`` as the run's checkpoint at ``step``."""
+class CheckpointWarning(UserWarning):
+    """The newest checkpoint was unusable and an older one was loaded instead."""
+
+
+def checkpoint_json(run_dir: Path, step: int) -> Path:
+    return Path(run_dir) / f"checkpoint-{step:08d}.json"
+
+
+def save_checkpoint(run_dir: Path, step: int, tensors: dict[str, Tensor], state: dict, keep: int = 2) -> Path:
+    """Write ``tensors`` and the JSON-able ``state`` as the run's checkpoint at ``step``; keep the
+    newest ``keep`` checkpoints and remove the rest."""
     run_dir = Path(run_dir)
     path = run_dir / f"checkpoint-{step:08d}.safetensors"
     tensors = {name: t.detach().contiguous().cpu() for name, t in tensors.items()}
     write_atomic(path, lambda tmp: save_file(tensors, str(tmp)))
     index = dict(version=FORMAT_VERSION, step=step, file=path.name, sha256=_sha256(path), state=state)
-    write_json_atomic(run_dir / CHECKPOINT_JSON, index)
-    for old in run_dir.glob("checkpoint-*.safetensors"):
-        if old != path:
+    write_json_atomic(checkpoint_json(run_dir, step), index)
+    (run_dir / LEGACY_JSON).unlink(missing_ok=True)
+    indexes = checkpoint_indexes(run_dir)
+    for old in indexes[keep:]:
+        old.unlink()
+    kept = {index.with_suffix(".safetensors").name for index in indexes[:keep]}
+    for old in run_dir.glob("checkpoint-*.safetensors"):  # also those a crash left without a JSON
+        if old.name not in kept:
             old.unlink()
     return path
 
 
+def checkpoint_indexes(run_dir: Path) -> list[Path]:
+    """The checkpoint JSONs of ``run_dir``, newest first (zero-padded steps sort by name)."""
+    run_dir = Path(run_dir)
+    legacy = [run_dir / LEGACY_JSON] if (run_dir / LEGACY_JSON).exists() else []
+    return sorted(run_dir.glob("checkpoint-*.json"), reverse=True) + legacy
+
+
 def has_checkpoint(run_dir: Path) -> bool:
-    return (Path(run_dir) / CHECKPOINT_JSON).exists()
+    return bool(checkpoint_indexes(run_dir))
 
 
 def load_checkpoint(run_dir: Path) -> tuple[int, dict[str, Tensor], dict]:
-    """``(step, tensors, state)`` of the run's checkpoint, after checking the file's sha256."""
+    """``(step, tensors, state)`` of the newest intact checkpoint, after checking its sha256.
+
+    A newer checkpoint that is damaged (unreadable JSON, missing or altered tensor file) is skipped
+    with a :class:`CheckpointWarning`; if none is intact, :class:`CheckpointError` names each fault.
+    """
     run_dir = Path(run_dir)
-    index_path = run_dir / CHECKPOINT_JSON
-    if not index_path.exists():
-        raise CheckpointError(f"no checkpoint in {run_dir} ({CHECKPOINT_JSON} is missing)")
+    indexes = checkpoint_indexes(run_dir)
+    if not indexes:
+        raise CheckpointError(f"no checkpoint in {run_dir} (no checkpoint-<step>.json)")
+    faults = []
+    for index_path in indexes:
+        try:
+            step, tensors, state = _load_one(run_dir, index_path)
+        except CheckpointError as e:
+            faults.append(str(e))
+            continue
+        if faults:
+            warnings.warn(
+                f"{'; '.join(faults)}: loading the older checkpoint {index_path.name} (step {step})",
+                CheckpointWarning,
+                stacklevel=2,
+            )
+        return step, tensors, state
+    raise CheckpointError("no intact checkpoint: " + "; ".join(faults))
+
+
+def _load_one(run_dir: Path, index_path: Path) -> tuple[int, dict[str, Tensor], dict]:
     try:
         index = json.loads(index_path.read_text())
         step, name, digest, state = index["step"], index["file"], index["sha256"], index["state"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
         raise CheckpointError(f"{index_path} is corrupted ({e})") from None
     if index.get("version") != FORMAT_VERSION:
         raise CheckpointError(f"{index_path} has format version {index.get('version')}, expected 1")
@@ -62,7 +109,7 @@ def load_checkpoint(run_dir: Path) -> tuple[int, dict[str, Tensor], dict]:
     if not path.exists():
         raise CheckpointError(f"{index_path} names {name}, which is missing")
     if _sha256(path) != digest:
-        raise CheckpointError(f"{path} is corrupted: its sha256 differs from {CHECKPOINT_JSON}'s")
+        raise CheckpointError(f"{path} is corrupted: its sha256 differs from {index_path.name}'s")
     try:
         tensors = load_file(str(path))
     except SafetensorError as e:

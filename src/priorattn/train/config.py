@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from ..data import KINDS as TOKENIZERS
+from ..files import check_text_encoding
 
 OPTIMIZERS = ("adamw", "radam")
 
@@ -17,7 +18,8 @@ class TrainConfig:
     (1200 steps of 16 x 256 bytes, peak lr 3e-3); larger models want a lower ``lr`` and more steps.
 
     - ``data``: corpus source for :func:`priorattn.data.load_corpus` (``None``: the embedded
-      Shakespeare works); ``tokenizer`` one of ``TOKENIZERS`` (``vocab_size`` sizes a trained BPE).
+      Shakespeare works), its text files decoded with ``text_encoding``; ``tokenizer`` one of
+      ``TOKENIZERS`` (``vocab_size`` sizes a trained BPE).
     - ``seq_len``: training sequence length, ``None`` for the model's ``seq_len``. Longer than the
       model's, from ``init_from``, is BAM's context extension (seed 003 App. F.5).
     - ``retrieval_mix``: the fraction of training sequences replaced by synthetic passkey and needle
@@ -37,11 +39,14 @@ class TrainConfig:
     - ``log_every``, ``eval_every``, ``save_every``: in optimizer steps; 0 turns evaluation or
       intermediate checkpoints off (the last step is always evaluated and saved).
       ``eval_sequences`` caps the validation sequences per evaluation (``None``: all of them).
+    - ``keep_checkpoints``: how many of the newest checkpoints stay on disk; resuming falls back to
+      an older one when the newest is damaged.
     - ``init_from``: a run directory whose final model weights start this run (the optimizer starts
       fresh), e.g. to continue training at a longer ``seq_len``.
     """
 
     data: str | None = None
+    text_encoding: str = "utf-8"
     tokenizer: str = "byte"
     vocab_size: int | None = None
     val_fraction: float = 0.1
@@ -64,10 +69,11 @@ class TrainConfig:
     eval_every: int = 200
     eval_sequences: int | None = 128
     save_every: int = 200
+    keep_checkpoints: int = 2
     init_from: str | None = None
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "grad_accum"):
+        for name in ("steps", "batch_size", "grad_accum", "keep_checkpoints"):
             _check_int(name, getattr(self, name), low=1)
         for name in ("warmup_steps", "log_every", "eval_every", "save_every", "seed"):
             _check_int(name, getattr(self, name), low=0)
@@ -78,6 +84,7 @@ class TrainConfig:
             raise ValueError(
                 f"batch_size={self.batch_size} must be a multiple of grad_accum={self.grad_accum}"
             )
+        check_text_encoding(self.text_encoding)
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.tokenizer not in TOKENIZERS:

@@ -2,7 +2,7 @@
 
 A run directory holds ``config.json`` (the model and training configs), ``data.json`` and the
 tokenizer (written by :func:`priorattn.data.prepare_data`), ``metrics.jsonl`` (one JSON object per
-logged step) and the checkpoint (``checkpoint.json`` + ``checkpoint-<step>.safetensors``).
+logged step) and the newest checkpoints (``checkpoint-<step>.json`` + ``.safetensors`` each).
 
 Resuming is exact: batches are a pure function of the step (:class:`priorattn.data.Batches`), the
 schedule is a function of the step, and the checkpoint holds model, optimizer, scheduler and every
@@ -31,15 +31,15 @@ from ..models import GPT, GPTConfig
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .distributed import Process, end_process, start_process
-from .optim import build_optimizer, build_scheduler, clip_gradients
+from .optim import build_optimizer, build_scheduler, clip_gradients, lr_factor
 from .runs import (
     CONFIG_JSON,
     METRICS_JSONL,
     MetricsLog,
     check_run_dir,
+    config_differences,
     last_logged,
     run_configs,
-    saved_configs,
     truncate_metrics,
 )
 
@@ -68,8 +68,10 @@ def train(
 
     ``resume=True`` continues the run in ``run_dir`` from its checkpoint (from the start if it was
     stopped before its first checkpoint, or if ``run_dir`` holds no run yet, so a job that may be
-    interrupted can always pass it); the configs must be the ones the run started with. Resuming a
-    finished run only reports it. Under ``torchrun`` every process calls this function; rank 0
+    interrupted can always pass it); the configs must be the ones the run started with, except that
+    ``steps`` may be raised. Resuming a finished run only reports it, or continues it to the raised
+    ``steps``. A run that stopped before its first checkpoint starts again in place, with or
+    without ``resume``. Under ``torchrun`` every process calls this function; rank 0
     writes the run directory.
     """
     process = start_process()
@@ -80,7 +82,7 @@ def train(
 
 
 def _train(model_config, config, run_dir, resume, progress, process: Process) -> TrainResult:
-    continuing = resume and (run_dir / CONFIG_JSON).exists()  # before any process writes it
+    continuing = resume and ckpt.has_checkpoint(run_dir)  # before any process writes one
     if process.is_main:
         check_run_dir(run_dir, model_config, config, continuing)
     process.barrier()
@@ -94,6 +96,7 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
                 vocab_size=config.vocab_size,
                 seq_len=seq_len,
                 val_fraction=config.val_fraction,
+                text_encoding=config.text_encoding,
                 run_dir=run_dir,
                 resume=continuing or not process.is_main,
             )
@@ -117,11 +120,10 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
     scheduler = build_scheduler(optimizer, config)
     torch.manual_seed(config.seed + process.rank)  # dropout differs between processes
     step = 0
-    if continuing and ckpt.has_checkpoint(run_dir):
+    if continuing:
         step = _restore(run_dir, model, optimizer, scheduler, model_config, config, process)
-    elif process.is_main:
+    if process.is_main:  # written again when continued: the run may have raised its steps
         write_json_atomic(run_dir / CONFIG_JSON, run_configs(model_config, config))
-    if process.is_main:
         truncate_metrics(run_dir / METRICS_JSONL, step)
     wrapped = DistributedDataParallel(model) if process.distributed else model
 
@@ -157,7 +159,7 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
             log.write(record)
             bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
         if (config.save_every and step % config.save_every == 0) or final:
-            _save(run_dir, step, model, optimizer, scheduler, process)
+            _save(run_dir, step, model, optimizer, scheduler, config.keep_checkpoints, process)
     bar.close()
     log.close()
     if process.is_main:  # the last logged values (a finished run that was resumed logs nothing new)
@@ -238,7 +240,7 @@ def _start_from(source: Path, model: GPT, tokenizer) -> None:
     ckpt.load_module(model, tensors, state["model_aliases"], "model.")
 
 
-def _save(run_dir, step, model, optimizer, scheduler, process: Process) -> None:
+def _save(run_dir, step, model, optimizer, scheduler, keep: int, process: Process) -> None:
     rng = process.all_gather(torch.get_rng_state())  # every process's dropout stream
     if not process.is_main:
         return
@@ -252,16 +254,19 @@ def _save(run_dir, step, model, optimizer, scheduler, process: Process) -> None:
         data_position=dict(step=step),  # batches are a function of the step alone
         configs=json.loads((run_dir / CONFIG_JSON).read_text()),
     )
-    ckpt.save_checkpoint(run_dir, step, model_tensors | optim_tensors | rng_tensors, state)
+    ckpt.save_checkpoint(run_dir, step, model_tensors | optim_tensors | rng_tensors, state, keep)
 
 
 def _restore(run_dir, model, optimizer, scheduler, model_config, config, process: Process) -> int:
     step, tensors, state = ckpt.load_checkpoint(run_dir)
-    if "configs" not in state or saved_configs(state["configs"]) != run_configs(model_config, config):
+    if "configs" not in state or config_differences(state["configs"], run_configs(model_config, config)):
         raise ckpt.CheckpointError(f"the checkpoint in {run_dir} was written by a run with other configs")
     ckpt.load_module(model, tensors, state["model_aliases"], "model.")
     ckpt.load_optimizer(optimizer, tensors, state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
+    # The saved lr is the old schedule's; with raised steps the next step takes the new one's.
+    for group, base_lr in zip(optimizer.param_groups, scheduler.base_lrs):
+        group["lr"] = base_lr * lr_factor(step, config)
     rng = tensors.get(f"rng.{process.rank}")
     if rng is not None:
         torch.set_rng_state(rng)

@@ -2,7 +2,7 @@
 
 ``config.json`` holds the model and training configs, ``metrics.jsonl`` one JSON object per logged
 step, ``data.json`` and the tokenizer what :func:`priorattn.data.prepare_data` used, and the
-checkpoint the latest weights (:mod:`priorattn.train.checkpoint`).
+checkpoints the latest weights (:mod:`priorattn.train.checkpoint`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..data import Tokenizer, load_tokenizer, read_data_record
-from ..files import write_atomic
+from ..files import prepare_out, read_json, write_atomic
 from ..models import GPT, GPTConfig
 from . import checkpoint as ckpt
 from .config import TrainConfig
@@ -39,7 +39,7 @@ def load_run(run_dir: str | Path) -> TrainedRun:
     path = run_dir / CONFIG_JSON
     if not path.exists():
         raise FileNotFoundError(f"{run_dir} holds no run ({CONFIG_JSON} is missing)")
-    configs = json.loads(path.read_text())
+    configs = read_json(path)
     model_config = GPTConfig.from_dict(configs["model"])
     train_config = TrainConfig.from_dict(configs["train"])
     step, tensors, state = ckpt.load_checkpoint(run_dir)
@@ -60,28 +60,40 @@ def saved_configs(configs: dict) -> dict:
 
 
 def check_run_dir(run_dir: Path, model_config: GPTConfig, config: TrainConfig, continuing: bool) -> None:
-    """A new run needs a directory without a run; a continued one the configs it started with."""
+    """A new run needs a directory without a checkpoint (a run that failed before its first one
+    starts again in place); a continued one the configs it started with."""
     saved_path = run_dir / CONFIG_JSON
+    prepare_out(run_dir)  # created if missing; a file there is refused
     if not continuing:
-        if saved_path.exists():
+        if ckpt.has_checkpoint(run_dir):
             raise FileExistsError(
-                f"{run_dir} already holds a run: pass --resume (resume=True) to continue it, "
-                "or choose another --out"
+                f"{run_dir} already holds a run: pass resume=True to continue it, or choose another directory"
             )
-        run_dir.mkdir(parents=True, exist_ok=True)
         return
-    saved, given = saved_configs(json.loads(saved_path.read_text())), run_configs(model_config, config)
-    differences = [
+    differences = config_differences(read_json(saved_path), run_configs(model_config, config))
+    if differences:
+        raise ValueError(
+            f"resume=True needs the arguments {run_dir} was started with (see {saved_path}; only "
+            "steps may be raised); differences: " + "; ".join(differences)
+        )
+
+
+def config_differences(saved: dict, given: dict) -> list[str]:
+    """How ``given`` configs differ from a run's ``saved`` ones; ``train.steps`` may be raised (a
+    finished run then continues to the new total)."""
+    saved = saved_configs(saved)
+
+    def differs(part: str, key: str, value) -> bool:
+        if (part, key) == ("train", "steps"):
+            return value < saved[part][key]
+        return saved[part].get(key) != value
+
+    return [
         f"{part}.{key}: run has {saved[part].get(key)!r}, given {value!r}"
         for part in ("model", "train")
         for key, value in given[part].items()
-        if saved[part].get(key) != value
+        if differs(part, key, value)
     ]
-    if differences:
-        raise ValueError(
-            f"--resume needs the arguments {run_dir} was started with (see {saved_path}); "
-            "differences: " + "; ".join(differences)
-        )
 
 
 class MetricsLog:
