@@ -1,0 +1,601 @@
+"""Sorted-cache decoding for scalar (and hybrid) attention (seed 002, "Binary Search at Inference").
+
+A decoding step of scalar attention scores query head ``h`` against cached entry ``j`` as
+
+    s_hj = -(q_s,h - k_s,j)^2 / tau_h  [+ scale * <q_h, k_j>]  + log c_j        (seed 002)
+
+where the bracket is the hybrid score and ``c_j`` is how many tokens entry ``j`` stands for (1, or
+more after density merging: a merged entry keeps its members' weight in the softmax). The scalar
+term is unimodal in ``k_s``, so the entries nearest ``q_s`` are contiguous in key order: the cache
+keeps every key head's entries sorted by scalar key, a step binary-searches the query and attends
+exactly over the ``window`` nearest entries, and reports a rigorous upper bound on the attention
+mass it left out.
+
+Layout (why not the seed's sorted array of values): values, and the vector keys of hybrid
+attention, stay in one append-only row table per value group, in arrival order; each key head
+keeps a sorted array of ``(scalar key, row)``. Grouped values (seed 002 "Grouped Value Attention")
+then need no copy of a value per head, and keeping the order sorted moves 8 bytes per entry instead
+of a whole value row. New entries go to a small unsorted append buffer that every step scans in
+full; when it holds ``buffer_size`` entries it is sorted and merged into the sorted array in one
+O(n) pass. A step costs O(log n + window + buffer_size) scalar reads and ``window`` row reads; an
+insert costs O(1) plus an amortized O(n / buffer_size) share of the merges (the seed's O(log n)
+insertion needs a tree; in a flat tensor each insertion would shift O(n) entries).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "DecodeStep",
+    "DensityMerge",
+    "GeometricEviction",
+    "SortedScalarCache",
+    "scalar_attention_reference",
+]
+
+#: Row tables grow by this factor when full: amortized O(1) copies per insert with at most 25% slack.
+GROWTH = 1.25
+
+
+@dataclass(frozen=True)
+class GeometricEviction:
+    """Evict entries whose key lies outside ``[min q - margin, max q + margin]`` over the last
+    ``recent`` queries that searched the key head (seed 002 "Explicit Eviction Policies": geometric
+    eviction). Applied whenever the append buffer is merged, and by ``SortedScalarCache.evict()``.
+    """
+
+    recent: int = 256
+    margin: float = 3.0
+
+    def __post_init__(self):
+        if not (isinstance(self.recent, int) and self.recent >= 1):
+            raise ValueError(f"GeometricEviction.recent must be an int >= 1, got {self.recent!r}")
+        if not (math.isfinite(self.margin) and self.margin >= 0):
+            raise ValueError(f"GeometricEviction.margin must be finite and >= 0, got {self.margin!r}")
+
+
+@dataclass(frozen=True)
+class DensityMerge:
+    """Once a key head holds more than ``max_entries`` entries, merge the entries whose keys fall in
+    the same bin ``floor(k_s / width)`` into one (seed 002 "Density-based compression": 1D histogram
+    compression): count-weighted centroid key, count-weighted mean value (and vector key), summed
+    count. Applied whenever the append buffer is merged, and by ``SortedScalarCache.evict()``.
+    """
+
+    width: float
+    max_entries: int
+
+    def __post_init__(self):
+        if not (math.isfinite(self.width) and self.width > 0):
+            raise ValueError(f"DensityMerge.width must be finite and > 0, got {self.width!r}")
+        if not (isinstance(self.max_entries, int) and self.max_entries >= 1):
+            raise ValueError(f"DensityMerge.max_entries must be an int >= 1, got {self.max_entries!r}")
+
+
+@dataclass
+class DecodeStep:
+    """One decoding step: ``output (H, Dv)``; ``mass_outside_bound (H,)``, an upper bound on the
+    fraction of the exact attention mass that falls outside the window (so the window captures at
+    least ``1 - mass_outside_bound``); ``keys_read``, scalar keys read over all key heads
+    (binary search + window candidates + append buffer); ``rows_read``, value rows read."""
+
+    output: Tensor
+    mass_outside_bound: Tensor
+    keys_read: int
+    rows_read: int
+
+    @property
+    def mass_captured_bound(self) -> Tensor:
+        """A lower bound on the fraction of attention mass inside the window, per head."""
+        return 1.0 - self.mass_outside_bound
+
+
+def scalar_attention_reference(
+    q_s: Tensor,
+    tau: Tensor | float,
+    k_s: Tensor,
+    v: Tensor,
+    *,
+    log_count: Tensor | None = None,
+    q_vec: Tensor | None = None,
+    k_vec: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """Dense attention of one query per head over every cached entry: the definition.
+
+    ``q_s (H,)``, ``tau`` a float or ``(H,)``, ``k_s (Hk, n)``, ``v (G, n, Dv)``, optional
+    ``log_count (Hk, n)``; hybrid with ``q_vec (H, Dk)`` and ``k_vec (G, n, Dk)``. Query head ``h``
+    reads key head ``h // (H / Hk)`` and value group ``h // (H / G)``. Returns ``(H, Dv)``.
+    """
+    H, Hk, G = q_s.shape[0], k_s.shape[0], v.shape[0]
+    n = k_s.shape[-1]
+    tau = torch.as_tensor(tau, dtype=q_s.dtype).expand(H)
+    keys = k_s.repeat_interleave(H // Hk, dim=0)  # (H, n)
+    scores = -((q_s[:, None] - keys) ** 2) / tau[:, None]
+    if log_count is not None:
+        scores = scores + log_count.repeat_interleave(H // Hk, dim=0)
+    scores = scores.view(G, H // G, n)  # the heads of a group read one value (and vector key) table
+    if q_vec is not None:
+        scale = q_vec.shape[-1] ** -0.5 if scale is None else scale
+        scores = scores + scale * (q_vec.view(G, H // G, -1) @ k_vec.transpose(1, 2))
+    weights = torch.softmax(scores, dim=-1)
+    return (weights @ v).reshape(H, v.shape[-1])
+
+
+class _RowTable:
+    """One value group's rows in arrival order: values, vector keys (hybrid), log-counts, positions."""
+
+    def __init__(self, value_dim: int, vector_key_dim: int | None, dtype: torch.dtype, capacity: int):
+        self.rows = 0
+        self.values = torch.empty(capacity, value_dim, dtype=dtype)
+        self.vec_keys = None if vector_key_dim is None else torch.empty(capacity, vector_key_dim, dtype=dtype)
+        self.log_count = torch.empty(capacity, dtype=dtype)
+        self.positions = torch.empty(capacity, dtype=torch.int64)
+        # Largest vector-key norm ever stored: bounds <q, k> of every entry outside a window. Means of
+        # stored keys (merged entries) never exceed it, and eviction only removes keys.
+        self.max_vec_norm = 0.0
+
+    def tensors(self) -> list[Tensor]:
+        return [t for t in (self.values, self.vec_keys, self.log_count, self.positions) if t is not None]
+
+    def reserve(self, rows: int) -> None:
+        if rows <= self.values.shape[0]:
+            return
+        capacity = max(rows, int(self.values.shape[0] * GROWTH) + 1)
+        for name in ("values", "vec_keys", "log_count", "positions"):
+            old = getattr(self, name)
+            if old is not None:
+                new = old.new_empty((capacity, *old.shape[1:]))
+                new[: self.rows] = old[: self.rows]
+                setattr(self, name, new)
+
+    def add(self, values: Tensor, vec_keys: Tensor | None, log_count: Tensor, positions: Tensor) -> Tensor:
+        """Append rows; returns their row indices."""
+        L = values.shape[0]
+        self.reserve(self.rows + L)
+        rows = slice(self.rows, self.rows + L)
+        self.values[rows] = values
+        if vec_keys is not None:
+            self.vec_keys[rows] = vec_keys
+            if L:
+                self.max_vec_norm = max(self.max_vec_norm, vec_keys.norm(dim=-1).max().item())
+        self.log_count[rows] = log_count
+        self.positions[rows] = positions
+        self.rows += L
+        return torch.arange(rows.start, rows.stop, dtype=torch.int32)
+
+    def keep(self, live: Tensor) -> Tensor:
+        """Drop the rows where ``live`` (bool, ``(rows,)``) is False; returns old row -> new row."""
+        for name in ("values", "vec_keys", "log_count", "positions"):
+            old = getattr(self, name)
+            if old is not None:
+                setattr(self, name, old[: self.rows][live].clone())
+        self.rows = int(live.sum())
+        return (torch.cumsum(live, 0) - 1).to(torch.int32)
+
+
+class _KeyOrder:
+    """One key head's entries: a sorted array of (scalar key, row) plus an unsorted append buffer."""
+
+    def __init__(self, dtype: torch.dtype, buffer_size: int, recent: int):
+        self.keys = torch.empty(0, dtype=dtype)  # (n,) sorted by (key, position)
+        self.rows = torch.empty(0, dtype=torch.int32)  # (n,) rows of the group's table
+        self.buf_keys = torch.empty(buffer_size, dtype=dtype)
+        self.buf_rows = torch.empty(buffer_size, dtype=torch.int32)
+        self.buf_len = 0
+        self.total_count = 0.0  # sum of counts of every entry (sorted + buffer)
+        self.recent = torch.empty(recent, dtype=dtype)  # ring of the last queries, for eviction
+        self.recent_len = 0
+        self.recent_next = 0
+
+    def __len__(self) -> int:
+        return self.keys.shape[0] + self.buf_len
+
+    def remember(self, q: Tensor) -> None:
+        for value in q.tolist():
+            self.recent[self.recent_next] = value
+            self.recent_next = (self.recent_next + 1) % self.recent.shape[0]
+            self.recent_len = min(self.recent_len + 1, self.recent.shape[0])
+
+
+def _merge_sorted(keys: Tensor, rows: Tensor, new_keys: Tensor, new_rows: Tensor, positions: Tensor):
+    """Merge new entries into the sorted arrays in O(n + m log(n m)); order is (key, position)."""
+    by_pos = torch.argsort(positions[new_rows.long()], stable=True)
+    new_keys, new_rows = new_keys[by_pos], new_rows[by_pos]
+    by_key = torch.argsort(new_keys, stable=True)
+    new_keys, new_rows = new_keys[by_key], new_rows[by_key]
+    before = torch.searchsorted(keys, new_keys, side="left")
+    tied_end = torch.searchsorted(keys, new_keys, side="right")
+    # Equal keys are ordered by position, so the order does not depend on arrival order. Exact ties
+    # are rare in real keys; each is resolved by a search among its equals.
+    for i in torch.nonzero(tied_end > before).flatten().tolist():
+        lo, hi = int(before[i]), int(tied_end[i])
+        tied_positions = positions[rows[lo:hi].long()]
+        before[i] = lo + torch.searchsorted(tied_positions, positions[new_rows[i].long()]).item()
+    destination = before + torch.arange(new_keys.shape[0])
+    taken = torch.zeros(keys.shape[0] + new_keys.shape[0], dtype=torch.bool)
+    taken[destination] = True
+    merged_keys = keys.new_empty(taken.shape[0])
+    merged_rows = rows.new_empty(taken.shape[0])
+    merged_keys[taken], merged_rows[taken] = new_keys, new_rows
+    merged_keys[~taken], merged_rows[~taken] = keys, rows
+    return merged_keys, merged_rows
+
+
+class SortedScalarCache:
+    """A decoding cache sorted by scalar key, for one sequence (seed 002 "The KV Cache is Sortable").
+
+    ``num_heads`` H query heads, ``num_key_heads`` Hk scalar key heads (Hk = H: every head sorts by
+    its own key; Hk = G: one designated sort head per value group, whose key the group's heads all
+    search with their own queries, as seed 002 "Grouped Value Attention" describes), ``num_groups``
+    G value groups of width ``value_dim``. ``vector_key_dim`` makes it a hybrid cache: each group also
+    stores a vector key per token. ``sink_zone=(lo, hi)`` reserves a scalar range whose entries are
+    never evicted nor merged (seed 002 "Sink zone reservation").
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_groups: int,
+        value_dim: int,
+        *,
+        num_key_heads: int | None = None,
+        vector_key_dim: int | None = None,
+        buffer_size: int = 1024,
+        eviction: GeometricEviction | None = None,
+        merge: DensityMerge | None = None,
+        sink_zone: tuple[float, float] | None = None,
+        dtype: torch.dtype = torch.float32,
+        capacity: int = 0,
+    ):
+        num_key_heads = num_heads if num_key_heads is None else num_key_heads
+        for name, value in (
+            ("num_heads", num_heads),
+            ("num_groups", num_groups),
+            ("num_key_heads", num_key_heads),
+            ("value_dim", value_dim),
+            ("buffer_size", buffer_size),
+        ):
+            if not (isinstance(value, int) and value >= 1):
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if num_heads % num_key_heads:
+            raise ValueError(
+                f"num_key_heads={num_key_heads} does not divide num_heads={num_heads}: "
+                "each query head must search exactly one key head"
+            )
+        if num_key_heads % num_groups:
+            raise ValueError(
+                f"num_groups={num_groups} does not divide num_key_heads={num_key_heads} "
+                f"(nor, so, num_heads={num_heads}): G must divide H, and each key head must index "
+                "exactly one value group"
+            )
+        if vector_key_dim is not None and not (isinstance(vector_key_dim, int) and vector_key_dim >= 1):
+            raise ValueError(f"vector_key_dim must be None or an int >= 1, got {vector_key_dim!r}")
+        if sink_zone is not None:
+            lo, hi = sink_zone
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+                raise ValueError(
+                    f"sink_zone must be a finite range (lo, hi) with lo <= hi, got {sink_zone!r}"
+                )
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+        self.num_heads, self.num_key_heads, self.num_groups = num_heads, num_key_heads, num_groups
+        self.value_dim, self.vector_key_dim = value_dim, vector_key_dim
+        self.buffer_size, self.eviction, self.merge, self.sink_zone = buffer_size, eviction, merge, sink_zone
+        self.dtype = dtype
+        self._tables = [_RowTable(value_dim, vector_key_dim, dtype, capacity) for _ in range(num_groups)]
+        recent = eviction.recent if eviction is not None else 1
+        self._orders = [_KeyOrder(dtype, buffer_size, recent) for _ in range(num_key_heads)]
+        self._next_position = 0
+
+    # -- sizes ------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Entries of the fullest key head (all equal unless eviction or merging acted per head)."""
+        return max(len(order) for order in self._orders)
+
+    def _table(self, key_head: int) -> _RowTable:
+        return self._tables[key_head // (self.num_key_heads // self.num_groups)]
+
+    def nbytes(self) -> int:
+        """Bytes allocated by the cache (row tables at capacity, sorted arrays, buffers)."""
+        total = sum(t.nbytes for table in self._tables for t in table.tensors())
+        for order in self._orders:
+            total += sum(
+                t.nbytes for t in (order.keys, order.rows, order.buf_keys, order.buf_rows, order.recent)
+            )
+        return total
+
+    # -- insertion --------------------------------------------------------------------------------
+
+    def append(self, k_s: Tensor, v: Tensor, k_vec: Tensor | None = None, positions: Tensor | None = None):
+        """Add tokens: ``k_s (L, Hk)``, ``v (L, G, Dv)``, hybrid ``k_vec (L, G, Dk)`` (a single token
+        may drop the leading L). ``positions (L,)`` default to the running token count."""
+        if k_s.dim() == 1:
+            k_s, v = k_s[None], v[None]
+            k_vec = None if k_vec is None else k_vec[None]
+        L = k_s.shape[0]
+        if k_s.shape != (L, self.num_key_heads):
+            raise ValueError(f"k_s must have shape (L, {self.num_key_heads}) (L, Hk), got {tuple(k_s.shape)}")
+        if v.shape != (L, self.num_groups, self.value_dim):
+            raise ValueError(
+                f"v must have shape ({L}, {self.num_groups}, {self.value_dim}) (L, G, Dv), "
+                f"got {tuple(v.shape)}"
+            )
+        if self.vector_key_dim is None and k_vec is not None:
+            raise ValueError("k_vec was given but the cache has no vector keys (vector_key_dim=None)")
+        if self.vector_key_dim is not None:
+            expected = (L, self.num_groups, self.vector_key_dim)
+            if k_vec is None or k_vec.shape != expected:
+                got = None if k_vec is None else tuple(k_vec.shape)
+                raise ValueError(f"a hybrid cache needs k_vec of shape {expected} (L, G, Dk), got {got}")
+        for name, t in (("k_s", k_s), ("v", v), ("k_vec", k_vec)):
+            if t is not None and not torch.isfinite(t).all():
+                raise ValueError(
+                    f"{name} has NaN or infinite entries: the cache only holds finite keys and values"
+                )
+        if positions is None:
+            positions = torch.arange(self._next_position, self._next_position + L)
+        elif positions.shape != (L,) or positions.is_floating_point():
+            raise ValueError(
+                f"positions must be an integer tensor of shape ({L},), "
+                f"got {positions.dtype} {tuple(positions.shape)}"
+            )
+        self._next_position = max(self._next_position, int(positions.max()) + 1) if L else self._next_position
+        k_s, v = k_s.to(self.dtype), v.to(self.dtype)
+        k_vec = None if k_vec is None else k_vec.to(self.dtype)
+        # Appended in chunks that fill the buffers, each full buffer merged before the next chunk.
+        start = 0
+        while start < L:
+            room = self.buffer_size - self._orders[0].buf_len
+            stop = min(L, start + room)
+            rows = [
+                table.add(
+                    v[start:stop, g],
+                    None if k_vec is None else k_vec[start:stop, g],
+                    torch.zeros(stop - start, dtype=self.dtype),
+                    positions[start:stop],
+                )
+                for g, table in enumerate(self._tables)
+            ]
+            for h, order in enumerate(self._orders):
+                chunk = slice(order.buf_len, order.buf_len + stop - start)
+                order.buf_keys[chunk] = k_s[start:stop, h]
+                order.buf_rows[chunk] = rows[h // (self.num_key_heads // self.num_groups)]
+                order.buf_len += stop - start
+                order.total_count += stop - start
+            if self._orders[0].buf_len == self.buffer_size:
+                self.flush()
+            start = stop
+
+    def flush(self) -> None:
+        """Merge the append buffers into the sorted arrays, then apply eviction and merging."""
+        for h, order in enumerate(self._orders):
+            if order.buf_len:
+                order.keys, order.rows = _merge_sorted(
+                    order.keys,
+                    order.rows,
+                    order.buf_keys[: order.buf_len],
+                    order.buf_rows[: order.buf_len],
+                    self._table(h).positions,
+                )
+                order.buf_len = 0
+        self._apply_policies()
+
+    def evict(self) -> None:
+        """Apply the eviction and merging policies now (``flush`` also does, every ``buffer_size``
+        appends)."""
+        self.flush()
+
+    def _sink(self, keys: Tensor) -> Tensor:
+        if self.sink_zone is None:
+            return torch.zeros_like(keys, dtype=torch.bool)
+        return (keys >= self.sink_zone[0]) & (keys <= self.sink_zone[1])
+
+    def _apply_policies(self) -> None:
+        for h, order in enumerate(self._orders):
+            table = self._table(h)
+            if self.eviction is not None and order.recent_len:
+                recent = order.recent[: order.recent_len]
+                lo, hi = recent.min() - self.eviction.margin, recent.max() + self.eviction.margin
+                keep = ((order.keys >= lo) & (order.keys <= hi)) | self._sink(order.keys)
+                order.total_count -= table.log_count[order.rows[~keep].long()].exp().sum().item()
+                order.keys, order.rows = order.keys[keep], order.rows[keep]
+            if self.merge is not None and order.keys.shape[0] > self.merge.max_entries:
+                self._density_merge(order, table)
+        self._compact()
+
+    def _density_merge(self, order: _KeyOrder, table: _RowTable) -> None:
+        # seed 002 "Density-based compression": entries in one bin of width `width` become one entry.
+        keys, rows = order.keys, order.rows.long()
+        sink = self._sink(keys)
+        bins = torch.floor(keys / self.merge.width)
+        starts = torch.ones_like(sink)
+        starts[1:] = (bins[1:] != bins[:-1]) | sink[1:] | sink[:-1]
+        group = torch.cumsum(starts, 0) - 1  # (n,) run id of each entry
+        runs = int(group[-1]) + 1
+        if runs == keys.shape[0]:
+            return
+        weight = table.log_count[rows].exp()
+        run_weight = torch.zeros(runs, dtype=keys.dtype).index_add_(0, group, weight)
+
+        def weighted_mean(x: Tensor) -> Tensor:
+            x = x if x.dim() == 2 else x[:, None]
+            sums = torch.zeros(runs, x.shape[1], dtype=x.dtype).index_add_(0, group, x * weight[:, None])
+            return sums / run_weight[:, None]
+
+        run_size = torch.bincount(group, minlength=runs)
+        merged = run_size > 1
+        new_keys = weighted_mean(keys)[:, 0]
+        first = torch.nonzero(starts).flatten()  # first entry of each run
+        run_positions = torch.full((runs,), torch.iinfo(torch.int64).max, dtype=torch.int64)
+        run_positions = run_positions.scatter_reduce(0, group, table.positions[rows], "amin")
+        new_rows = order.rows[first].clone()
+        new_rows[merged] = table.add(
+            weighted_mean(table.values[rows])[merged],
+            None if table.vec_keys is None else weighted_mean(table.vec_keys[rows])[merged],
+            run_weight[merged].log(),
+            run_positions[merged],
+        )
+        new_keys = torch.where(merged, new_keys, keys[first])  # singletons keep their exact key
+        order.keys, order.rows = new_keys, new_rows
+
+    def _compact(self) -> None:
+        """Drop rows no key head references, once they are at least half of a table."""
+        per_group = self.num_key_heads // self.num_groups
+        for g, table in enumerate(self._tables):
+            orders = self._orders[g * per_group : (g + 1) * per_group]
+            if table.rows <= 2 * max(len(order) for order in orders):
+                continue
+            live = torch.zeros(table.rows, dtype=torch.bool)
+            for order in orders:
+                live[order.rows.long()] = True
+                live[order.buf_rows[: order.buf_len].long()] = True
+            if int(live.sum()) * 2 > table.rows:
+                continue
+            new_row = table.keep(live)
+            for order in orders:
+                order.rows = new_row[order.rows.long()]
+                order.buf_rows[: order.buf_len] = new_row[order.buf_rows[: order.buf_len].long()]
+
+    # -- reading ----------------------------------------------------------------------------------
+
+    def entries(self, key_head: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Every entry of one key head, sorted entries first then the buffer: ``keys (n,)``,
+        ``positions (n,)``, ``log_count (n,)``, ``values (n, Dv)``."""
+        order, table = self._orders[key_head], self._table(key_head)
+        rows = torch.cat([order.rows, order.buf_rows[: order.buf_len]]).long()
+        keys = torch.cat([order.keys, order.buf_keys[: order.buf_len]])
+        return keys, table.positions[rows], table.log_count[rows], table.values[rows]
+
+    def _check_query(self, q_s, tau, window, q_vec) -> Tensor:
+        H = self.num_heads
+        if not (isinstance(window, int) and window >= 1):
+            raise ValueError(
+                f"window must be an int >= 1 (the number of nearest keys to read), got {window!r}"
+            )
+        if not (isinstance(q_s, Tensor) and q_s.shape == (H,)):
+            raise ValueError(f"q_s must be a tensor of shape ({H},) (one scalar query per head), got {q_s!r}")
+        if not torch.isfinite(q_s).all():
+            raise ValueError("q_s has NaN or infinite entries")
+        tau = torch.as_tensor(tau, dtype=self.dtype)
+        if tau.shape not in ((), (H,)):
+            raise ValueError(f"tau must be a float or a tensor of shape ({H},), got shape {tuple(tau.shape)}")
+        if not (torch.isfinite(tau).all() and (tau > 0).all()):
+            raise ValueError(f"tau must be finite and > 0 for every head, got {tau.tolist()}")
+        if self.vector_key_dim is not None:
+            if q_vec is None or q_vec.shape != (H, self.vector_key_dim):
+                got = None if q_vec is None else tuple(q_vec.shape)
+                raise ValueError(
+                    f"a hybrid cache needs q_vec of shape ({H}, {self.vector_key_dim}), got {got}"
+                )
+            if not torch.isfinite(q_vec).all():
+                raise ValueError("q_vec has NaN or infinite entries")
+        elif q_vec is not None:
+            raise ValueError("q_vec was given but the cache has no vector keys (vector_key_dim=None)")
+        if any(len(order) == 0 for order in self._orders):
+            raise ValueError("the cache is empty: append at least one token before decoding")
+        return tau.expand(H)
+
+    def decode(
+        self,
+        q_s: Tensor,
+        tau: Tensor | float,
+        window: int,
+        *,
+        q_vec: Tensor | None = None,
+        scale: float | None = None,
+    ) -> DecodeStep:
+        """Attend one query per head (``q_s (H,)``, hybrid ``q_vec (H, Dk)``) over the ``window``
+        entries nearest ``q_s`` in its key head, with their scores exactly as dense attention has
+        them; returns the output and a bound on the mass outside the window."""
+        tau = self._check_query(q_s, tau, window, q_vec)
+        q_s = q_s.to(self.dtype)
+        if q_vec is not None:
+            q_vec = q_vec.to(self.dtype)
+            scale = self.vector_key_dim**-0.5 if scale is None else scale
+        heads_per_key = self.num_heads // self.num_key_heads
+        outputs, bounds, keys_read, rows_read = [], [], 0, 0
+        reach = torch.arange(-(window + 1), window + 1)
+        for h_key, order in enumerate(self._orders):
+            heads = slice(h_key * heads_per_key, (h_key + 1) * heads_per_key)
+            q, table = q_s[heads], self._table(h_key)
+            if self.eviction is not None:
+                order.remember(q)
+            # The window + 1 nearest sorted keys lie within window + 1 places of the query's insertion
+            # point on either side: binary search, then read that slice.
+            n = order.keys.shape[0]
+            spots = torch.searchsorted(order.keys, q)[:, None] + reach  # (h, 2 window + 2)
+            inside = (spots >= 0) & (spots < n)
+            spots = spots.clamp(0, max(n - 1, 0))
+            cand_keys = order.keys[spots] if n else q.new_zeros(spots.shape)
+            cand_rows = order.rows[spots] if n else spots.int()
+            cand_keys = torch.cat([cand_keys, order.buf_keys[: order.buf_len].expand(q.shape[0], -1)], 1)
+            cand_rows = torch.cat([cand_rows, order.buf_rows[: order.buf_len].expand(q.shape[0], -1)], 1)
+            inside = torch.cat([inside, inside.new_ones(q.shape[0], order.buf_len)], 1)
+            distance = (q[:, None] - cand_keys).abs().masked_fill(~inside, math.inf)
+            keys_read += math.ceil(math.log2(n + 1)) + int(inside[0].sum())
+            nearest = torch.sort(distance, dim=1, stable=True).indices
+            chosen = nearest[:, :window]
+            valid = distance.gather(1, chosen).isfinite()  # fewer than `window` entries exist
+            keys = cand_keys.gather(1, chosen)
+            rows = cand_rows.gather(1, chosen).long()
+            rows_read += int(valid.sum())
+            # seed 002: score = -(q_s - k_s)^2 / tau [+ scale <q, k>] (+ log count of merged entries)
+            log_count = table.log_count[rows]
+            scores = -((q[:, None] - keys) ** 2) / tau[heads, None] + log_count
+            if q_vec is not None:
+                scores = scores + scale * torch.einsum("hd,hwd->hw", q_vec[heads], table.vec_keys[rows])
+            scores = scores.masked_fill(~valid, -math.inf)
+            top = scores.max(dim=1, keepdim=True).values
+            weights = (scores - top).exp()
+            inside_mass = weights.sum(dim=1)
+            outputs.append(torch.einsum("hw,hwd->hd", weights, table.values[rows]) / inside_mass[:, None])
+            # The bound: every entry outside the window is at least as far as the nearest excluded
+            # candidate (the (window + 1)-th nearest), so its score is at most
+            # -d_out^2 / tau [+ scale |q| max|k|] + log count; the outside mass is at most
+            # (outside count) * exp(that bound without the count).
+            if distance.shape[1] > window:
+                d_out = distance.gather(1, nearest[:, window : window + 1])[:, 0]
+            else:
+                d_out = torch.full_like(q, math.inf)
+            score_bound = -(d_out**2) / tau[heads]
+            if q_vec is not None:
+                score_bound = score_bound + abs(scale) * q_vec[heads].norm(dim=1) * table.max_vec_norm
+            window_count = (log_count.exp() * valid).sum(dim=1)
+            outside_count = (order.total_count - window_count).clamp(min=0)
+            log_outside = outside_count.log() + score_bound - top[:, 0]
+            bound = torch.sigmoid(log_outside - inside_mass.log())
+            bounds.append(torch.where(d_out.isfinite(), bound, 0.0))
+        return DecodeStep(torch.cat(outputs), torch.cat(bounds), keys_read, rows_read)
+
+    def dense_decode(
+        self, q_s: Tensor, tau: Tensor | float, *, q_vec: Tensor | None = None, scale: float | None = None
+    ) -> Tensor:
+        """Dense attention over every entry of the cache (the reference the window is tested against)."""
+        tau = self._check_query(q_s, tau, 1, q_vec)
+        heads_per_key = self.num_heads // self.num_key_heads
+        outputs = []
+        for h_key, order in enumerate(self._orders):
+            heads = slice(h_key * heads_per_key, (h_key + 1) * heads_per_key)
+            table = self._table(h_key)
+            rows = torch.cat([order.rows, order.buf_rows[: order.buf_len]]).long()
+            keys = torch.cat([order.keys, order.buf_keys[: order.buf_len]])
+            outputs.append(
+                scalar_attention_reference(
+                    q_s[heads].to(self.dtype),
+                    tau[heads],
+                    keys[None],
+                    table.values[rows][None],
+                    log_count=table.log_count[rows][None],
+                    q_vec=None if q_vec is None else q_vec[heads].to(self.dtype),
+                    k_vec=None if q_vec is None else table.vec_keys[rows][None],
+                    scale=scale,
+                )
+            )
+        return torch.cat(outputs)
