@@ -539,7 +539,7 @@ class SortedScalarCache:
             cand_rows = torch.cat([cand_rows, order.buf_rows[: order.buf_len].expand(q.shape[0], -1)], 1)
             inside = torch.cat([inside, inside.new_ones(q.shape[0], order.buf_len)], 1)
             distance = (q[:, None] - cand_keys).abs().masked_fill(~inside, math.inf)
-            keys_read += math.ceil(math.log2(n + 1)) + int(inside[0].sum())
+            keys_read += q.shape[0] * math.ceil(math.log2(n + 1)) + int(inside.sum())
             nearest = torch.sort(distance, dim=1, stable=True).indices
             chosen = nearest[:, :window]
             valid = distance.gather(1, chosen).isfinite()  # fewer than `window` entries exist
