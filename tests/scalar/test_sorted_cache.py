@@ -35,11 +35,14 @@ def query(H: int, Dk: int | None, spread: float = 1.0):
     return q_s, None if Dk is None else torch.randn(H, Dk, dtype=F64)
 
 
-def filled(H, Hk, G, Dv, Dk, k_s, v, k_vec, buffer_size, **options) -> SortedScalarCache:
+def filled(H, Hk, G, Dv, Dk, k_s, v, k_vec, buffer_size, chunk=3, **options) -> SortedScalarCache:
+    """A cache fed ``chunk`` tokens at a time, so entries sit both in sorted arrays and in buffers."""
     cache = SortedScalarCache(
         H, G, Dv, num_key_heads=Hk, vector_key_dim=Dk, buffer_size=buffer_size, dtype=F64, **options
     )
-    cache.append(k_s, v, k_vec)
+    for start in range(0, k_s.shape[0], chunk):
+        part = slice(start, start + chunk)
+        cache.append(k_s[part], v[part], None if k_vec is None else k_vec[part])
     return cache
 
 
@@ -180,8 +183,9 @@ def test_cache_is_invariant_to_insertion_order(layout, n, buffer_size, seed, chu
 
 def test_a_step_reads_log_n_plus_window_plus_buffer_keys_not_n():
     n, window, buffer_size = 64 * 78, 16, 64
-    k_s, v, _ = tokens(n + 10, 2, 1, 4, None)  # 10 tokens left in the buffer
-    cache = filled(2, 2, 1, 4, None, k_s, v, None, buffer_size)
+    k_s, v, _ = tokens(n + 10, 2, 1, 4, None)
+    cache = filled(2, 2, 1, 4, None, k_s[:n], v[:n], None, buffer_size, chunk=n)  # one bulk merge
+    cache.append(k_s[n:], v[n:])  # 10 tokens left in the buffer
     step = cache.decode(torch.zeros(2, dtype=F64), 0.1, window)
     per_head = math.ceil(math.log2(n + 1)) + 2 * (window + 1) + 10
     assert step.keys_read == 2 * per_head

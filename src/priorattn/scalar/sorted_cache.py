@@ -128,33 +128,44 @@ def scalar_attention_reference(
 
 
 class _RowTable:
-    """One value group's rows in arrival order: values, vector keys (hybrid), log-counts, positions."""
+    """One value group's rows in arrival order: values, vector keys (hybrid), positions, and the
+    log-counts of merged entries (allocated at the first density merge: until then every count is 1)."""
 
     def __init__(self, value_dim: int, vector_key_dim: int | None, dtype: torch.dtype, capacity: int):
         self.rows = 0
         self.values = torch.empty(capacity, value_dim, dtype=dtype)
         self.vec_keys = None if vector_key_dim is None else torch.empty(capacity, vector_key_dim, dtype=dtype)
-        self.log_count = torch.empty(capacity, dtype=dtype)
-        self.positions = torch.empty(capacity, dtype=torch.int64)
+        self.positions = torch.empty(capacity, dtype=torch.int32)
+        self.log_count: Tensor | None = None
         # Largest vector-key norm ever stored: bounds <q, k> of every entry outside a window. Means of
         # stored keys (merged entries) never exceed it, and eviction only removes keys.
         self.max_vec_norm = 0.0
 
+    _FIELDS = ("values", "vec_keys", "positions", "log_count")
+
     def tensors(self) -> list[Tensor]:
-        return [t for t in (self.values, self.vec_keys, self.log_count, self.positions) if t is not None]
+        return [t for t in (getattr(self, name) for name in self._FIELDS) if t is not None]
+
+    def counts_of(self, rows: Tensor) -> Tensor:
+        """Log-counts of the given rows (0 for a token that stands for itself)."""
+        if self.log_count is None:
+            return torch.zeros(rows.shape, dtype=self.values.dtype)
+        return self.log_count[rows]
 
     def reserve(self, rows: int) -> None:
         if rows <= self.values.shape[0]:
             return
         capacity = max(rows, int(self.values.shape[0] * GROWTH) + 1)
-        for name in ("values", "vec_keys", "log_count", "positions"):
+        for name in self._FIELDS:
             old = getattr(self, name)
             if old is not None:
                 new = old.new_empty((capacity, *old.shape[1:]))
                 new[: self.rows] = old[: self.rows]
                 setattr(self, name, new)
 
-    def add(self, values: Tensor, vec_keys: Tensor | None, log_count: Tensor, positions: Tensor) -> Tensor:
+    def add(
+        self, values: Tensor, vec_keys: Tensor | None, positions: Tensor, log_count: Tensor | None = None
+    ) -> Tensor:
         """Append rows; returns their row indices."""
         L = values.shape[0]
         self.reserve(self.rows + L)
@@ -164,14 +175,17 @@ class _RowTable:
             self.vec_keys[rows] = vec_keys
             if L:
                 self.max_vec_norm = max(self.max_vec_norm, vec_keys.norm(dim=-1).max().item())
-        self.log_count[rows] = log_count
-        self.positions[rows] = positions
+        self.positions[rows] = positions.to(torch.int32)
+        if log_count is not None and self.log_count is None:
+            self.log_count = self.values.new_zeros(self.values.shape[0])
+        if self.log_count is not None:
+            self.log_count[rows] = 0.0 if log_count is None else log_count
         self.rows += L
         return torch.arange(rows.start, rows.stop, dtype=torch.int32)
 
     def keep(self, live: Tensor) -> Tensor:
         """Drop the rows where ``live`` (bool, ``(rows,)``) is False; returns old row -> new row."""
-        for name in ("values", "vec_keys", "log_count", "positions"):
+        for name in self._FIELDS:
             old = getattr(self, name)
             if old is not None:
                 setattr(self, name, old[: self.rows][live].clone())
@@ -346,32 +360,37 @@ class SortedScalarCache:
                 f"positions must be an integer tensor of shape ({L},), "
                 f"got {positions.dtype} {tuple(positions.shape)}"
             )
-        self._next_position = max(self._next_position, int(positions.max()) + 1) if L else self._next_position
+        if L and (int(positions.min()) < 0 or int(positions.max()) >= 2**31 - 1):
+            raise ValueError(
+                f"positions must lie in [0, 2**31 - 1), got {positions.min()}..{positions.max()}"
+            )
+        if L:
+            self._next_position = max(self._next_position, int(positions.max()) + 1)
         k_s, v = k_s.to(self.dtype), v.to(self.dtype)
-        k_vec = None if k_vec is None else k_vec.to(self.dtype)
-        # Appended in chunks that fill the buffers, each full buffer merged before the next chunk.
-        start = 0
-        while start < L:
-            room = self.buffer_size - self._orders[0].buf_len
-            stop = min(L, start + room)
-            rows = [
-                table.add(
-                    v[start:stop, g],
-                    None if k_vec is None else k_vec[start:stop, g],
-                    torch.zeros(stop - start, dtype=self.dtype),
-                    positions[start:stop],
+        per_group = self.num_key_heads // self.num_groups
+        rows = [
+            table.add(v[:, g], None if k_vec is None else k_vec[:, g].to(self.dtype), positions)
+            for g, table in enumerate(self._tables)
+        ]
+        flush = self._orders[0].buf_len + L >= self.buffer_size
+        for h, order in enumerate(self._orders):
+            order.total_count += L
+            if flush:
+                # A full buffer, or a prefill longer than it, is merged in one O(n + L log L) pass.
+                order.keys, order.rows = _merge_sorted(
+                    order.keys,
+                    order.rows,
+                    torch.cat([order.buf_keys[: order.buf_len], k_s[:, h]]),
+                    torch.cat([order.buf_rows[: order.buf_len], rows[h // per_group]]),
+                    self._table(h).positions,
                 )
-                for g, table in enumerate(self._tables)
-            ]
-            for h, order in enumerate(self._orders):
-                chunk = slice(order.buf_len, order.buf_len + stop - start)
-                order.buf_keys[chunk] = k_s[start:stop, h]
-                order.buf_rows[chunk] = rows[h // (self.num_key_heads // self.num_groups)]
-                order.buf_len += stop - start
-                order.total_count += stop - start
-            if self._orders[0].buf_len == self.buffer_size:
-                self.flush()
-            start = stop
+                order.buf_len = 0
+            else:
+                order.buf_keys[order.buf_len : order.buf_len + L] = k_s[:, h]
+                order.buf_rows[order.buf_len : order.buf_len + L] = rows[h // per_group]
+                order.buf_len += L
+        if flush:
+            self._apply_policies()
 
     def flush(self) -> None:
         """Merge the append buffers into the sorted arrays, then apply eviction and merging."""
@@ -404,7 +423,7 @@ class SortedScalarCache:
                 recent = order.recent[: order.recent_len]
                 lo, hi = recent.min() - self.eviction.margin, recent.max() + self.eviction.margin
                 keep = ((order.keys >= lo) & (order.keys <= hi)) | self._sink(order.keys)
-                order.total_count -= table.log_count[order.rows[~keep].long()].exp().sum().item()
+                order.total_count -= table.counts_of(order.rows[~keep].long()).exp().sum().item()
                 order.keys, order.rows = order.keys[keep], order.rows[keep]
             if self.merge is not None and order.keys.shape[0] > self.merge.max_entries:
                 self._density_merge(order, table)
@@ -421,7 +440,7 @@ class SortedScalarCache:
         runs = int(group[-1]) + 1
         if runs == keys.shape[0]:
             return
-        weight = table.log_count[rows].exp()
+        weight = table.counts_of(rows).exp()
         run_weight = torch.zeros(runs, dtype=keys.dtype).index_add_(0, group, weight)
 
         def weighted_mean(x: Tensor) -> Tensor:
@@ -433,14 +452,14 @@ class SortedScalarCache:
         merged = run_size > 1
         new_keys = weighted_mean(keys)[:, 0]
         first = torch.nonzero(starts).flatten()  # first entry of each run
-        run_positions = torch.full((runs,), torch.iinfo(torch.int64).max, dtype=torch.int64)
+        run_positions = torch.full((runs,), torch.iinfo(torch.int32).max, dtype=torch.int32)
         run_positions = run_positions.scatter_reduce(0, group, table.positions[rows], "amin")
         new_rows = order.rows[first].clone()
         new_rows[merged] = table.add(
             weighted_mean(table.values[rows])[merged],
             None if table.vec_keys is None else weighted_mean(table.vec_keys[rows])[merged],
-            run_weight[merged].log(),
             run_positions[merged],
+            run_weight[merged].log(),
         )
         new_keys = torch.where(merged, new_keys, keys[first])  # singletons keep their exact key
         order.keys, order.rows = new_keys, new_rows
@@ -471,7 +490,7 @@ class SortedScalarCache:
         order, table = self._orders[key_head], self._table(key_head)
         rows = torch.cat([order.rows, order.buf_rows[: order.buf_len]]).long()
         keys = torch.cat([order.keys, order.buf_keys[: order.buf_len]])
-        return keys, table.positions[rows], table.log_count[rows], table.values[rows]
+        return keys, table.positions[rows].long(), table.counts_of(rows), table.values[rows]
 
     def _check_query(self, q_s, tau, window, q_vec) -> Tensor:
         H = self.num_heads
@@ -547,7 +566,7 @@ class SortedScalarCache:
             rows = cand_rows.gather(1, chosen).long()
             rows_read += int(valid.sum())
             # seed 002: score = -(q_s - k_s)^2 / tau [+ scale <q, k>] (+ log count of merged entries)
-            log_count = table.log_count[rows]
+            log_count = table.counts_of(rows)
             scores = -((q[:, None] - keys) ** 2) / tau[heads, None] + log_count
             if q_vec is not None:
                 scores = scores + scale * torch.einsum("hd,hwd->hw", q_vec[heads], table.vec_keys[rows])
@@ -592,7 +611,7 @@ class SortedScalarCache:
                     tau[heads],
                     keys[None],
                     table.values[rows][None],
-                    log_count=table.log_count[rows][None],
+                    log_count=table.counts_of(rows)[None],
                     q_vec=None if q_vec is None else q_vec[heads].to(self.dtype),
                     k_vec=None if q_vec is None else table.vec_keys[rows][None],
                     scale=scale,
