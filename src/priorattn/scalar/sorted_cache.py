@@ -137,6 +137,7 @@ class _RowTable:
         self.vec_keys = None if vector_key_dim is None else torch.empty(capacity, vector_key_dim, dtype=dtype)
         self.positions = torch.empty(capacity, dtype=torch.int32)
         self.log_count: Tensor | None = None
+        self.max_log_count = 0.0  # bounds the count of any entry a step does not read
         # Largest vector-key norm ever stored: bounds <q, k> of every entry outside a window. Means of
         # stored keys (merged entries) never exceed it, and eviction only removes keys.
         self.max_vec_norm = 0.0
@@ -180,6 +181,8 @@ class _RowTable:
             self.log_count = self.values.new_zeros(self.values.shape[0])
         if self.log_count is not None:
             self.log_count[rows] = 0.0 if log_count is None else log_count
+        if log_count is not None and L:
+            self.max_log_count = max(self.max_log_count, log_count.max().item())
         self.rows += L
         return torch.arange(rows.start, rows.stop, dtype=torch.int32)
 
@@ -202,7 +205,6 @@ class _KeyOrder:
         self.buf_keys = torch.empty(buffer_size, dtype=dtype)
         self.buf_rows = torch.empty(buffer_size, dtype=torch.int32)
         self.buf_len = 0
-        self.total_count = 0.0  # sum of counts of every entry (sorted + buffer)
         self.recent = torch.empty(recent, dtype=dtype)  # ring of the last queries, for eviction
         self.recent_len = 0
         self.recent_next = 0
@@ -374,7 +376,6 @@ class SortedScalarCache:
         ]
         flush = self._orders[0].buf_len + L >= self.buffer_size
         for h, order in enumerate(self._orders):
-            order.total_count += L
             if flush:
                 # A full buffer, or a prefill longer than it, is merged in one O(n + L log L) pass.
                 order.keys, order.rows = _merge_sorted(
@@ -423,7 +424,6 @@ class SortedScalarCache:
                 recent = order.recent[: order.recent_len]
                 lo, hi = recent.min() - self.eviction.margin, recent.max() + self.eviction.margin
                 keep = ((order.keys >= lo) & (order.keys <= hi)) | self._sink(order.keys)
-                order.total_count -= table.counts_of(order.rows[~keep].long()).exp().sum().item()
                 order.keys, order.rows = order.keys[keep], order.rows[keep]
             if self.merge is not None and order.keys.shape[0] > self.merge.max_entries:
                 self._density_merge(order, table)
@@ -549,7 +549,8 @@ class SortedScalarCache:
             # The window + 1 nearest sorted keys lie within window + 1 places of the query's insertion
             # point on either side: binary search, then read that slice.
             n = order.keys.shape[0]
-            spots = torch.searchsorted(order.keys, q)[:, None] + reach  # (h, 2 window + 2)
+            insertion = torch.searchsorted(order.keys, q)[:, None]  # (h, 1)
+            spots = insertion + reach  # (h, 2 window + 2)
             inside = (spots >= 0) & (spots < n)
             spots = spots.clamp(0, max(n - 1, 0))
             cand_keys = order.keys[spots] if n else q.new_zeros(spots.shape)
@@ -575,22 +576,31 @@ class SortedScalarCache:
             weights = (scores - top).exp()
             inside_mass = weights.sum(dim=1)
             outputs.append(torch.einsum("hw,hwd->hd", weights, table.values[rows]) / inside_mass[:, None])
-            # The bound: every entry outside the window is at least as far as the nearest excluded
-            # candidate (the (window + 1)-th nearest), so its score is at most
-            # -d_out^2 / tau [+ scale |q| max|k|] + log count; the outside mass is at most
-            # (outside count) * exp(that bound without the count).
-            if distance.shape[1] > window:
-                d_out = distance.gather(1, nearest[:, window : window + 1])[:, 0]
-            else:
-                d_out = torch.full_like(q, math.inf)
-            score_bound = -(d_out**2) / tau[heads]
+            # The bound on the mass outside the window. Every score is at most
+            # -d^2 / tau + [|scale| |q| max|k| (hybrid)] + max log count, for d a lower bound on the
+            # entry's scalar distance: the exact distance of a candidate left out of the window, and
+            # for the sorted entries beyond the candidates, blocks of doubling size (window, 2 window,
+            # ...) each bounded by the distance of its inner edge: 2 log2(n / window) more key reads,
+            # and far blocks, however many entries they hold, count for next to nothing.
+            lift = table.max_log_count - top[:, 0]
             if q_vec is not None:
-                score_bound = score_bound + abs(scale) * q_vec[heads].norm(dim=1) * table.max_vec_norm
-            window_count = (log_count.exp() * valid).sum(dim=1)
-            outside_count = (order.total_count - window_count).clamp(min=0)
-            log_outside = outside_count.log() + score_bound - top[:, 0]
-            bound = torch.sigmoid(log_outside - inside_mass.log())
-            bounds.append(torch.where(d_out.isfinite(), bound, 0.0))
+                lift = lift + abs(scale) * q_vec[heads].norm(dim=1) * table.max_vec_norm
+            left_out = distance.gather(1, nearest[:, window:])  # inf where no candidate
+            terms = [-(left_out**2) / tau[heads, None]]
+            if n > window + 1:
+                blocks = math.ceil(math.log2(n / window + 1)) + 1
+                reach_out = window * (2 ** torch.arange(blocks) - 1)  # 0, w, 3w, 7w, ... >= n
+                left = (insertion - window - 1 - reach_out).clamp(min=0)  # (h, blocks), edges going left
+                right = (insertion + window + reach_out).clamp(max=n - 1)
+                keys_read += 2 * q.shape[0] * (blocks - 1)
+                for edges, sizes in (
+                    (left, left[:, :-1] - left[:, 1:]),
+                    (right, right[:, 1:] - right[:, :-1]),
+                ):
+                    edge_distance = (q[:, None] - order.keys[edges[:, :-1]]).abs()
+                    terms.append(sizes.to(q.dtype).log() - edge_distance**2 / tau[heads, None])
+            log_outside = torch.logsumexp(torch.cat(terms, dim=1), dim=1) + lift
+            bounds.append(torch.sigmoid(log_outside - inside_mass.log()))
         return DecodeStep(torch.cat(outputs), torch.cat(bounds), keys_read, rows_read)
 
     def dense_decode(
