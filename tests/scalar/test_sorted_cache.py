@@ -106,11 +106,19 @@ def test_mass_bound_is_an_upper_bound_on_the_exact_outside_mass(layout, Dk, n, b
     cache = filled(H, Hk, G, 4, Dk, k_s, v, k_vec, buffer_size)
     q_s, q_vec = query(H, Dk, spread=1.2)
     tau = math.exp(log_tau)
+    exact = reference(q_s, tau, k_s, v, q_vec, k_vec)
+    # With entries in the append buffer the window also holds all of them: the output misses at
+    # most the bound times the spread of the values.
+    step = cache.decode(q_s, tau, window, q_vec=q_vec)
+    assert (
+        (step.output - exact).abs().max(dim=1).values <= 2 * step.mass_outside_bound * v.abs().max() + 1e-12
+    ).all()
+    # Once every entry is sorted the window is exactly the `window` nearest keys.
+    cache.flush()
     step = cache.decode(q_s, tau, window, q_vec=q_vec)
     exact_outside = outside_mass(q_s, tau, k_s, window, q_vec, k_vec)
     assert (exact_outside <= step.mass_outside_bound + 1e-12).all()
-    # The output misses at most the outside mass times the spread of the values.
-    error = (step.output - reference(q_s, tau, k_s, v, q_vec, k_vec)).abs().max(dim=1).values
+    error = (step.output - exact).abs().max(dim=1).values
     assert (error <= 2 * exact_outside * v.abs().max() + 1e-12).all()
 
 
@@ -190,9 +198,9 @@ def test_a_step_reads_log_n_plus_window_plus_buffer_keys_not_n():
     cache.append(k_s[n:], v[n:])  # 10 tokens left in the buffer
     step = cache.decode(torch.zeros(2, dtype=F64), 0.1, window)
     search, probes = math.ceil(math.log2(n + 1)), 2 * math.ceil(math.log2(n / window + 1))
-    per_head = search + 2 * (window + 1) + 10 + probes
+    per_head = search + 2 * window + 10 + probes
     assert step.keys_read == 2 * per_head
-    assert step.rows_read == 2 * window
+    assert step.rows_read == 2 * (window + 10)  # the window's sorted entries and the whole buffer
 
 
 def test_geometric_eviction_keeps_the_range_of_recent_queries_and_the_sink_zone():

@@ -561,27 +561,34 @@ class SortedScalarCache:
             scale = self.vector_key_dim**-0.5 if scale is None else scale
         if self.eviction is not None:
             self._remember(q)
-        # Every key head at once: binary search, then the slice of window + 1 places either side of
-        # the insertion point, which holds the window + 1 nearest sorted keys; plus the buffer.
+        # Every key head at once: binary search, then the slice of `window` places either side of the
+        # insertion point, which holds the window nearest sorted keys. They are contiguous: the slice
+        # is read as pairs (t, t + window), whose left member is nearer exactly for the left members
+        # that belong to the window, so counting those pairs places it without sorting.
         width, lengths = self._keys.shape[1], self._lengths[:, None, None]
         row_start = (torch.arange(Hk) * width)[:, None, None]
         insertion = torch.searchsorted(self._keys, q)[..., None]  # (Hk, per_key, 1)
-        spots = insertion + torch.arange(-(window + 1), window + 1)  # (Hk, per_key, 2 window + 2)
+        spots = insertion + torch.arange(-window, window)  # (Hk, per_key, 2 window)
         inside = (spots >= 0) & (spots < lengths)
         flat = spots.clamp(0, width - 1) + row_start
-        cand_keys, cand_rows = _take(self._keys.view(-1), flat), _take(self._rows.view(-1), flat)
+        slice_keys, slice_rows = _take(self._keys.view(-1), flat), _take(self._rows.view(-1), flat)
+        distance = (q[..., None] - slice_keys).abs().masked_fill(~inside, math.inf)
+        from_left = (distance[..., :window] < distance[..., window:]).sum(dim=2, keepdim=True)
+        chosen = window - from_left + torch.arange(window)  # (Hk, per_key, window) places in the slice
+        keys, rows, valid = (
+            slice_keys.gather(2, chosen),
+            slice_rows.gather(2, chosen),
+            inside.gather(2, chosen),
+        )
+        left_out = distance.scatter(2, chosen, math.inf)  # the slice's entries outside the window
+        # The append buffer's entries (at most buffer_size, not yet sorted) are all in the window.
         buffered = self._orders[0].buf_len
         if buffered:
             shape = (Hk, per_key, buffered)
-            cand_keys = torch.cat([cand_keys, self._buf_keys[:, None, :buffered].expand(shape)], 2)
-            cand_rows = torch.cat([cand_rows, self._buf_rows[:, None, :buffered].expand(shape)], 2)
-            inside = torch.cat([inside, inside.new_ones(shape)], 2)
-        distance = (q[..., None] - cand_keys).abs().masked_fill(~inside, math.inf)
-        nearest = torch.sort(distance, dim=2, stable=True).indices
-        chosen = nearest[..., :window]
-        valid = distance.gather(2, chosen).isfinite()  # False where fewer than `window` entries exist
-        keys = cand_keys.gather(2, chosen)
-        rows = cand_rows.gather(2, chosen).view(G, per_group, -1)  # each group reads its own table
+            keys = torch.cat([keys, self._buf_keys[:, None, :buffered].expand(shape)], 2)
+            rows = torch.cat([rows, self._buf_rows[:, None, :buffered].expand(shape)], 2)
+            valid = torch.cat([valid, valid.new_ones(shape)], 2)
+        rows = rows.reshape(G, per_group, -1)  # each group reads its own table
         log_count = torch.stack([table.counts_of(r) for table, r in zip(self._tables, rows)]).view_as(keys)
         # seed 002: score = -(q_s - k_s)^2 / tau [+ scale <q, k>] (+ log count of merged entries)
         scores = -((q[..., None] - keys) ** 2) / tau + log_count
@@ -617,15 +624,17 @@ class SortedScalarCache:
         if q_vec is not None:
             max_norm = per_key_head([table.max_vec_norm for table in self._tables])
             lift = lift + abs(scale) * q_vec.norm(dim=1).view(Hk, per_key) * max_norm
-        left_out = distance.gather(2, nearest[..., window:])  # inf where no candidate
         terms = [-(left_out**2) / tau]
         sizes = self._lengths.tolist()
         keys_read = per_key * sum(math.ceil(math.log2(n + 1)) for n in sizes) + int(inside.sum())
-        if max(sizes) > window + 1:
+        keys_read += H * buffered
+        if max(sizes) > window:
             blocks = math.ceil(math.log2(max(sizes) / window + 1)) + 1
             reach_out = window * (2 ** torch.arange(blocks) - 1)  # 0, w, 3w, 7w, ... >= n
-            left = (insertion - window - 1 - reach_out).clamp(min=0)  # (Hk, per_key, blocks)
-            right = torch.minimum(insertion + window + reach_out, (lengths - 1).clamp(min=0))
+            # Edges start at the slice's outermost entries; block j holds the entries between edge j
+            # and edge j + 1 (beyond the slice), all at least as far as edge j.
+            left = (insertion - window - reach_out).clamp(min=0)  # (Hk, per_key, blocks)
+            right = torch.minimum(insertion + window - 1 + reach_out, (lengths - 1).clamp(min=0))
             for edges, counts in (
                 (left, left[..., :-1] - left[..., 1:]),
                 (right, right[..., 1:] - right[..., :-1]),
