@@ -127,15 +127,15 @@ def run_length(n: int, args: argparse.Namespace, source: KeySource) -> dict:
     length = n
     sorted_times, dense_times, keys_read, rows_read, bounds = [], [], [], [], []
     for _ in range(args.rounds):
-        queries = [source.query() for _ in range(args.steps)]
+        queries, steps = [source.query() for _ in range(args.steps)], []
         start = time.perf_counter()
         for i, q in enumerate(queries):
             cache.append(k_s[length + i], values[length + i])
-            step = cache.decode(q, tau, args.window)
+            steps.append(cache.decode(q, tau, args.window))
         sorted_times.append((time.perf_counter() - start) / args.steps)
-        keys_read.append(step.keys_read)
-        rows_read.append(step.rows_read)
-        bounds.append(step.mass_captured_bound.min().item())
+        keys_read += [step.keys_read for step in steps]
+        rows_read += [step.rows_read for step in steps]
+        bounds += [step.mass_captured_bound.min().item() for step in steps]
         length += args.steps
         start = time.perf_counter()
         for _ in range(args.dense_steps):

@@ -219,8 +219,17 @@ def _take(source: Tensor, index: Tensor) -> Tensor:
     return source.index_select(0, index.reshape(-1)).view(*index.shape, *source.shape[1:])
 
 
-def _merge_sorted(keys: Tensor, rows: Tensor, new_keys: Tensor, new_rows: Tensor, positions: Tensor):
-    """Merge new entries into the sorted arrays in O(n + m log(n m)); order is (key, position)."""
+def _merge_sorted(
+    keys: Tensor,
+    rows: Tensor,
+    new_keys: Tensor,
+    new_rows: Tensor,
+    positions: Tensor,
+    out_keys: Tensor,
+    out_rows: Tensor,
+) -> None:
+    """Merge new entries into the sorted arrays, writing ``out_keys`` and ``out_rows`` (length
+    n + m), in O(n + m log(n m)); the order is (key, position)."""
     by_pos = torch.argsort(positions[new_rows.long()], stable=True)
     new_keys, new_rows = new_keys[by_pos], new_rows[by_pos]
     by_key = torch.argsort(new_keys, stable=True)
@@ -233,14 +242,13 @@ def _merge_sorted(keys: Tensor, rows: Tensor, new_keys: Tensor, new_rows: Tensor
         lo, hi = int(before[i]), int(tied_end[i])
         tied_positions = positions[rows[lo:hi].long()]
         before[i] = lo + torch.searchsorted(tied_positions, positions[new_rows[i].long()]).item()
-    destination = before + torch.arange(new_keys.shape[0])
-    taken = torch.zeros(keys.shape[0] + new_keys.shape[0], dtype=torch.bool)
-    taken[destination] = True
-    merged_keys = keys.new_empty(taken.shape[0])
-    merged_rows = rows.new_empty(taken.shape[0])
-    merged_keys[taken], merged_rows[taken] = new_keys, new_rows
-    merged_keys[~taken], merged_rows[~taken] = keys, rows
-    return merged_keys, merged_rows
+    # Each sorted entry moves right by the number of new entries placed before it: O(n) scatter,
+    # no boolean masks.
+    n, m = keys.shape[0], new_keys.shape[0]
+    shift = torch.bincount(before, minlength=n + 1)[:n].cumsum(0)
+    old_places, new_places = torch.arange(n) + shift, before + torch.arange(m)
+    out_keys.index_copy_(0, old_places, keys).index_copy_(0, new_places, new_keys)
+    out_rows.index_copy_(0, old_places, rows).index_copy_(0, new_places, new_rows)
 
 
 class SortedScalarCache:
@@ -391,40 +399,40 @@ class SortedScalarCache:
             table.add(v[:, g], None if k_vec is None else k_vec[:, g].to(self.dtype), positions)
             for g, table in enumerate(self._tables)
         ]
-        flush = self._orders[0].buf_len + L >= self.buffer_size
-        for h, order in enumerate(self._orders):
-            if flush:
-                # A full buffer, or a prefill longer than it, is merged in one O(n + L log L) pass.
-                order.keys, order.rows = _merge_sorted(
-                    order.keys,
-                    order.rows,
-                    torch.cat([order.buf_keys[: order.buf_len], k_s[:, h]]),
-                    torch.cat([order.buf_rows[: order.buf_len], rows[h // per_group]]),
-                    self._table(h).positions,
-                )
-                order.buf_len = 0
-            else:
-                order.buf_keys[order.buf_len : order.buf_len + L] = k_s[:, h]
-                order.buf_rows[order.buf_len : order.buf_len + L] = rows[h // per_group]
+        new_rows = torch.stack(rows).repeat_interleave(per_group, dim=0)  # (Hk, L)
+        if self._orders[0].buf_len + L >= self.buffer_size:
+            # A full buffer, or a prefill longer than it, is merged in one O(n + L log L) pass.
+            self._merge_buffers(k_s.T, new_rows)
+        else:
+            start = self._orders[0].buf_len
+            self._buf_keys[:, start : start + L] = k_s.T
+            self._buf_rows[:, start : start + L] = new_rows
+            for order in self._orders:
                 order.buf_len += L
-        if flush:
-            self._apply_policies()
-            self._pack()
 
     def flush(self) -> None:
         """Merge the append buffers into the sorted arrays, then apply eviction and merging."""
-        for h, order in enumerate(self._orders):
-            if order.buf_len:
-                order.keys, order.rows = _merge_sorted(
-                    order.keys,
-                    order.rows,
-                    order.buf_keys[: order.buf_len],
-                    order.buf_rows[: order.buf_len],
-                    self._table(h).positions,
-                )
-                order.buf_len = 0
-        self._apply_policies()
-        self._pack()
+        self._merge_buffers(self._buf_keys[:, :0], self._buf_rows[:, :0])
+
+    def _merge_buffers(self, more_keys: Tensor, more_rows: Tensor) -> None:
+        """Merge each key head's buffer and ``more_keys (Hk, L)`` into new packed sorted arrays."""
+        buffered = self._orders[0].buf_len
+        new_keys = torch.cat([self._buf_keys[:, :buffered], more_keys], dim=1)
+        new_rows = torch.cat([self._buf_rows[:, :buffered], more_rows], dim=1)
+        lengths = [order.keys.shape[0] + new_keys.shape[1] for order in self._orders]
+        keys = torch.empty(self.num_key_heads, max(1, max(lengths)), dtype=self.dtype)
+        rows = torch.empty(self.num_key_heads, keys.shape[1], dtype=torch.int32)
+        for h, (order, n) in enumerate(zip(self._orders, lengths)):
+            positions = self._table(h).positions
+            _merge_sorted(
+                order.keys, order.rows, new_keys[h], new_rows[h], positions, keys[h, :n], rows[h, :n]
+            )
+            keys[h, n:], rows[h, n:] = math.inf, 0  # padding keeps the row sorted
+            order.keys, order.rows, order.buf_len = keys[h, :n], rows[h, :n], 0
+        self._keys, self._rows, self._lengths = keys, rows, torch.tensor(lengths)
+        if self.eviction is not None or self.merge is not None:
+            self._apply_policies()
+            self._pack()
 
     def evict(self) -> None:
         """Apply the eviction and merging policies now (``flush`` also does, every ``buffer_size``
