@@ -38,6 +38,11 @@ __all__ = [
     "scalar_attention_reference",
 ]
 
+#: Weights below e^EXP_FLOOR of the window's largest are dropped: they are below float32 resolution,
+#: and exp() of numbers under -87 gives float32 subnormals, which cost ~300x a normal exp on x86
+#: (measured: 600 us against 1.7 us for 4096 values). Dropping them moves an output by at most
+#: window * e^-80 ~ 1e-32 of its scale.
+EXP_FLOOR = -80.0
 #: Row tables grow by this factor when full: amortized O(1) copies per insert with at most 25% slack.
 GROWTH = 1.25
 
@@ -609,7 +614,8 @@ class SortedScalarCache:
             scores = scores + scale * torch.stack(content).view_as(scores)
         scores = scores.masked_fill(~valid, -math.inf)
         top = scores.amax(dim=2, keepdim=True)
-        weights = (scores - top).exp()
+        shifted = scores - top
+        weights = shifted.masked_fill(shifted < EXP_FLOOR, -math.inf).exp()
         inside_mass = weights.sum(dim=2)  # (Hk, per_key)
         weights_g = weights.view(G, per_group, -1)
         output = torch.stack(
@@ -650,7 +656,11 @@ class SortedScalarCache:
                 edge_keys = _take(self._keys.view(-1), edges[..., :-1] + row_start)
                 terms.append(counts.to(self.dtype).log() - (q[..., None] - edge_keys) ** 2 / tau)
             keys_read += 2 * (blocks - 1) * H
-        log_outside = torch.logsumexp(torch.cat(terms, dim=2), dim=2) + lift
+        terms = torch.cat(terms, dim=2)
+        # Raising a term only loosens the bound, so raising the smallest to EXP_FLOOR below the
+        # largest keeps it rigorous (and adds at most e^EXP_FLOOR per term).
+        terms = torch.maximum(terms, terms.amax(dim=2, keepdim=True) + EXP_FLOOR)
+        log_outside = torch.logsumexp(terms, dim=2) + lift
         bound = torch.sigmoid(log_outside - inside_mass.log()).view(H)
         return DecodeStep(output, bound, keys_read, int(valid.sum()))
 
