@@ -602,9 +602,12 @@ class SortedScalarCache:
             rows = torch.cat([rows, self._buf_rows[:, None, :buffered].expand(shape)], 2)
             valid = torch.cat([valid, valid.new_ones(shape)], 2)
         rows = rows.reshape(G, per_group, -1)  # each group reads its own table
-        log_count = torch.stack([table.counts_of(r) for table, r in zip(self._tables, rows)]).view_as(keys)
         # seed 002: score = -(q_s - k_s)^2 / tau [+ scale <q, k>] (+ log count of merged entries)
-        scores = -((q[..., None] - keys) ** 2) / tau + log_count
+        scores = -((q[..., None] - keys) ** 2) / tau
+        merged = any(table.log_count is not None for table in self._tables)
+        if merged:
+            log_count = [table.counts_of(r) for table, r in zip(self._tables, rows)]
+            scores = scores + torch.stack(log_count).view_as(keys)
         if q_vec is not None:
             q_vec_g = q_vec.view(G, per_group, -1)
             content = [
@@ -634,7 +637,9 @@ class SortedScalarCache:
         def per_key_head(per_table: list[float]) -> Tensor:
             return torch.tensor(per_table, dtype=self.dtype).repeat_interleave(Hk // G)[:, None]
 
-        lift = per_key_head([table.max_log_count for table in self._tables]) - top[..., 0]
+        lift = -top[..., 0]
+        if merged:
+            lift = lift + per_key_head([table.max_log_count for table in self._tables])
         if q_vec is not None:
             max_norm = per_key_head([table.max_vec_norm for table in self._tables])
             lift = lift + abs(scale) * q_vec.norm(dim=1).view(Hk, per_key) * max_norm
