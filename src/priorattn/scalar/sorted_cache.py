@@ -43,6 +43,8 @@ __all__ = [
 #: (measured: 600 us against 1.7 us for 4096 values). Dropping them moves an output by at most
 #: window * e^-80 ~ 1e-32 of its scale.
 EXP_FLOOR = -80.0
+#: Merges of at most this many new entries copy the blocks between them; longer ones scatter.
+SEGMENT_MERGE_MAX = 4096
 #: Row tables grow by this factor when full: amortized O(1) copies per insert with at most 25% slack.
 GROWTH = 1.25
 
@@ -247,13 +249,24 @@ def _merge_sorted(
         lo, hi = int(before[i]), int(tied_end[i])
         tied_positions = positions[rows[lo:hi].long()]
         before[i] = lo + torch.searchsorted(tied_positions, positions[new_rows[i].long()]).item()
-    # Each sorted entry moves right by the number of new entries placed before it: O(n) scatter,
-    # no boolean masks.
     n, m = keys.shape[0], new_keys.shape[0]
-    shift = torch.bincount(before, minlength=n + 1)[:n].cumsum(0)
-    old_places, new_places = torch.arange(n) + shift, before + torch.arange(m)
-    out_keys.index_copy_(0, old_places, keys).index_copy_(0, new_places, new_keys)
-    out_rows.index_copy_(0, old_places, rows).index_copy_(0, new_places, new_rows)
+    new_places = before + torch.arange(m)
+    out_keys.index_copy_(0, new_places, new_keys)
+    out_rows.index_copy_(0, new_places, new_rows)
+    if m <= SEGMENT_MERGE_MAX:
+        # A buffer's worth of new entries: the sorted entries between two of them move as one
+        # contiguous block (memcpy), m + 1 blocks in all.
+        start = 0
+        for i, stop in enumerate([*before.tolist(), n]):
+            out_keys[start + i : stop + i] = keys[start:stop]
+            out_rows[start + i : stop + i] = rows[start:stop]
+            start = stop
+    else:
+        # A long prefill: each sorted entry moves right by the number of new entries placed before
+        # it, one O(n) scatter.
+        old_places = torch.arange(n) + torch.bincount(before, minlength=n + 1)[:n].cumsum(0)
+        out_keys.index_copy_(0, old_places, keys)
+        out_rows.index_copy_(0, old_places, rows)
 
 
 class SortedScalarCache:
