@@ -24,6 +24,7 @@ insertion needs a tree; in a flat tensor each insertion would shift O(n) entries
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -220,6 +221,17 @@ class _KeyOrder:
         return self.keys.shape[0] + self.buf_len
 
 
+@functools.cache
+def _ranges(window: int) -> tuple[Tensor, Tensor]:
+    """The slice's offsets from the insertion point, ``-window .. window - 1``, and ``window + j``."""
+    return torch.arange(-window, window), window + torch.arange(window)
+
+
+@functools.cache
+def _doubling(window: int, blocks: int) -> Tensor:
+    return window * (2 ** torch.arange(blocks) - 1)
+
+
 def _take(source: Tensor, index: Tensor) -> Tensor:
     """``source[index]`` for an index of any shape, through ``index_select`` (several times faster
     than advanced indexing on CPU for the scattered reads of a window)."""
@@ -369,6 +381,7 @@ class SortedScalarCache:
             order.keys, order.rows = keys[h, :n], rows[h, :n]
         self._keys, self._rows = keys, rows
         self._lengths = torch.tensor([order.keys.shape[0] for order in self._orders])
+        self._row_start = (torch.arange(self.num_key_heads) * width)[:, None, None]
 
     # -- insertion --------------------------------------------------------------------------------
 
@@ -399,18 +412,20 @@ class SortedScalarCache:
                     f"{name} has NaN or infinite entries: the cache only holds finite keys and values"
                 )
         if positions is None:
-            positions = torch.arange(self._next_position, self._next_position + L)
+            last = self._next_position + L - 1
+            positions = torch.arange(self._next_position, last + 1)
         elif positions.shape != (L,) or positions.is_floating_point():
             raise ValueError(
                 f"positions must be an integer tensor of shape ({L},), "
                 f"got {positions.dtype} {tuple(positions.shape)}"
             )
-        if L and (int(positions.min()) < 0 or int(positions.max()) >= 2**31 - 1):
-            raise ValueError(
-                f"positions must lie in [0, 2**31 - 1), got {positions.min()}..{positions.max()}"
-            )
-        if L:
-            self._next_position = max(self._next_position, int(positions.max()) + 1)
+        else:
+            last = int(positions.max()) if L else -1
+            if L and int(positions.min()) < 0:
+                raise ValueError(f"positions must be >= 0, got {int(positions.min())}")
+        if last >= 2**31 - 1:
+            raise ValueError(f"positions must lie below 2**31 - 1 (stored as int32), got {last}")
+        self._next_position = max(self._next_position, last + 1)
         k_s, v = k_s.to(self.dtype), v.to(self.dtype)
         per_group = self.num_key_heads // self.num_groups
         rows = [
@@ -448,6 +463,7 @@ class SortedScalarCache:
             keys[h, n:], rows[h, n:] = math.inf, 0  # padding keeps the row sorted
             order.keys, order.rows, order.buf_len = keys[h, :n], rows[h, :n], 0
         self._keys, self._rows, self._lengths = keys, rows, torch.tensor(lengths)
+        self._row_start = (torch.arange(self.num_key_heads) * keys.shape[1])[:, None, None]
         if self.eviction is not None or self.merge is not None:
             self._apply_policies()
             self._pack()
@@ -591,16 +607,16 @@ class SortedScalarCache:
         # insertion point, which holds the window nearest sorted keys. They are contiguous: the slice
         # is read as pairs (t, t + window), whose left member is nearer exactly for the left members
         # that belong to the window, so counting those pairs places it without sorting.
-        width, lengths = self._keys.shape[1], self._lengths[:, None, None]
-        row_start = (torch.arange(Hk) * width)[:, None, None]
+        width, lengths, row_start = self._keys.shape[1], self._lengths[:, None, None], self._row_start
+        offsets, places = _ranges(window)
         insertion = torch.searchsorted(self._keys, q)[..., None]  # (Hk, per_key, 1)
-        spots = insertion + torch.arange(-window, window)  # (Hk, per_key, 2 window)
+        spots = insertion + offsets  # (Hk, per_key, 2 window)
         inside = (spots >= 0) & (spots < lengths)
         flat = spots.clamp(0, width - 1) + row_start
         slice_keys, slice_rows = _take(self._keys.view(-1), flat), _take(self._rows.view(-1), flat)
         distance = (q[..., None] - slice_keys).abs().masked_fill(~inside, math.inf)
         from_left = (distance[..., :window] < distance[..., window:]).sum(dim=2, keepdim=True)
-        chosen = window - from_left + torch.arange(window)  # (Hk, per_key, window) places in the slice
+        chosen = places - from_left  # (Hk, per_key, window) places in the slice
         keys, rows, valid = (
             slice_keys.gather(2, chosen),
             slice_rows.gather(2, chosen),
@@ -662,17 +678,15 @@ class SortedScalarCache:
         keys_read += H * buffered
         if max(sizes) > window:
             blocks = math.ceil(math.log2(max(sizes) / window + 1)) + 1
-            reach_out = window * (2 ** torch.arange(blocks) - 1)  # 0, w, 3w, 7w, ... >= n
+            reach_out = _doubling(window, blocks)  # 0, w, 3w, 7w, ... >= n
             # Edges start at the slice's outermost entries; block j holds the entries between edge j
             # and edge j + 1 (beyond the slice), all at least as far as edge j.
             left = (insertion - window - reach_out).clamp(min=0)  # (Hk, per_key, blocks)
             right = torch.minimum(insertion + window - 1 + reach_out, (lengths - 1).clamp(min=0))
-            for edges, counts in (
-                (left, left[..., :-1] - left[..., 1:]),
-                (right, right[..., 1:] - right[..., :-1]),
-            ):
-                edge_keys = _take(self._keys.view(-1), edges[..., :-1] + row_start)
-                terms.append(counts.to(self.dtype).log() - (q[..., None] - edge_keys) ** 2 / tau)
+            edges = torch.cat([left[..., :-1], right[..., :-1]], dim=2)
+            counts = torch.cat([left[..., :-1] - left[..., 1:], right[..., 1:] - right[..., :-1]], dim=2)
+            edge_keys = _take(self._keys.view(-1), edges + row_start)
+            terms.append(counts.to(self.dtype).log() - (q[..., None] - edge_keys) ** 2 / tau)
             keys_read += 2 * (blocks - 1) * H
         terms = torch.cat(terms, dim=2)
         # Raising a term only loosens the bound, so raising the smallest to EXP_FLOOR below the
