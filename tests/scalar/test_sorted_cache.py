@@ -75,7 +75,7 @@ layouts = st.sampled_from(LAYOUTS)
 hybrid = st.sampled_from([None, 3])
 
 
-@settings(max_examples=30)
+@settings(max_examples=20)
 @given(
     layout=layouts, Dk=hybrid, n=st.integers(1, 40), buffer_size=st.integers(1, 16), extra=st.integers(0, 5)
 )
