@@ -211,7 +211,7 @@ def test_geometric_eviction_keeps_the_range_of_recent_queries_and_the_sink_zone(
     for q in [-1.0, 0.5, 1.0, 0.0]:
         cache.decode(torch.tensor([q], dtype=F64), 0.1, 8)
     before = cache.nbytes()
-    cache.evict()
+    cache.flush()
     keys, positions, _, values = cache.entries(0)
     kept = ((k_s[:, 0] >= -3) & (k_s[:, 0] <= 3)) | ((k_s[:, 0] >= 8) & (k_s[:, 0] <= 9))
     assert torch.equal(positions.sort().values, torch.nonzero(kept).flatten())
@@ -230,7 +230,7 @@ def test_geometric_eviction_forgets_queries_older_than_recent():
     cache = filled(1, 1, 1, 2, None, k_s, v, None, 1024, eviction=GeometricEviction(recent=2, margin=0.5))
     for q in [-9.0, 4.0, 5.0]:  # -9 has left the ring of the last two queries
         cache.decode(torch.tensor([q], dtype=F64), 0.1, 4)
-    cache.evict()
+    cache.flush()
     keys = cache.entries(0)[0]
     assert keys.min() >= 3.5 and keys.max() <= 5.5
     assert len(keys) == int(((k_s >= 3.5) & (k_s <= 5.5)).sum())
@@ -248,7 +248,7 @@ def test_density_merge_of_equal_keys_is_exact_and_keeps_their_weight(Dk):
     k_vec = None if Dk is None else torch.randn(40, 1, Dk, dtype=F64).repeat_interleave(copies, 0)
     merge = DensityMerge(width=0.1, max_entries=10)
     cache = filled(1, 1, 1, 4, Dk, k_s, v, k_vec, buffer_size=8, merge=merge, sink_zone=(-0.01, 0.01))
-    cache.evict()
+    cache.flush()
     assert len(cache) == 40
     q_s, q_vec = query(1, Dk)
     tau = 0.05
@@ -266,12 +266,12 @@ def test_density_merge_spares_the_sink_zone_and_merges_only_above_max_entries():
     k_s = torch.tensor([[-0.52], [-0.51], [0.01], [0.02], [0.31], [0.32]], dtype=F64)
     v = torch.randn(6, 1, 2, dtype=F64)
     small = filled(1, 1, 1, 2, None, k_s, v, None, 8, merge=DensityMerge(width=0.1, max_entries=6))
-    small.evict()
+    small.flush()
     assert len(small) == 6
     cache = filled(
         1, 1, 1, 2, None, k_s, v, None, 8, merge=DensityMerge(width=0.1, max_entries=5), sink_zone=(0.0, 0.05)
     )
-    cache.evict()
+    cache.flush()
     keys, _, log_count, values = cache.entries(0)
     torch.testing.assert_close(keys, torch.tensor([-0.515, 0.01, 0.02, 0.315], dtype=F64))
     torch.testing.assert_close(log_count.exp(), torch.tensor([2.0, 1, 1, 2], dtype=F64))
@@ -334,3 +334,14 @@ def test_hybrid_cache_demands_vector_keys_and_queries():
     cache.append(torch.zeros(2), torch.zeros(1, 3), torch.zeros(1, 4))
     with pytest.raises(ValueError, match=r"needs q_vec of shape \(2, 4\)"):
         cache.decode(torch.zeros(2), 0.1, 4)
+
+
+def test_decoding_a_key_head_that_eviction_emptied_is_a_clear_error():
+    k_s = torch.tensor([[0.0, 5.0], [0.1, 5.1]], dtype=F64)
+    cache = filled(
+        2, 2, 1, 2, None, k_s, torch.randn(2, 1, 2, dtype=F64), None, 8, eviction=GeometricEviction(1, 0.5)
+    )
+    cache.decode(torch.zeros(2, dtype=F64), 0.1, 4)  # key head 1's keys lie 5 away from its query
+    cache.flush()
+    with pytest.raises(ValueError, match=r"the cache is empty for key heads \[1\]"):
+        cache.decode(torch.zeros(2, dtype=F64), 0.1, 4)

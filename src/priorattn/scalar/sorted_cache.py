@@ -15,11 +15,12 @@ Layout (why not the seed's sorted array of values): values, and the vector keys 
 attention, stay in one append-only row table per value group, in arrival order; each key head
 keeps a sorted array of ``(scalar key, row)``. Grouped values (seed 002 "Grouped Value Attention")
 then need no copy of a value per head, and keeping the order sorted moves 8 bytes per entry instead
-of a whole value row. New entries go to a small unsorted append buffer that every step scans in
-full; when it holds ``buffer_size`` entries it is sorted and merged into the sorted array in one
-O(n) pass. A step costs O(log n + window + buffer_size) scalar reads and ``window`` row reads; an
-insert costs O(1) plus an amortized O(n / buffer_size) share of the merges (the seed's O(log n)
-insertion needs a tree; in a flat tensor each insertion would shift O(n) entries).
+of a whole value row. New entries go to a small unsorted append buffer whose entries all join
+every window; when it holds ``buffer_size`` entries it is sorted and merged into the sorted array
+in one O(n) pass. A step costs O(log n + window + buffer_size) scalar reads and
+``window + buffer_size`` row reads at most; an insert costs O(1) plus an amortized
+O(n / buffer_size) share of the merges (the seed's O(log n) insertion needs a tree; in a flat
+tensor each insertion would shift O(n) entries). Measured costs: docs/scalar_decoding.md.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class GeometricEviction:
     """Evict entries whose key lies outside ``[min q - margin, max q + margin]`` over the queries
     that searched the key head in the last ``recent`` decoding steps (seed 002 "Explicit Eviction
     Policies": geometric eviction). Applied whenever the append buffer is merged, and by
-    ``SortedScalarCache.evict()``.
+    ``SortedScalarCache.flush()``.
     """
 
     recent: int = 256
@@ -73,7 +74,7 @@ class DensityMerge:
     """Once a key head holds more than ``max_entries`` entries, merge the entries whose keys fall in
     the same bin ``floor(k_s / width)`` into one (seed 002 "Density-based compression": 1D histogram
     compression): count-weighted centroid key, count-weighted mean value (and vector key), summed
-    count. Applied whenever the append buffer is merged, and by ``SortedScalarCache.evict()``.
+    count. Applied whenever the append buffer is merged, and by ``SortedScalarCache.flush()``.
     """
 
     width: float
@@ -90,8 +91,9 @@ class DensityMerge:
 class DecodeStep:
     """One decoding step: ``output (H, Dv)``; ``mass_outside_bound (H,)``, an upper bound on the
     fraction of the exact attention mass that falls outside the window (so the window captures at
-    least ``1 - mass_outside_bound``); ``keys_read``, scalar keys read over all key heads
-    (binary search + window candidates + append buffer); ``rows_read``, value rows read."""
+    least ``1 - mass_outside_bound``); ``keys_read``, scalar keys read for all query heads (binary
+    search, the slice around the insertion point, the append buffer, the bound's block edges);
+    ``rows_read``, value rows read (the window's sorted entries and the whole buffer)."""
 
     output: Tensor
     mass_outside_bound: Tensor
@@ -444,7 +446,8 @@ class SortedScalarCache:
                 order.buf_len += L
 
     def flush(self) -> None:
-        """Merge the append buffers into the sorted arrays, then apply eviction and merging."""
+        """Merge the append buffers into the sorted arrays now, then apply eviction and merging (an
+        append does this by itself whenever the buffers fill)."""
         self._merge_buffers(self._buf_keys[:, :0], self._buf_rows[:, :0])
 
     def _merge_buffers(self, more_keys: Tensor, more_rows: Tensor) -> None:
@@ -467,11 +470,6 @@ class SortedScalarCache:
         if self.eviction is not None or self.merge is not None:
             self._apply_policies()
             self._pack()
-
-    def evict(self) -> None:
-        """Apply the eviction and merging policies now (``flush`` also does, every ``buffer_size``
-        appends)."""
-        self.flush()
 
     def _sink(self, keys: Tensor) -> Tensor:
         if self.sink_zone is None:
@@ -578,8 +576,11 @@ class SortedScalarCache:
                 raise ValueError("q_vec has NaN or infinite entries")
         elif q_vec is not None:
             raise ValueError("q_vec was given but the cache has no vector keys (vector_key_dim=None)")
-        if any(len(order) == 0 for order in self._orders):
+        empty = [h for h, order in enumerate(self._orders) if len(order) == 0]
+        if len(empty) == len(self._orders):
             raise ValueError("the cache is empty: append at least one token before decoding")
+        if empty:
+            raise ValueError(f"the cache is empty for key heads {empty} (eviction removed every entry)")
         return tau.expand(H)
 
     def decode(
