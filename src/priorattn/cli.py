@@ -48,6 +48,14 @@ def name_list(choices, kind: str) -> Callable[[str], list[str]]:
     return parse
 
 
+def normalizer_spec(text: str) -> str | float:
+    """An argparse ``type`` for ``--normalizer``: a name, or a number read as an entmax alpha."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def plot_priors(args: argparse.Namespace) -> int:
     """Draw every prior's log-prior curves and heatmaps to PNG files; print their paths."""
     if args.head >= args.heads:
@@ -73,6 +81,7 @@ def train(args: argparse.Namespace) -> int:
         window=args.window,
         rope_interpolation=args.rope_interpolation,
         backend=args.backend,
+        normalizer=args.normalizer,
     )
     model_flags = {name: value for name, value in model_flags.items() if value is not None}
     for flag in ("ssmax", "shared_prior"):
@@ -373,6 +382,11 @@ def add_train_parser(commands) -> None:
         help="one prior shared by all layers, as BAM's code (default: one per layer, seed 003 App. C)",
     )
     model.add_argument("--backend", help="attention route (auto)")
+    model.add_argument(
+        "--normalizer",
+        type=normalizer_spec,
+        help="attention map: softmax, sparsemax, entmax15 or an entmax alpha > 1 (softmax)",
+    )
     data = p.add_argument_group("data")
     data.add_argument("--data", help="text folder, glob, file or hf:PATH[:COLUMN] (embedded Shakespeare)")
     data.add_argument("--tokenizer", choices=TOKENIZERS, help=f"({defaults.tokenizer})")

@@ -4,9 +4,12 @@
 log-prior is added unscaled); with SSMax the logits of query i are multiplied by ``s_h log n_i``
 (the log-prior too when ``SSMax.scale_prior``); then the masks, softmax over keys, and the weighted
 sum of values. A query that sees no key returns zeros. Every other route is tested against this one.
+It is also the only route for normalizers other than softmax (sparsemax, entmax; seed 004 Sec. 4).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -57,10 +60,15 @@ def reference_attention(
     masking: Masking,
     scale: float,
     ssmax: Scaling | None,
+    normalize: Callable[[Tensor, Tensor], Tensor] = masked_softmax,
 ) -> Tensor:
-    """Dense prior attention: ``(B, H, Lq, Dv)``. Memory grows as ``Lq * Lk``."""
+    """Dense prior attention: ``(B, H, Lq, Dv)``. Memory grows as ``Lq * Lk``.
+
+    ``normalize(logits, visible)`` maps logits to weights over the keys: softmax, or another map of
+    the variational family (:func:`priorattn.eot.regularizer`), with zeros at masked keys.
+    """
     visible = masking.visible()
     log_prior = None if prior is None else prior.log_prior(masking.q_pos, masking.k_pos)
     logits = prior_logits(q, k, log_prior, scale, ssmax, visible)
-    probs = masked_softmax(logits, visible)
+    probs = normalize(logits, visible)
     return grouped_values(probs, v.to(probs.dtype)).to(v.dtype)
