@@ -24,6 +24,7 @@ def test_identities_hold_on_every_layer_of_a_trained_run(make_run, tmp_path, cap
         assert residual < 1e-9, name
         assert result["magnitude"][name] > 0, name  # every identity compared something non-zero
     assert result["layers"] == [0, 1] and result["heads"] == [0, 1] and result["tokens"] == [2, 33]
+    assert 0 < result["smallest_weight"] < 1
     printed = capsys.readouterr().out
     assert all(name in printed for name in IDENTITIES)
 

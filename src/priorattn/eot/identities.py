@@ -151,7 +151,7 @@ def add_row_matrices(residuals: Residuals, layer: LayerScores, b: int, h: int, i
 
 def check_layers(
     layers: list[LayerScores], heads: Sequence[int], rows: int, generator: torch.Generator
-) -> dict[str, dict[str, float]]:
+) -> dict:
     """Residuals of every identity over ``layers``, with ``rows`` random query rows per layer and head."""
     residuals = Residuals()
     for layer in layers:
@@ -162,7 +162,10 @@ def check_layers(
                 b, i = (int(torch.randint(n, (), generator=generator)) for n in (B, L))
                 add_row_matrices(residuals, layer, b, h, i)
     return dict(
-        residuals=residuals.relative(), absolute=dict(residuals.error), magnitude=dict(residuals.size)
+        residuals=residuals.relative(),
+        absolute=dict(residuals.error),
+        magnitude=dict(residuals.size),
+        smallest_weight=residuals.smallest_weight,
     )
 
 
