@@ -27,8 +27,6 @@ import entmax
 import torch
 from torch import Tensor
 
-from ..functional.reference import masked_softmax
-
 NAMES = ("softmax", "sparsemax", "entmax15")
 
 
@@ -40,6 +38,17 @@ def _check_positive(name: str, value) -> float:
 
 def _visible(scores: Tensor, visible: Tensor | None) -> Tensor:
     return torch.ones_like(scores, dtype=torch.bool) if visible is None else visible
+
+
+def masked_softmax(logits: Tensor, visible: Tensor) -> Tensor:
+    """Softmax over keys where ``visible``; rows with no visible key get all-zero weights.
+
+    Masked cells take the dtype's most negative finite value rather than -inf, so an empty row is a
+    finite (discarded) softmax and its gradient stays finite.
+    """
+    logits = logits.masked_fill(~visible, torch.finfo(logits.dtype).min)
+    probs = torch.softmax(logits, dim=-1)
+    return torch.where(visible.any(dim=-1, keepdim=True), probs, 0.0)
 
 
 def neg_entropy(p: Tensor) -> Tensor:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from ..eot.regularizers import masked_softmax
 from ..priors import Prior
 from ..ssmax import Scaling
 from .grouped import grouped_scores, grouped_values
@@ -23,17 +24,6 @@ from .masks import Masking
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Logits and softmax run in float32 for half-precision inputs."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-def masked_softmax(logits: Tensor, visible: Tensor) -> Tensor:
-    """Softmax over keys where ``visible``; rows with no visible key get all-zero weights.
-
-    Masked cells take the dtype's most negative finite value rather than -inf, so an empty row is a
-    finite (discarded) softmax and its gradient stays finite.
-    """
-    logits = logits.masked_fill(~visible, torch.finfo(logits.dtype).min)
-    probs = torch.softmax(logits, dim=-1)
-    return torch.where(visible.any(dim=-1, keepdim=True), probs, 0.0)
 
 
 def prior_logits(
