@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 from factories import exit_code
 
 from priorattn import cli
-from priorattn.eot.identities import IDENTITIES, LayerScores, capture_scores, check_layers
+from priorattn.eot.identities import (
+    IDENTITIES,
+    LayerScores,
+    Residuals,
+    add_row_matrices,
+    capture_scores,
+    check_layers,
+)
 from priorattn.train import load_run
 
 
@@ -60,6 +68,23 @@ def test_wrong_scores_temperature_or_sign_break_the_identities(make_run):
     assert all(result[name] > 1 for name in ("advantage", "score_gradient_fisher", "natural_gradient")), (
         result
     )
+
+
+def test_a_nan_residual_is_reported_not_dropped():
+    residuals = Residuals()
+    residuals.add("fisher", torch.tensor([1.0, float("nan")]), torch.ones(2))
+    residuals.add("fisher", torch.ones(2), torch.ones(2))
+    assert math.isnan(residuals.relative()["fisher"])
+
+
+def test_first_query_row_with_one_key_is_checked(make_run):
+    """Row 0 under a causal mask sees one key: F = 0, every identity holds trivially and finitely."""
+    _, layers = capture_scores(load_run(make_run(prior="goat")).model.double(), torch.randint(0, 256, (1, 9)))
+    residuals = Residuals()
+    for layer in layers:
+        add_row_matrices(residuals, layer, 0, 0, 0)
+        add_row_matrices(residuals, layer, 0, 1, 5)
+    assert all(value < 1e-9 for value in residuals.relative().values())
 
 
 @pytest.mark.parametrize(

@@ -110,8 +110,9 @@ class Residuals:
         self.smallest_weight = 1.0  # over the rows of the matrix identities: F's conditioning
 
     def add(self, name: str, lhs: Tensor, rhs: Tensor) -> None:
-        if rhs.numel():
-            self.error[name] = max(self.error[name], (lhs - rhs).abs().max().item())
+        if rhs.numel():  # torch.maximum keeps a NaN, where Python's max would drop it
+            error = torch.maximum(torch.tensor(self.error[name]), (lhs - rhs).abs().max())
+            self.error[name] = error.item()
             self.size[name] = max(self.size[name], rhs.abs().max().item())
 
     def relative(self) -> dict[str, float]:
@@ -142,11 +143,11 @@ def add_row_matrices(residuals: Residuals, layer: LayerScores, b: int, h: int, i
     # in a trained layer, so F is equilibrated by its diagonal (Jacobi scaling) before the
     # pseudo-inverse; F is singular along the constant vector (softmax ignores a shift of every
     # score), and F^+ picks the solution orthogonal to it.
-    scale = fisher.diagonal().sqrt()
-    y = torch.linalg.pinv(fisher / scale[:, None] / scale[None, :], hermitian=True) @ (-g / scale)
-    natural = y / scale
-    natural = natural - natural.mean()
-    residuals.add("natural_gradient", natural, tau * (u - u.mean()))
+    if len(s) > 1:  # with one key F = 0 and both sides are zero
+        scale = fisher.diagonal().sqrt()
+        y = torch.linalg.pinv(fisher / scale[:, None] / scale[None, :], hermitian=True) @ (-g / scale)
+        natural = y / scale
+        residuals.add("natural_gradient", natural - natural.mean(), tau * (u - u.mean()))
 
 
 def check_layers(
