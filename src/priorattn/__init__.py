@@ -4,10 +4,10 @@ Attention logits = content score + a learnable log-prior over positions:
 ``softmax_j(scale <q_i, k_j> + K_h(i, j))``. See ``priorattn.attention`` and ``priorattn.priors``.
 """
 
-from . import encodings, models, priors
+from . import encodings, eot, models, priors
 from .functional import attention
 from .layers import KVCache, PriorMultiheadAttention
 from .ssmax import SSMax
 
-__all__ = ["KVCache", "PriorMultiheadAttention", "SSMax", "attention", "encodings", "models", "priors"]
+__all__ = ["KVCache", "PriorMultiheadAttention", "SSMax", "attention", "encodings", "eot", "models", "priors"]
 __version__ = "0.1.0"

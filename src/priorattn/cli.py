@@ -78,6 +78,14 @@ def flag_names(message: str, parser: argparse.ArgumentParser) -> str:
     return pattern.sub(flag, message)
 
 
+def normalizer_spec(text: str) -> str | float:
+    """An argparse ``type`` for ``--normalizer``: a name, or a number read as an entmax alpha."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
 def plot_priors(args: argparse.Namespace) -> int:
     """Draw every prior's log-prior curves and heatmaps to PNG files; print their paths."""
     from .files import prepare_out
@@ -130,6 +138,7 @@ def train_configs(args: argparse.Namespace):
         window=args.window,
         rope_interpolation=args.rope_interpolation,
         backend=args.backend,
+        normalizer=args.normalizer,
         ssmax=args.ssmax or None,
         shared_prior=args.shared_prior or None,
     )
@@ -276,6 +285,25 @@ def compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def analyze_identities(args: argparse.Namespace) -> int:
+    """Check seed 004's policy-gradient identities on a run's attention; print and save the residuals."""
+    from .eot.identities import check_run
+    from .eval.jobs import RESULTS_JSON, prepare_out
+    from .files import write_json_atomic
+
+    options = dict(layers=args.layers, heads=args.heads, rows=args.rows, sequences=args.sequences)
+    try:
+        out = prepare_out(args.out)
+        result = check_run(args.run, length=args.length, seed=args.seed, **options)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:  # no run, no checkpoint, bad index
+        args.parser.error(str(e))
+    write_json_atomic(out / RESULTS_JSON, result)
+    for name, residual in result["residuals"].items():
+        print(f"{name:<22} {residual:.3e}   {result['identities'][name]}")
+    print(f"max |lhs - rhs| / max |rhs| in float64; results in {out / RESULTS_JSON}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -314,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_parser(commands)
     add_compare_parser(commands)
+    add_analyze_parser(commands)
 
     curves = commands.add_parser(
         "plot-runs",
@@ -370,6 +399,36 @@ def add_eval_parser(commands) -> None:
                 help="comma-separated (all)",
             )
         t.set_defaults(func=evaluate, parser=t)
+
+
+def index_list(text: str) -> list[int]:
+    """An argparse ``type`` for comma-separated indices ``>= 0``: ``"0,2"``."""
+    parse = int_at_least(0)
+    return [parse(part.strip()) for part in text.split(",")]
+
+
+def add_analyze_parser(commands) -> None:
+    p = commands.add_parser(
+        "analyze",
+        help="look inside a trained run: the identities of attention's backward pass",
+        description="Analyses of a trained run directory.",
+    )
+    analyses = p.add_subparsers(title="analyses", dest="analysis", required=True)
+    text = (
+        "Check seed 004 Sec. 5-7 on the run's attention layers in float64: the score gradient in "
+        "advantage form, the Fisher information, the Hessian of the log-sum-exp potential and the "
+        "natural gradient; print each identity's largest relative residual and write DIR/results.json."
+    )
+    t = analyses.add_parser("identities", help="the policy-gradient identities of seed 004", description=text)
+    t.add_argument("--run", type=Path, required=True, help="a run directory of priorattn train")
+    t.add_argument("--out", type=Path, required=True, help="output directory")
+    t.add_argument("--layers", type=index_list, help="comma-separated layer indices (all)")
+    t.add_argument("--heads", type=index_list, help="comma-separated head indices (all)")
+    t.add_argument("--rows", type=int_at_least(1), default=8, help="query rows per layer and head (8)")
+    t.add_argument("--sequences", type=int_at_least(1), default=2, help="validation windows (2)")
+    t.add_argument("--length", type=int_at_least(2), help="tokens per window (the training length)")
+    t.add_argument("--seed", type=int_at_least(0), default=0, help="(0)")
+    t.set_defaults(func=analyze_identities, parser=t)
 
 
 def add_compare_parser(commands) -> None:
@@ -432,6 +491,11 @@ def add_train_parser(commands) -> None:
         help="one prior shared by all layers, as BAM's code (default: one per layer, seed 003 App. C)",
     )
     model.add_argument("--backend", help="attention route (auto)")
+    model.add_argument(
+        "--normalizer",
+        type=normalizer_spec,
+        help="attention map: softmax, sparsemax, entmax15 or an entmax alpha > 1 (softmax)",
+    )
     data = p.add_argument_group("data")
     data.add_argument("--data", help="text folder, glob, file or hf:PATH[:COLUMN] (embedded Shakespeare)")
     data.add_argument(

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from .checks import check_doc_ids, check_key_padding_mask, check_positions, describe
 from .encodings import RoPE, Sinusoidal
 from .functional import attention
-from .functional.api import check_options
+from .functional.api import check_normalizer, check_options
 from .priors import Prior
 from .ssmax import SSMax
 
@@ -84,6 +84,8 @@ class PriorMultiheadAttention(nn.Module):
         head_dim: value width ``D`` per head, default ``d_model // num_heads``.
         window: sliding-window attention (with RoPE: "local RoPE").
         backend: passed to :func:`priorattn.attention`.
+        normalizer: ``"softmax"``, ``"sparsemax"``, ``"entmax15"`` or an entmax ``alpha > 1``, passed
+            to :func:`priorattn.attention` (maps other than softmax run on the reference route).
 
     When the prior folds into q/k lanes (``prior.can_fold(causal)``) the head keeps its width
     (seed 000 Sec. 4, Algorithm 1): content lanes ``d_q = head_dim - prior.fold_width``, so
@@ -108,6 +110,7 @@ class PriorMultiheadAttention(nn.Module):
         head_dim: int | None = None,
         window: int | None = None,
         backend: str = "auto",
+        normalizer: str | float = "softmax",
     ):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -131,6 +134,7 @@ class PriorMultiheadAttention(nn.Module):
                 f"count or give head_dim explicitly"
             )
         check_options(prior, num_heads, window, backend, heads=f"num_heads={num_heads}")
+        check_normalizer(normalizer, backend)
 
         content_dim = head_dim
         if prior is not None and prior.can_fold(causal) and prior.fold_width:
@@ -144,6 +148,7 @@ class PriorMultiheadAttention(nn.Module):
         self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
         self.head_dim, self.content_dim = head_dim, content_dim
         self.prior, self.causal, self.window, self.backend = prior, causal, window, backend
+        self.normalizer = normalizer
         self.q_proj = nn.Linear(d_model, num_heads * content_dim, bias=False)
         self.k_proj = nn.Linear(d_model, num_kv_heads * content_dim, bias=False)
         self.v_proj = nn.Linear(d_model, num_kv_heads * head_dim, bias=False)
@@ -190,6 +195,7 @@ class PriorMultiheadAttention(nn.Module):
             window=self.window,
             ssmax=self.ssmax,
             backend=self.backend,
+            normalizer=self.normalizer,
         )  # (B, H, L, D)
         return self.out_proj(y.transpose(1, 2).reshape(B, L, H * D)), cache
 
@@ -224,7 +230,7 @@ class PriorMultiheadAttention(nn.Module):
             f"d_model={self.d_model}, num_heads={self.num_heads}, "
             f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
             f"content_dim={self.content_dim}, causal={self.causal}, window={self.window}, "
-            f"backend={self.backend!r}"
+            f"backend={self.backend!r}, normalizer={self.normalizer!r}"
         )
 
 

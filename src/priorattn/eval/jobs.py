@@ -31,7 +31,7 @@ def default_lengths(train_len: int, factors: Sequence[int] = DEFAULT_FACTORS) ->
     return [train_len * f for f in factors]
 
 
-def eval_documents(run, run_dir: Path, data: str | None, text_encoding: str) -> list[np.ndarray]:
+def eval_documents(run, run_dir: Path, data: str | None, text_encoding: str = "utf-8") -> list[np.ndarray]:
     """Token arrays of the evaluation text: ``data``'s documents, or the run's validation split."""
     if data is None:
         documents = run_documents(run_dir, "val")

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from ..checks import check_doc_ids, check_key_padding_mask, check_positions
+from ..eot.regularizers import Regularizer, regularizer
 from ..priors import Prior, Uniform
 from ..ssmax import Scaling, SSMax
 from .flex import flex_route
@@ -41,6 +42,7 @@ def attention(
     window: int | None = None,
     ssmax: Tensor | SSMax | None = None,
     backend: str = "auto",
+    normalizer: str | float | Regularizer = "softmax",
 ) -> Tensor:
     """Attention with a log-prior: ``softmax_j(scale <q_i, k_j> + K_h(q_pos[i], k_pos[j]))``.
 
@@ -64,6 +66,10 @@ def attention(
         backend: ``"reference"`` (dense definition), ``"sdpa"`` (prior folded into q/k lanes, one
             unmodified SDPA call), ``"memeff"`` (blockwise, any prior, O(L) memory), ``"flex"``
             (compiled FlexAttention; forward only on the CPU), or ``"auto"`` (never ``"flex"``).
+        normalizer: the map from logits to weights, ``argmin_p -<p, logits> + Omega(p)`` over the
+            simplex (seed 004 Eq. 19): ``"softmax"``, ``"sparsemax"``, ``"entmax15"``, an entmax
+            ``alpha > 1``, or a :class:`~priorattn.eot.Regularizer` without position terms. Only
+            ``"reference"`` computes maps other than softmax; ``"auto"`` picks it for them.
 
     Returns:
         ``(B, H, Lq, Dv)``. A query that sees no key at all returns zeros, never NaN.
@@ -71,6 +77,7 @@ def attention(
     B, H, Lq, Dk = _check_qkv(q, k, v)
     Lk = k.shape[2]
     check_options(prior, H, window, backend, heads=f"q has {H}")
+    omega = check_normalizer(normalizer, backend)
     if prior is not None:
         prior.check_finite()
     if isinstance(prior, Uniform):
@@ -82,6 +89,8 @@ def attention(
     masking = Masking(causal, q_pos, k_pos, q_doc, k_doc, padding, window)
     scaling = _scaling(ssmax, H)
     scale = 1.0 / math.sqrt(Dk) if scale is None else float(scale)
+    if not omega.is_softmax:
+        return reference_attention(q, k, v, prior, masking, scale, scaling, omega.normalize)
     if backend == "auto":
         backend = _choose(q, prior, masking)
     return ROUTES[backend](q, k, v, prior, masking, scale, scaling)
@@ -98,6 +107,22 @@ def check_options(prior: Prior | None, num_heads: int, window, backend: str, hea
         raise ValueError(f"prior has {prior.num_heads} heads but {heads}")
     if window is not None and (not isinstance(window, int) or window < 1):
         raise ValueError(f"window must be a positive int, got {window!r}")
+
+
+def check_normalizer(normalizer: str | float | Regularizer, backend: str) -> Regularizer:
+    """The regularizer behind ``normalizer``; only the reference route computes maps other than softmax."""
+    omega = regularizer(normalizer)
+    if omega.depends_on_positions:
+        raise ValueError(
+            f"normalizer {omega!r} carries its own position terms: give the prior as prior= "
+            "(seed 000 Prop. 3.1: softmax with a log-prior is the KL-regularized map)"
+        )
+    if not omega.is_softmax and backend not in ("auto", "reference"):
+        raise ValueError(
+            f"backend={backend!r} computes softmax only; normalizer {omega!r} needs "
+            "backend='reference' (or 'auto', which picks it)"
+        )
+    return omega
 
 
 def _choose(q: Tensor, prior: Prior | None, masking: Masking) -> str:

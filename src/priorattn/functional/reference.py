@@ -4,13 +4,17 @@
 log-prior is added unscaled); with SSMax the logits of query i are multiplied by ``s_h log n_i``
 (the log-prior too when ``SSMax.scale_prior``); then the masks, softmax over keys, and the weighted
 sum of values. A query that sees no key returns zeros. Every other route is tested against this one.
+It is also the only route for normalizers other than softmax (sparsemax, entmax; seed 004 Sec. 4).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
+from ..eot.regularizers import masked_softmax
 from ..priors import Prior
 from ..ssmax import Scaling
 from .grouped import grouped_scores, grouped_values
@@ -20,17 +24,6 @@ from .masks import Masking
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Logits and softmax run in float32 for half-precision inputs."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-def masked_softmax(logits: Tensor, visible: Tensor) -> Tensor:
-    """Softmax over keys where ``visible``; rows with no visible key get all-zero weights.
-
-    Masked cells take the dtype's most negative finite value rather than -inf, so an empty row is a
-    finite (discarded) softmax and its gradient stays finite.
-    """
-    logits = logits.masked_fill(~visible, torch.finfo(logits.dtype).min)
-    probs = torch.softmax(logits, dim=-1)
-    return torch.where(visible.any(dim=-1, keepdim=True), probs, 0.0)
 
 
 def prior_logits(
@@ -57,10 +50,15 @@ def reference_attention(
     masking: Masking,
     scale: float,
     ssmax: Scaling | None,
+    normalize: Callable[[Tensor, Tensor], Tensor] = masked_softmax,
 ) -> Tensor:
-    """Dense prior attention: ``(B, H, Lq, Dv)``. Memory grows as ``Lq * Lk``."""
+    """Dense prior attention: ``(B, H, Lq, Dv)``. Memory grows as ``Lq * Lk``.
+
+    ``normalize(logits, visible)`` maps logits to weights over the keys: softmax, or another map of
+    the variational family (:func:`priorattn.eot.regularizer`), with zeros at masked keys.
+    """
     visible = masking.visible()
     log_prior = None if prior is None else prior.log_prior(masking.q_pos, masking.k_pos)
     logits = prior_logits(q, k, log_prior, scale, ssmax, visible)
-    probs = masked_softmax(logits, visible)
+    probs = normalize(logits, visible)
     return grouped_values(probs, v.to(probs.dtype)).to(v.dtype)

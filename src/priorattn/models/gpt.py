@@ -20,6 +20,7 @@ from ..checks import describe, is_integer_tensor
 from ..data.packing import IGNORE_INDEX
 from ..encodings import Sinusoidal
 from ..functional import BACKENDS
+from ..functional.api import check_normalizer
 from ..layers import KVCache, PriorMultiheadAttention
 from ..priors import GGD, GOAT, ALiBi, Prior, Sum
 
@@ -54,6 +55,9 @@ class GPTConfig:
     - ``prior_init``: ``"uniform"`` starts every learnable prior as standard attention (BAM's best,
       seed 003 App. F.1); ``"alibi"`` starts GGD at ALiBi and GOAT at its ALiBi-equivalent recency.
     - ``ggd_trainable``: which GGD parameters learn (seed 003 trains alpha and beta, App. F.2).
+    - ``normalizer``: the map from logits to attention weights in every layer: ``"softmax"``,
+      ``"sparsemax"``, ``"entmax15"`` or an entmax ``alpha > 1`` (seed 004 Sec. 4; not softmax runs
+      on the reference route).
     - ``goat_*``: GOAT's frequencies ``R``, key-only sink ``u(j)`` (its MLP's sinusoidal inputs and
       hidden width) and key-linear slope; it folds into ``2R + sink + slope`` lanes of each head.
     """
@@ -83,6 +87,7 @@ class GPTConfig:
     norm_eps: float = 1e-5
     dropout: float = 0.0
     backend: str = "auto"
+    normalizer: str | float = "softmax"
 
     def __post_init__(self):
         sizes = ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads")
@@ -132,6 +137,9 @@ class GPTConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if not isinstance(self.normalizer, str | int | float) or isinstance(self.normalizer, bool):
+            raise ValueError(f"normalizer must be a name or an entmax alpha, got {self.normalizer!r}")
+        check_normalizer(self.normalizer, self.backend)
         if self.mlp_hidden is None:
             self.mlp_hidden = 64 * math.ceil(8 * self.d_model / 3 / 64)  # Llama's SwiGLU width
         self.shared_prior = bool(self.shared_prior)  # None: one prior per layer, as both papers
@@ -205,6 +213,7 @@ class Block(nn.Module):
             head_dim=config.head_dim,
             window=config.window,
             backend=config.backend,
+            normalizer=config.normalizer,
         )
         self.attn_dropout = nn.Dropout(config.dropout)
         self.mlp_norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
