@@ -5,9 +5,19 @@ Attention logits = content score + a learnable log-prior over positions:
 """
 
 from . import encodings, models, priors
+from .checks import set_value_checks
 from .functional import attention
 from .layers import KVCache, PriorMultiheadAttention
 from .ssmax import SSMax
 
-__all__ = ["KVCache", "PriorMultiheadAttention", "SSMax", "attention", "encodings", "models", "priors"]
+__all__ = [
+    "KVCache",
+    "PriorMultiheadAttention",
+    "SSMax",
+    "attention",
+    "encodings",
+    "models",
+    "priors",
+    "set_value_checks",
+]
 __version__ = "0.1.0"
