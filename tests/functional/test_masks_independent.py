@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from factories import make_prior
+from factories import DEVICES, make_prior
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,13 +23,6 @@ from priorattn.priors import ALiBi
 
 #: Every route that has a backward; flex is compared forward only (FlexAttention has no CPU backward).
 ROUTES = ("reference", "sdpa", "memeff")
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda",
-        marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available"),
-    ),
-]
 
 
 def expected_visibility(q_pos, k_pos, causal, window, q_doc, k_doc, padding) -> torch.Tensor:
