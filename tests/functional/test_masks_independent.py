@@ -300,17 +300,17 @@ def test_chunked_routes_match_independent_masks(backend, case, prior, device, sm
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    "backend, prior, dtype, tol",
+    "backend, prior, dtype, tol, ssmax",
     [
-        ("sdpa", "alibi_steep", torch.float32, 2e-5),
-        ("memeff", "ggd_negative", torch.float64, 1e-9),
+        ("sdpa", "alibi_steep", torch.float32, 2e-5, True),
+        ("memeff", "ggd_negative", torch.float64, 1e-9, None),
     ],
 )
-def test_long_rows_match_independent_masks(backend, prior, dtype, tol, device):
+def test_long_rows_match_independent_masks(backend, prior, dtype, tol, ssmax, device):
     """L = 2100 with the routes' own chunk sizes: SDPA hands its mask over in two chunks, each
-    re-centring ALiBi's slope 0.5 every 512 queries in float32; memeff reads the GGD lag table in 9
-    blocks of 256 rows."""
-    o = dict(B=1, Hkv=1, H=1, Lq=2100, Lk=2100, offset=0, causal=True, window=1500, ssmax=None)
+    re-centring ALiBi's slope 0.5 every 512 queries in float32, and SSMax counts visible keys in two
+    chunks; memeff reads the GGD lag table in 9 blocks of 256 rows."""
+    o = dict(B=1, Hkv=1, H=1, Lq=2100, Lk=2100, offset=0, causal=True, window=1500, ssmax=ssmax)
     o.update(positions="default", docs="sorted", padding=True, seed=2, prior=prior)
     check(backend, o, dtype, tol, device)
 
