@@ -129,6 +129,7 @@ def test_gpt_compiles_and_matches_eager(prior):
     )
     model = GPT(config)
     tokens = torch.randint(0, 64, (2, 16))
-    breaks = graph_breaks(model, tokens)
+    doc_ids = (torch.arange(16) >= torch.tensor([[5], [16]])).long()  # packed rows, as in training
+    breaks = graph_breaks(model, tokens, doc_ids=doc_ids)
     assert_breaks_only_at_slope_span(breaks, "uniform" if prior == "uniform" else "sum")
-    assert_compiled_equals_eager(model, lambda m: m(tokens)[0])
+    assert_compiled_equals_eager(model, lambda m: m(tokens, doc_ids=doc_ids)[0])
