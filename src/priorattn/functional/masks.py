@@ -62,10 +62,12 @@ class Masking:
 
     @property
     def q_start(self) -> int | None:
+        """``q_pos[0, 0]`` when both positions are known runs, else None."""
         return None if self.starts is None else self.starts[0]
 
     @property
     def k_start(self) -> int | None:
+        """``k_pos[0, 0]`` when both positions are known runs, else None."""
         return None if self.starts is None else self.starts[1]
 
     @property
