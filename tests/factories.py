@@ -9,6 +9,13 @@ from priorattn import cli
 from priorattn.priors import GGD, GOAT, ALiBi, Prior, Sum, Uniform
 
 PRIOR_NAMES = ("uniform", "alibi", "ggd", "ggd_negative", "goat", "goat_noslope", "sum")
+#: Devices the route comparisons run on: the CPU, and CUDA where there is one.
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
+    ),
+]
 
 
 def make_prior(name: str, heads: int, seed: int = 0, dtype=torch.float64) -> Prior:

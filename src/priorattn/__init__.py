@@ -5,9 +5,20 @@ Attention logits = content score + a learnable log-prior over positions:
 """
 
 from . import encodings, eot, models, priors
+from .checks import set_value_checks
 from .functional import attention
 from .layers import KVCache, PriorMultiheadAttention
 from .ssmax import SSMax
 
-__all__ = ["KVCache", "PriorMultiheadAttention", "SSMax", "attention", "encodings", "eot", "models", "priors"]
+__all__ = [
+    "KVCache",
+    "PriorMultiheadAttention",
+    "SSMax",
+    "attention",
+    "encodings",
+    "eot",
+    "models",
+    "priors",
+    "set_value_checks",
+]
 __version__ = "0.1.0"

@@ -1,9 +1,28 @@
-"""Small helpers for validating arguments at the public boundary."""
+"""Small helpers for validating arguments at the public boundary.
+
+Checks of shapes, dtypes and options cost nothing and always run. Checks of tensor *values* (finite
+prior parameters and SSMax scales) must read the values back to the host: on an accelerator every
+read waits for the device, and under ``torch.compile`` it breaks the graph, on every call. They run
+only when asked, with :func:`set_value_checks` (e.g. while debugging a diverging run).
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
+_value_checks = False
+
+
+def set_value_checks(enabled: bool) -> None:
+    """Turn on (or off) the checks that read tensor values on every attention call."""
+    global _value_checks
+    _value_checks = bool(enabled)
+
+
+def value_checks_enabled() -> bool:
+    """Whether :func:`set_value_checks` turned the value checks on (off by default)."""
+    return _value_checks
 
 
 def is_integer_tensor(t: object) -> bool:

@@ -173,6 +173,9 @@ class PriorMultiheadAttention(nn.Module):
         ``causal`` (without it, earlier pieces cannot see later ones).
         """
         B, L = self._check_input(x, doc_ids, key_padding_mask, cache)
+        # Without a cache, default positions are attention's own defaults: passing none lets it know
+        # they are a run without reading them back (no host sync, no graph break).
+        runs = positions is None and cache is None
         positions = self._positions(positions, B, L, 0 if cache is None else len(cache), x.device)
         H, Hkv, Dq, D = self.num_heads, self.num_kv_heads, self.content_dim, self.head_dim
         q = self.q_proj(x).view(B, L, H, Dq).transpose(1, 2)  # (B, H, L, Dq)
@@ -188,8 +191,8 @@ class PriorMultiheadAttention(nn.Module):
             cache.v,
             prior=self.prior,
             causal=self.causal,
-            q_pos=positions,
-            k_pos=cache.positions,
+            q_pos=None if runs else positions,
+            k_pos=None if runs else cache.positions,
             doc_ids=None if doc_ids is None else (doc_ids, cache.doc_ids),
             key_padding_mask=cache.key_padding_mask,
             window=self.window,

@@ -48,14 +48,6 @@ def test_bad_input_names_the_problem(kwargs, error, message):
         priorattn.attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
 
 
-def test_non_finite_prior_parameter_is_named():
-    prior = GGD(4)
-    with torch.no_grad():
-        prior.theta_beta[1] = float("nan")
-    with pytest.raises(ValueError, match="GGD.theta_beta has non-finite values"):
-        priorattn.attention(q, kv, kv, prior=prior)
-
-
 def test_defaults_put_queries_at_the_end_of_the_keys():
     """With Lq < Lk the queries are the newest keys: a decode step equals the full pass's tail."""
     x = torch.randn(1, 2, 9, 8)

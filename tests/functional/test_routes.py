@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
-from factories import PRIOR_NAMES, make_prior
+from factories import DEVICES, PRIOR_NAMES, make_prior
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -142,7 +143,14 @@ def bf16_scales(o, q, k, v, prior, ssmax, kwargs):
     return 1.0 + logit, floors
 
 
-def check_route(backend, o, dtype):
+def on_device(device, q, k, v, prior, ssmax, kwargs):
+    """The same problem on ``device``; the reference it is compared with stays on the CPU."""
+    kwargs = {n: x.to(device) if isinstance(x, torch.Tensor) else x for n, x in kwargs.items()}
+    ssmax = None if ssmax is None else ssmax.to(device)
+    return q.to(device), k.to(device), v.to(device), copy.deepcopy(prior).to(device), ssmax, kwargs
+
+
+def check_route(backend, o, dtype, device="cpu"):
     (q, k, v), prior, ssmax, kwargs = build(o, dtype)
     if backend == "sdpa" and not prior.can_fold(o["causal"]):
         with pytest.raises(ValueError, match="folds into q/k lanes"):
@@ -150,7 +158,8 @@ def check_route(backend, o, dtype):
         return
     # The definition, in float64 from the same (possibly rounded) inputs.
     ref_out, ref_grads = run("reference", *(t.double() for t in (q, k, v)), prior, ssmax, kwargs)
-    out, grads = run(backend, q, k, v, prior, ssmax, kwargs)
+    out, grads = run(backend, *on_device(device, q, k, v, prior, ssmax, kwargs))
+    out, grads = out.cpu(), [g.cpu() for g in grads]
     assert out.dtype == dtype and out.shape == ref_out.shape
     assert torch.isfinite(out).all()
     if dtype == torch.bfloat16:
@@ -165,12 +174,13 @@ def check_route(backend, o, dtype):
         assert_close(g, r, 20 * tol, f"gradient {i}")
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", ["sdpa", "memeff"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 @settings(max_examples=40, deadline=None)
 @given(o=problems())
-def test_route_matches_reference(backend, dtype, o):
-    check_route(backend, o, dtype)
+def test_route_matches_reference(backend, dtype, device, o):
+    check_route(backend, o, dtype, device)
 
 
 @pytest.mark.parametrize("docs", [True, False])

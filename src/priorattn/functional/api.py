@@ -7,12 +7,12 @@ import math
 import torch
 from torch import Tensor
 
-from ..checks import check_doc_ids, check_key_padding_mask, check_positions
+from ..checks import check_doc_ids, check_key_padding_mask, check_positions, value_checks_enabled
 from ..eot.regularizers import Regularizer, regularizer
 from ..priors import Prior, Uniform
 from ..ssmax import Scaling, SSMax
 from .flex import flex_route
-from .masks import Masking
+from .masks import Masking, values_are_free
 from .memeff import memeff_attention
 from .prior_inputs import MIN_FOLD_SPAN, fold_dtype, slope_span
 from .reference import reference_attention
@@ -78,15 +78,17 @@ def attention(
     Lk = k.shape[2]
     check_options(prior, H, window, backend, heads=f"q has {H}")
     omega = check_normalizer(normalizer, backend)
-    if prior is not None:
+    if prior is not None and value_checks_enabled():
         prior.check_finite()
     if isinstance(prior, Uniform):
         prior = None
+    # Default positions are runs known without reading them back (see Masking.starts).
+    starts = (Lk - Lq, 0) if q_pos is None and k_pos is None else None
     q_pos = _positions("q_pos", q_pos, B, Lq, torch.arange(Lk - Lq, Lk, device=q.device))
     k_pos = _positions("k_pos", k_pos, B, Lk, torch.arange(Lk, device=q.device))
     q_doc, k_doc = _doc_ids(doc_ids, B, Lq, Lk)
     padding = None if key_padding_mask is None else check_key_padding_mask(key_padding_mask, B, Lk)
-    masking = Masking(causal, q_pos, k_pos, q_doc, k_doc, padding, window)
+    masking = Masking(causal, q_pos, k_pos, q_doc, k_doc, padding, window, starts)
     scaling = _scaling(ssmax, H)
     scale = 1.0 / math.sqrt(Dk) if scale is None else float(scale)
     if not omega.is_softmax:
@@ -173,9 +175,10 @@ def _doc_ids(doc_ids, B: int, Lq: int, Lk: int) -> tuple[Tensor | None, Tensor |
     else:
         k_doc = check_doc_ids("doc_ids", doc_ids, B, Lk)
         q_doc = k_doc[:, Lk - Lq :]
-    first = k_doc[:, :1]  # (B, 1)
-    if bool((k_doc == first).all()) and bool((q_doc == first).all()):
-        return None, None  # one document per row masks nothing; dropping it keeps the mask-free kernels
+    if values_are_free(k_doc):
+        first = k_doc[:, :1]  # (B, 1)
+        if bool((k_doc == first).all()) and bool((q_doc == first).all()):
+            return None, None  # one document per row masks nothing; dropping it keeps the mask-free kernels
     return q_doc, k_doc
 
 
@@ -186,6 +189,6 @@ def _scaling(ssmax: Tensor | SSMax | None, H: int) -> Scaling | None:
     if not isinstance(scaling.s, Tensor) or scaling.s.shape != (H,):
         shape = tuple(scaling.s.shape) if isinstance(scaling.s, Tensor) else scaling.s
         raise ValueError(f"ssmax must hold one scale per query head ({H},), got {shape}")
-    if not torch.isfinite(scaling.s).all():
+    if value_checks_enabled() and not torch.isfinite(scaling.s).all():
         raise ValueError("ssmax scales have non-finite values")
     return scaling

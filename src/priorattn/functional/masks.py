@@ -7,7 +7,6 @@ exactly what it would see in the full forward pass.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 from torch import Tensor
@@ -16,9 +15,21 @@ from torch import Tensor
 COUNT_CHUNK_CELLS = 1 << 22
 
 
+def values_are_free(t: Tensor) -> bool:
+    """Whether reading ``t``'s values on the host costs nothing: on the CPU, outside ``torch.compile``.
+
+    Routes may read small tensors (positions, document ids) to pick a faster exact kernel. On an
+    accelerator such a read waits for the device queue to drain, and under ``torch.compile`` it
+    breaks the graph; there the routes decide from shapes and arguments alone and take the general
+    path, which gives the same result.
+    """
+    return t.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 def run_start(pos: Tensor) -> int | None:
-    """``pos[0, 0]`` when ``pos`` is one run ``start, start + 1, ...`` shared by the batch, else None."""
-    if pos.shape[0] != 1 or pos.shape[-1] == 0:
+    """``pos[0, 0]`` when ``pos`` is one run ``start, start + 1, ...`` shared by the batch, else None
+    (also when its values are not free to read, see :func:`values_are_free`)."""
+    if pos.shape[0] != 1 or pos.shape[-1] == 0 or not values_are_free(pos):
         return None
     start = int(pos[0, 0])
     return start if torch.equal(pos[0], start + torch.arange(pos.shape[-1], device=pos.device)) else None
@@ -26,7 +37,12 @@ def run_start(pos: Tensor) -> int | None:
 
 @dataclass(frozen=True)
 class Masking:
-    """The masks of one attention call, on ``(B or 1, L)`` positions and ``(B, L)`` document ids."""
+    """The masks of one attention call, on ``(B or 1, L)`` positions and ``(B, L)`` document ids.
+
+    ``starts`` is ``(q_pos[0, 0], k_pos[0, 0])`` when both positions are runs shared by the batch,
+    else None. A caller that built them as runs (the defaults) says so; otherwise they are read
+    back where that is free (:func:`run_start`), and elsewhere taken as general positions.
+    """
 
     causal: bool
     q_pos: Tensor  # (B or 1, Lq) int64
@@ -35,6 +51,24 @@ class Masking:
     k_doc: Tensor | None = None  # (B, Lk)
     key_padding: Tensor | None = None  # (B, Lk) bool, True marks a padding key
     window: int | None = None
+    starts: tuple[int, int] | None = None
+
+    def __post_init__(self):
+        # Computed once here, not in cached properties: their lock is opaque to torch.compile.
+        if self.starts is None:
+            q0, k0 = run_start(self.q_pos), run_start(self.k_pos)
+            if q0 is not None and k0 is not None:
+                object.__setattr__(self, "starts", (q0, k0))
+
+    @property
+    def q_start(self) -> int | None:
+        """``q_pos[0, 0]`` when both positions are known runs, else None."""
+        return None if self.starts is None else self.starts[0]
+
+    @property
+    def k_start(self) -> int | None:
+        """``k_pos[0, 0]`` when both positions are known runs, else None."""
+        return None if self.starts is None else self.starts[1]
 
     @property
     def masks_anything(self) -> bool:
@@ -42,15 +76,14 @@ class Masking:
             self.causal or self.q_doc is not None or self.key_padding is not None or self.window is not None
         )
 
-    @cached_property
+    @property
     def queries_are_newest_keys(self) -> bool:
         """Positions are one run shared by the batch, ``k = s + arange(Lk)``, and the queries are its
         last ``Lq`` entries: the default, or a shifted copy of it."""
-        q0, k0 = run_start(self.q_pos), run_start(self.k_pos)
         Lq, Lk = self.q_pos.shape[-1], self.k_pos.shape[-1]
-        return q0 is not None and k0 is not None and q0 - k0 == Lk - Lq
+        return self.starts is not None and self.starts[0] - self.starts[1] == Lk - Lq
 
-    @cached_property
+    @property
     def plain_causal(self) -> bool:
         """Causal, queries are the newest keys, and nothing else is masked."""
         return (

@@ -32,7 +32,7 @@ from torch import Tensor
 from ..priors import Prior
 from ..ssmax import Scaling
 from .grouped import grouped, grouped_scores, grouped_values
-from .masks import Masking, run_start
+from .masks import Masking
 from .prior_inputs import centred_keys, slope_span, split_prior
 from .reference import compute_dtype
 
@@ -245,7 +245,7 @@ def memeff_attention(
     factor = None if ssmax is None else ssmax.factor(masking.visible_keys()).to(dtype)
     scale_prior = ssmax is not None and ssmax.scale_prior
     inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, scale_prior)
-    q0, k0 = run_start(masking.q_pos), run_start(masking.k_pos)
+    q0, k0 = masking.q_start, masking.k_start
     causal_offset = q0 - k0 if masking.causal and q0 is not None and k0 is not None else None
     span = None if inputs.slope is None else slope_span(inputs.slope, dtype)
     plan = Plan(

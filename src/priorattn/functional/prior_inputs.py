@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..priors import FoldLanes, Prior
-from .masks import Masking, run_start
+from .masks import Masking
 
 #: Largest magnitude the centred slope term may reach within one call, per dtype: past it, rounding
 #: of ``m * (k_pos - centre)`` shows in the logits (benchmarks/fold_precision.py measures it).
@@ -91,7 +91,7 @@ def lag_table(prior: Prior, masking: Masking) -> Tensor | None:
     positions that are one run shared by the batch: the prior is then evaluated ``Lq + Lk - 1``
     times instead of ``Lq * Lk``.
     """
-    q0, k0 = run_start(masking.q_pos), run_start(masking.k_pos)
+    q0, k0 = masking.q_start, masking.k_start
     if not prior.is_relative or q0 is None or k0 is None:
         return None
     Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]

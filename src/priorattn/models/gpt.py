@@ -219,7 +219,7 @@ class Block(nn.Module):
         self.mlp_norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
         self.mlp = SwiGLU(config.d_model, config.mlp_hidden, config.dropout)
 
-    def forward(self, x: Tensor, positions: Tensor, doc_ids: Tensor | None, cache: KVCache | None):
+    def forward(self, x: Tensor, positions: Tensor | None, doc_ids: Tensor | None, cache: KVCache | None):
         y, cache = self.attn(self.attn_norm(x), positions=positions, doc_ids=doc_ids, cache=cache)
         x = x + self.attn_dropout(y)
         x = x + self.mlp(self.mlp_norm(x))
@@ -289,6 +289,7 @@ class GPT(nn.Module):
         if reduction not in ("mean", "none"):
             raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
         past = 0 if caches is None else len(caches[0])
+        given = positions  # None lets each layer use (and know) its default run of positions
         if positions is None:
             positions = torch.arange(past, past + L, device=tokens.device)  # (L,)
         x = self.embed(tokens)  # (B, L, d_model)
@@ -299,7 +300,7 @@ class GPT(nn.Module):
         x = self.dropout(x)
         new_caches = []
         for i, block in enumerate(self.blocks):
-            x, cache = block(x, positions, doc_ids, None if caches is None else caches[i])
+            x, cache = block(x, given, doc_ids, None if caches is None else caches[i])
             new_caches.append(cache)
         logits = self.head(self.norm(x))  # (B, L, V)
         loss = None
