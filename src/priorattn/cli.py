@@ -85,6 +85,7 @@ def train(args: argparse.Namespace) -> int:
         val_fraction=args.val_fraction,
         seq_len=args.seq_len,
         retrieval_mix=args.retrieval_mix,
+        positions=args.positions,
         steps=args.steps,
         batch_size=args.batch_size,
         grad_accum=args.grad_accum,
@@ -342,7 +343,7 @@ def add_compare_parser(commands) -> None:
 def add_train_parser(commands) -> None:
     from .models.gpt import ENCODINGS
     from .models.presets import PRESETS
-    from .train.config import OPTIMIZERS, TOKENIZERS, TrainConfig
+    from .train.config import OPTIMIZERS, POSITIONS, TOKENIZERS, TrainConfig
 
     defaults = TrainConfig()
     p = commands.add_parser(
@@ -383,6 +384,12 @@ def add_train_parser(commands) -> None:
         "--retrieval-mix",
         type=float,
         help="fraction of sequences replaced by synthetic passkey/needle samples (0)",
+    )
+    data.add_argument(
+        "--positions",
+        choices=POSITIONS,
+        help="positions of packed windows: restart at each document, or count from the window's start "
+        f"(runs saved before this option) ({defaults.positions})",
     )
     opt = p.add_argument_group("optimization")
     opt.add_argument("--steps", type=int_at_least(1), help=f"optimizer steps ({defaults.steps})")
