@@ -39,7 +39,9 @@ class KVCache:
     The tensors are views of buffers with room to grow: :meth:`extend` writes a decode step's
     entries in place instead of copying the whole cache at every step (``torch.cat`` copies
     ``O(L^2)`` entries over a generation of ``L`` tokens; this copies each ``O(1)`` times).
-    A cache never changes once made, so several continuations may branch from one prefix.
+    A cache never changes once made, so several continuations may branch from one prefix. Under
+    autograd (keys or values that require grad) every extension gets new buffers of exactly its
+    size, as concatenation did: a buffer autograd saved for the backward is never written again.
     """
 
     def __init__(
