@@ -109,8 +109,8 @@ def test_packed_documents_are_scored_at_the_chosen_positions(tmp_path, positions
     torch.manual_seed(0)
     model = GPT(small_model(prior="goat", encoding="sinusoidal", seq_len=16))
     with torch.no_grad():
-        for p in model.prior_parameters():  # a sink u(j) that is not zero
-            p.uniform_(-0.5, 0.5)
+        for p in model.blocks.parameters():
+            p.uniform_(-0.5, 0.5)  # priors with a sink u(j) that is not zero, random weights
     loss = evaluate(model, packed, 2, TrainConfig(positions=positions, eval_sequences=None), Process())
 
     total, count = 0.0, 0
