@@ -149,10 +149,10 @@ def test_a_run_saved_before_positions_existed_resumes_with_window_positions(corp
     with pytest.raises(KeyboardInterrupt):
         train(small_model(prior="goat"), old, tmp_path / "run", progress=False)
     monkeypatch.setattr(loop, "train_step", real_step)
-    for name, configs in [("config.json", lambda d: d), ("checkpoint.json", lambda d: d["state"]["configs"])]:
-        path = tmp_path / "run" / name
+    run = tmp_path / "run"
+    for path in [run / "config.json", *run.glob("checkpoint*.json")]:  # as an earlier version wrote them
         saved = json.loads(path.read_text())
-        del configs(saved)["train"]["positions"]
+        del (saved if path.name == "config.json" else saved["state"]["configs"])["train"]["positions"]
         path.write_text(json.dumps(saved))
 
     assert load_run(tmp_path / "run").train_config.positions == "window"
