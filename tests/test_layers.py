@@ -37,9 +37,9 @@ def inputs(B, L, seed=1):
     return torch.randn(B, L, D_MODEL, generator=gen, dtype=torch.float64)
 
 
-def decode(module, x, chunks, **per_token):
+def decode(module, x, chunks, cache=None, **per_token):
     """Feed ``x`` to ``module`` in pieces of the given lengths, slicing the per-token tensors."""
-    outputs, cache, start = [], None, 0
+    outputs, start = [], 0
     for n in chunks:
         piece = {k: v[:, start : start + n] for k, v in per_token.items()}
         y, cache = module(x[:, start : start + n], cache=cache, **piece)
@@ -105,6 +105,96 @@ def test_cached_padding_stays_invisible_to_later_queries():
     kept = [0, 1, 3, 4, 5]
     expected, _ = module(x[:, kept], positions=torch.tensor(kept))
     torch.testing.assert_close(y, expected[:, 3:], rtol=0, atol=1e-12)
+
+
+def test_decoding_writes_the_cache_in_place_and_grows_it_geometrically():
+    """One token per step: the keys move to new buffers only when full (a few times over 200
+    steps), not at every step as concatenation would, and still equal the full pass's."""
+    module = layer("goat", encoding="rope")
+    x = inputs(2, 203)
+    buffers = []
+    with torch.no_grad():
+        full, full_cache = module(x)
+        outputs, cache = [], None
+        for piece in x.split([3] + [1] * 200, dim=1):
+            y, cache = module(piece, cache=cache)
+            outputs.append(y)
+            buffers.append(cache.k.untyped_storage().data_ptr())
+    moves = sum(a != b for a, b in zip(buffers, buffers[1:]))
+    assert moves <= math.ceil(math.log(203 / 3, 1.5))  # the capacity grows 1.5 times per move
+    torch.testing.assert_close(torch.cat(outputs, dim=1), full, rtol=0, atol=1e-12)
+    torch.testing.assert_close(cache.k, full_cache.k, rtol=0, atol=1e-12)
+    torch.testing.assert_close(cache.v, full_cache.v, rtol=0, atol=1e-12)
+
+
+def test_continuations_branched_from_one_cache_leave_each_other_alone():
+    """Two continuations of one prefix, extended in turn: each sees the prefix and its own tokens
+    only, and the prefix cache stays as it was (it had room that both would write into)."""
+    module = layer("goat", encoding="rope", ssmax=True)
+    prefix, first, second = inputs(1, 6), inputs(1, 3, seed=2), inputs(1, 3, seed=3)
+    with torch.no_grad():
+        _, cache = decode(module, prefix, [4, 1, 1])  # room after the prefix
+        before = (cache.k.clone(), cache.v.clone(), cache.positions.clone())
+        outputs = {"first": [], "second": []}
+        caches = {"first": cache, "second": cache}
+        for t in range(3):  # first's step t, then second's step t, on the same prefix
+            for name, tokens in (("first", first), ("second", second)):
+                y, caches[name] = module(tokens[:, t : t + 1], cache=caches[name])
+                outputs[name].append(y)
+        for name, tokens in (("first", first), ("second", second)):
+            full, _ = module(torch.cat([prefix, tokens], dim=1))
+            torch.testing.assert_close(torch.cat(outputs[name], dim=1), full[:, 6:], rtol=0, atol=1e-12)
+    after = (cache.k, cache.v, cache.positions)
+    assert all(torch.equal(a, b) for a, b in zip(before, after)) and len(cache) == 6
+
+
+@pytest.mark.parametrize("late", ["key_padding_mask", "positions"])
+def test_padding_or_per_sequence_positions_first_given_late_enter_the_cache(late):
+    """A cache with room, no padding and positions shared by the batch takes a step with padding
+    (earlier keys become non-padding) or with per-sequence positions: outputs as a full pass."""
+    module = layer("alibi", encoding="rope")
+    x = inputs(2, 8)
+    doc_ids = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1], [2, 2, 2, 2, 2, 2, 2, 2]])
+    per_token = dict(doc_ids=doc_ids)
+    if late == "key_padding_mask":
+        per_token[late] = torch.zeros(2, 8, dtype=torch.bool)
+        per_token[late][1, 6] = True
+    else:
+        per_token[late] = torch.arange(8).repeat(2, 1)
+        per_token[late][1, 6:] += 10
+    with torch.no_grad():
+        full, _ = module(x, **per_token)
+        _, cache = decode(module, x[:, :6], [4, 1, 1], doc_ids=doc_ids[:, :6])  # room for one more
+        y, cache = decode(
+            module, x[:, 6:], [1, 1], cache=cache, **{k: t[:, 6:] for k, t in per_token.items()}
+        )
+    torch.testing.assert_close(y, full[:, 6:], rtol=0, atol=1e-12)
+    assert torch.equal(getattr(cache, late), per_token[late]) and torch.equal(cache.doc_ids, doc_ids)
+
+
+def test_a_wider_dtype_extends_the_cache_as_concatenation_would():
+    """New entries of a wider dtype are not rounded into the cache's room: the cache is promoted."""
+    narrow = torch.full((1, 1, 2, 4), 0.5, dtype=torch.bfloat16)
+    cache = KVCache(narrow, narrow, torch.arange(2)[None])
+    cache = cache.extend(KVCache(narrow[:, :, :1], narrow[:, :, :1], torch.tensor([[2]])))  # with room
+    wide = torch.full((1, 1, 1, 4), 1 / 3, dtype=torch.float64)
+    extended = cache.extend(KVCache(wide, wide, torch.tensor([[3]])))
+    assert extended.k.dtype == extended.v.dtype == torch.float64
+    assert torch.equal(extended.k[:, :, 3:], wide) and torch.equal(
+        extended.k[:, :, :3].float(), narrow[:, :, :1].float().expand(1, 1, 3, 4)
+    )
+
+
+def test_gradients_through_a_cached_pass_equal_the_full_pass():
+    """Under autograd the cache is never written in place (a saved key would change under backward)."""
+    module = layer("goat", encoding="rope")
+    x = inputs(2, 9)
+    full, _ = module(x)
+    expected = torch.autograd.grad(full.square().sum(), list(module.parameters()))
+    cached, _ = decode(module, x, [3, 1, 1, 2, 1, 1])
+    got = torch.autograd.grad(cached.square().sum(), list(module.parameters()))
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
 
 
 def test_rope_layer_is_invariant_to_shifting_every_position():
@@ -299,6 +389,6 @@ def test_doc_ids_on_some_calls_only_names_the_problem():
         module(torch.randn(1, 1, 32), cache=cache, doc_ids=torch.zeros(1, 1).long())
 
 
-def test_kv_cache_is_a_dataclass_of_tensors():
+def test_kv_cache_of_tensors_has_their_length_and_no_documents_or_padding():
     cache = KVCache(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 5), torch.arange(3)[None])
     assert len(cache) == 3 and cache.doc_ids is None and cache.key_padding_mask is None

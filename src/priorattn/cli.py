@@ -189,6 +189,7 @@ TRAIN_FLAGS = (
     "val_fraction",
     "seq_len",
     "retrieval_mix",
+    "positions",
     "steps",
     "batch_size",
     "grad_accum",
@@ -460,7 +461,7 @@ def add_compare_parser(commands) -> None:
 def add_train_parser(commands) -> None:
     from .models.gpt import ENCODINGS
     from .models.presets import PRESETS
-    from .train.config import OPTIMIZERS, TOKENIZERS, TrainConfig
+    from .train.config import OPTIMIZERS, POSITIONS, TOKENIZERS, TrainConfig
 
     defaults = TrainConfig()
     p = commands.add_parser(
@@ -509,6 +510,12 @@ def add_train_parser(commands) -> None:
         "--retrieval-mix",
         type=float,
         help="fraction of sequences replaced by synthetic passkey/needle samples (0)",
+    )
+    data.add_argument(
+        "--positions",
+        choices=POSITIONS,
+        help="positions of packed windows: restart at each document, or count from the window's start "
+        f"(runs saved before this option) ({defaults.positions})",
     )
     opt = p.add_argument_group("optimization")
     opt.add_argument("--steps", type=int_at_least(1), help=f"optimizer steps ({defaults.steps})")

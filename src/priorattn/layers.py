@@ -17,6 +17,18 @@ from .ssmax import SSMax
 
 
 @dataclass
+class _Buffers:
+    """Storage that caches share: a cache of length ``n`` reads entries ``[0, n)``. Entries
+    ``[0, filled)`` hold data; the rest, up to the capacity ``C``, is room to grow into."""
+
+    k: Tensor  # (B, Hkv, C, Dq)
+    v: Tensor  # (B, Hkv, C, D)
+    positions: Tensor  # (B or 1, C)
+    doc_ids: Tensor | None  # (B, C)
+    key_padding_mask: Tensor | None  # (B, C)
+    filled: int
+
+
 class KVCache:
     """Keys and values seen so far, with what attention needs to mask and place them.
 
@@ -24,47 +36,109 @@ class KVCache:
     rotates only its new tokens. ``positions`` is ``(1, Lc)`` when every sequence shares them.
     ``key_padding_mask`` is kept so padding (e.g. left padding of a batched prompt) stays invisible
     to every later query; ``None`` means no key is padding.
+
+    The tensors are views of buffers with room to grow: :meth:`extend` writes a decode step's
+    entries in place instead of copying the whole cache at every step (``torch.cat`` copies
+    ``O(L^2)`` entries over a generation of ``L`` tokens; this copies each ``O(1)`` times).
+    A cache never changes once made, so several continuations may branch from one prefix. Under
+    autograd (keys or values that require grad) every extension gets new buffers of exactly its
+    size, as concatenation did: a buffer autograd saved for the backward is never written again.
     """
 
-    k: Tensor  # (B, Hkv, Lc, Dq), rotated
-    v: Tensor  # (B, Hkv, Lc, D)
-    positions: Tensor  # (B or 1, Lc) int64
-    doc_ids: Tensor | None = None  # (B, Lc)
-    key_padding_mask: Tensor | None = None  # (B, Lc) bool, True marks a padding key
+    def __init__(
+        self,
+        k: Tensor,  # (B, Hkv, Lc, Dq), rotated
+        v: Tensor,  # (B, Hkv, Lc, D)
+        positions: Tensor,  # (B or 1, Lc) int64
+        doc_ids: Tensor | None = None,  # (B, Lc)
+        key_padding_mask: Tensor | None = None,  # (B, Lc) bool, True marks a padding key
+    ):
+        self._view(_Buffers(k, v, positions, doc_ids, key_padding_mask, filled=k.shape[2]), k.shape[2])
+
+    def _view(self, buffers: _Buffers, length: int) -> KVCache:
+        self._buffers = buffers
+        self.k, self.v = buffers.k[:, :, :length], buffers.v[:, :, :length]
+        self.positions = buffers.positions[:, :length]
+        self.doc_ids = None if buffers.doc_ids is None else buffers.doc_ids[:, :length]
+        padding = buffers.key_padding_mask
+        self.key_padding_mask = None if padding is None else padding[:, :length]
+        return self
 
     def __len__(self) -> int:
         return self.k.shape[2]
 
     def extend(self, new: KVCache) -> KVCache:
-        """A cache holding these keys followed by ``new``'s (concatenation along the length)."""
+        """A cache holding these keys followed by ``new``'s; this cache stays as it is.
+
+        ``new``'s entries go in place into the room after this cache's entries when this cache is
+        the newest one on its buffers; otherwise (no room left, a branch from a cache that was
+        extended already, another layout) into new buffers with room for half as many entries
+        again, so the copies over a generation add up to a few times its length.
+        """
         if (self.doc_ids is None) != (new.doc_ids is None):
             if self.doc_ids is None:
                 state = "has no doc_ids but this call gives some"
             else:
                 state = "has doc_ids but this call gives none"
             raise ValueError(f"the cache {state}: pass doc_ids on every call or on none")
+        start, stop = len(self), len(self) + len(new)
+        buffers = self._buffers if self._has_room_for(new) else self._moved(new, stop)
+        buffers.k[:, :, start:stop] = new.k
+        buffers.v[:, :, start:stop] = new.v
+        buffers.positions[:, start:stop] = new.positions
+        if buffers.doc_ids is not None:
+            buffers.doc_ids[:, start:stop] = new.doc_ids
+        if buffers.key_padding_mask is not None:
+            padding = new.key_padding_mask
+            buffers.key_padding_mask[:, start:stop] = False if padding is None else padding
+        buffers.filled = stop
+        return KVCache.__new__(KVCache)._view(buffers, stop)
+
+    def _has_room_for(self, new: KVCache) -> bool:
+        buffers = self._buffers
+        return (
+            buffers.filled == len(self)  # past it nothing is read: no other cache holds entries there
+            and len(self) + len(new) <= buffers.k.shape[2]
+            and not _autograd_records(self, new)
+            and (new.k.dtype, new.v.dtype) == (buffers.k.dtype, buffers.v.dtype)
+            and new.positions.shape[0] <= buffers.positions.shape[0]
+            and (new.key_padding_mask is None or buffers.key_padding_mask is not None)
+        )
+
+    def _moved(self, new: KVCache, stop: int) -> _Buffers:
+        """New buffers holding this cache's entries, with room for ``stop`` entries and more."""
+        # A buffer that autograd may have saved must not be written again: no room in it.
+        capacity = stop if _autograd_records(self, new) else stop + stop // 2
+        n = len(self)
+
+        def buffer(old: Tensor, other: Tensor, rows: int, dim: int) -> Tensor:
+            shape = [rows, *old.shape[1:]]
+            shape[dim] = capacity
+            dtype = torch.promote_types(old.dtype, other.dtype)
+            out = old.new_empty(shape, dtype=dtype)
+            out.narrow(dim, 0, n).copy_(old)
+            return out
+
+        B = self.k.shape[0]
         padding = None
         if self.key_padding_mask is not None or new.key_padding_mask is not None:
-            padding = torch.cat([_no_padding(self), _no_padding(new)], dim=-1)
-        return KVCache(
-            torch.cat([self.k, new.k], dim=2),
-            torch.cat([self.v, new.v], dim=2),
-            _cat_batch(self.positions, new.positions),
-            None if new.doc_ids is None else torch.cat([self.doc_ids, new.doc_ids], dim=-1),
+            padding = torch.zeros(B, capacity, dtype=torch.bool, device=self.k.device)
+            if self.key_padding_mask is not None:
+                padding[:, :n] = self.key_padding_mask
+        rows = max(self.positions.shape[0], new.positions.shape[0])  # positions shared or per sequence
+        return _Buffers(
+            buffer(self.k, new.k, B, 2),
+            buffer(self.v, new.v, B, 2),
+            buffer(self.positions.expand(rows, -1), new.positions, rows, 1),
+            None if self.doc_ids is None else buffer(self.doc_ids, new.doc_ids, B, 1),
             padding,
+            filled=n,
         )
 
 
-def _no_padding(cache: KVCache) -> Tensor:
-    if cache.key_padding_mask is not None:
-        return cache.key_padding_mask
-    return torch.zeros(cache.k.shape[0], len(cache), dtype=torch.bool, device=cache.k.device)
-
-
-def _cat_batch(a: Tensor, b: Tensor) -> Tensor:
-    """Concatenate ``(B or 1, L)`` tensors along L, broadcasting the batch dim."""
-    B = max(a.shape[0], b.shape[0])
-    return torch.cat([a.expand(B, -1), b.expand(B, -1)], dim=-1)
+def _autograd_records(*caches: KVCache) -> bool:
+    """Whether writing into these caches' buffers could change tensors autograd saved."""
+    return torch.is_grad_enabled() and any(t.requires_grad for c in caches for t in (c.k, c.v))
 
 
 class PriorMultiheadAttention(nn.Module):

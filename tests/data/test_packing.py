@@ -11,7 +11,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from priorattn.data import Batches, ByteTokenizer, Document, PackedSequences, TokenStore, eval_batches
+from priorattn.data import (
+    Batches,
+    ByteTokenizer,
+    Document,
+    PackedSequences,
+    TokenStore,
+    document_positions,
+    eval_batches,
+)
 
 
 def byte_store(texts: list[str], path: Path) -> TokenStore:
@@ -60,9 +68,25 @@ def test_windows_match_the_reference(lengths, seq_len, data):
         assert len(packed) == (sum(lengths) - 1) // seq_len
         indices = data.draw(st.lists(st.integers(0, len(packed) - 1), min_size=1, max_size=4))
         tokens, targets, doc_ids = packed.batch(torch.tensor(indices))
+    positions = document_positions(doc_ids).expand(len(indices), -1)
     for row, i in enumerate(indices):
         expected = reference_window(texts, seq_len, i)
         assert (tokens[row].tolist(), targets[row].tolist(), doc_ids[row].tolist()) == expected
+        counted = [0]  # position in the document, counted from the window's first token
+        for previous, doc in zip(expected[2], expected[2][1:]):
+            counted.append(counted[-1] + 1 if doc == previous else 0)
+        assert positions[row].tolist() == counted
+
+
+def test_document_positions_restart_at_each_boundary(tmp_path):
+    _, _, doc_ids = PackedSequences(byte_store(["abc", "de", "fghij"], tmp_path), 3).batch([0, 1, 2])
+    assert document_positions(doc_ids).tolist() == [[0, 1, 2], [0, 1, 0], [0, 1, 2]]
+
+
+def test_document_positions_without_a_boundary_are_one_shared_run():
+    """Rows of one document each keep positions shared by the batch (attention's fast paths)."""
+    positions = document_positions(torch.tensor([[4, 4, 4], [7, 7, 7]]))
+    assert positions.shape == (3,) and positions.tolist() == [0, 1, 2]
 
 
 def test_too_few_tokens_says_what_to_do(tmp_path):

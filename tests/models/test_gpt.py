@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from priorattn.data import document_positions
 from priorattn.models import GPT, PRESETS, GPTConfig, preset
 from priorattn.models.gpt import ENCODINGS
 from priorattn.priors import GGD, GOAT, Sum
@@ -176,6 +177,36 @@ def test_cached_decoding_with_documents_and_positions_equals_full_forward():
     with torch.no_grad():
         cached, _ = decode(gpt, x, prefill=3, doc_ids=doc_ids, positions=positions)
     torch.testing.assert_close(cached, full.detach(), rtol=0, atol=1e-10)
+
+
+PACKED_DOC_IDS = torch.tensor([[3] * 5 + [4] * 6 + [5] * 2, [6] * 13])  # (2, 13): 3 documents, then 1
+
+
+@pytest.mark.parametrize(
+    "prior, encoding, absolute",
+    [
+        ("goat", "none", True),
+        ("uniform", "sinusoidal", True),
+        ("alibi+goat", "rope", True),
+        ("uniform", "rope", False),
+        ("ggd", "none", False),
+        ("alibi", "rope", False),
+    ],
+)
+def test_packed_row_with_document_positions_equals_each_document_alone(prior, encoding, absolute):
+    """With positions restarting at each document, every packed document gets the logits it gets
+    when run alone from position 0; window positions do too for relative position terms only, not
+    for absolute ones (GOAT's sink, sinusoids)."""
+    gpt = model(prior=prior, encoding=encoding)
+    assert gpt.reads_absolute_positions == absolute
+    x, doc_ids = tokens(2, 13), PACKED_DOC_IDS
+    packed, _, _ = gpt(x, doc_ids=doc_ids, positions=document_positions(doc_ids))
+    from_window_start, _, _ = gpt(x, doc_ids=doc_ids)
+    for row, start, stop in [(0, 0, 5), (0, 5, 11), (0, 11, 13), (1, 0, 13)]:
+        alone, _, _ = gpt(x[row : row + 1, start:stop])
+        torch.testing.assert_close(packed[row : row + 1, start:stop], alone, rtol=0, atol=1e-10)
+        window = from_window_start[row : row + 1, start:stop]
+        assert torch.allclose(window, alone, rtol=0, atol=1e-10) == (start == 0 or not absolute)
 
 
 @pytest.mark.parametrize("prior, encoding", [("goat", "none"), ("ggd", "rope"), ("alibi", "local_rope")])

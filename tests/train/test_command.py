@@ -26,11 +26,14 @@ def losses(run_dir) -> list[dict]:
 
 def test_train_reports_losses_against_the_baseline(corpus, tmp_path, capsys):
     argv = ["train", *SMALL, "--prior", "goat", "--ssmax", "--shared-prior", "--steps", "2"]
+    argv += ["--positions", "window"]
     assert cli.main([*argv, "--data", str(corpus), "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "step 2: train loss" in out and "unigram baseline" in out
-    model = json.loads((tmp_path / "config.json").read_text())["model"]
+    saved = json.loads((tmp_path / "config.json").read_text())
+    model = saved["model"]
     assert (model["prior"], model["ssmax"], model["shared_prior"]) == ("goat", True, True)
+    assert saved["train"]["positions"] == "window"
 
 
 def test_sample_and_plot_runs_use_a_finished_run(corpus, tmp_path, capsys):

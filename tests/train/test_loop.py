@@ -96,6 +96,80 @@ def test_resume_continues_exactly(corpus, tmp_path, monkeypatch, retrieval_mix):
     assert losses(tmp_path / "split") == losses(tmp_path / "whole")
 
 
+@pytest.mark.parametrize("positions", ["document", "window"])
+def test_packed_documents_are_scored_at_the_chosen_positions(tmp_path, positions):
+    """``positions="document"``: each packed document's loss is its loss alone, from position 0;
+    ``"window"`` is the call the loop made before the option existed (positions from the window's start)."""
+    import torch.nn.functional as F
+
+    from priorattn.data import ByteTokenizer, Document, PackedSequences, TokenStore, eval_batches
+    from priorattn.models import GPT
+    from priorattn.train.distributed import Process
+    from priorattn.train.loop import evaluate
+
+    texts = ["the quick brown fox", "jumps", "over the lazy dog while seven", "wizards hex"]
+    docs = [Document(f"doc{i}", lambda text=text: text) for i, text in enumerate(texts)]
+    packed = PackedSequences(TokenStore.build(docs, ByteTokenizer(), tmp_path / "store"), 16)
+    torch.manual_seed(0)
+    model = GPT(small_model(prior="goat", encoding="sinusoidal", seq_len=16))
+    with torch.no_grad():
+        for p in model.blocks.parameters():
+            p.uniform_(-0.5, 0.5)  # priors with a sink u(j) that is not zero, random weights
+    loss = evaluate(model, packed, 2, TrainConfig(positions=positions, eval_sequences=None), Process())
+
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for tokens, targets, doc_ids in eval_batches(packed, 2):
+            if positions == "window":
+                logits, _, _ = model(tokens, doc_ids=doc_ids)
+                total += F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum").item()
+                count += int((targets != -100).sum())
+                continue
+            for row in range(len(tokens)):
+                for doc in doc_ids[row].unique():
+                    where = doc_ids[row] == doc
+                    logits, _, _ = model(tokens[row, where][None])
+                    total += F.cross_entropy(logits[0], targets[row, where], reduction="sum").item()
+                    count += int((targets[row, where] != -100).sum())
+    assert loss == pytest.approx(total / count, rel=1e-5)
+
+
+def test_a_run_saved_before_positions_existed_resumes_with_window_positions(corpus, tmp_path, monkeypatch):
+    """Such a run trained with window positions: it loads with them, resuming it with document
+    positions is refused, and resuming it with window positions continues it exactly."""
+    from priorattn.train import load_run, loop
+
+    old = settings(corpus, positions="window")
+    train(small_model(prior="goat"), old, tmp_path / "whole", progress=False)
+    real_step, calls = loop.train_step, []
+
+    def dies_in_step_5(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_step", dies_in_step_5)
+    with pytest.raises(KeyboardInterrupt):
+        train(small_model(prior="goat"), old, tmp_path / "run", progress=False)
+    monkeypatch.setattr(loop, "train_step", real_step)
+    run = tmp_path / "run"
+    for path in [run / "config.json", *run.glob("checkpoint*.json")]:  # as an earlier version wrote them
+        saved = json.loads(path.read_text())
+        del (saved if path.name == "config.json" else saved["state"]["configs"])["train"]["positions"]
+        path.write_text(json.dumps(saved))
+
+    assert load_run(tmp_path / "run").train_config.positions == "window"
+    with pytest.raises(ValueError, match="train.positions: run has 'window', given 'document'"):
+        train(small_model(prior="goat"), settings(corpus), tmp_path / "run", resume=True, progress=False)
+    train(small_model(prior="goat"), old, tmp_path / "run", resume=True, progress=False)
+    logged = [
+        [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in metrics(tmp_path / run)]
+        for run in ("whole", "run")
+    ]
+    assert logged[0] == logged[1]
+
+
 def test_existing_run_needs_resume(corpus, tmp_path):
     train(small_model(), settings(corpus, steps=1), tmp_path / "run", progress=False)
     with pytest.raises(FileExistsError, match="already holds a run"):

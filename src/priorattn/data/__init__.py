@@ -2,13 +2,13 @@
 
 ``prepare_data(source, seq_len=..., run_dir=...)`` does it all; the pieces are: ``load_corpus`` and
 ``split_documents`` (corpus.py), tokenizers (tokenizer.py), ``TokenStore`` and ``cached_store``
-(store.py), ``PackedSequences``, ``Batches`` and ``eval_batches`` (packing.py), the ``unigram_cross_entropy``
-baseline (stats.py), and synthetic passkey/needle sequences (retrieval.py). ``run_documents`` gives
-back a run's validation (or train) documents.
+(store.py), ``PackedSequences``, ``Batches``, ``eval_batches`` and ``document_positions``
+(packing.py), the ``unigram_cross_entropy`` baseline (stats.py), and synthetic passkey/needle
+sequences (retrieval.py). ``run_documents`` gives back a run's validation (or train) documents.
 """
 
 from .corpus import Document, load_corpus, split_documents
-from .packing import Batches, PackedSequences, eval_batches
+from .packing import Batches, PackedSequences, document_positions, eval_batches
 from .prepare import Data, prepare_data, read_data_record, run_documents
 from .stats import unigram_cross_entropy
 from .store import TokenStore, cached_store, default_cache_dir
@@ -35,6 +35,7 @@ __all__ = [
     "build_tokenizer",
     "cached_store",
     "default_cache_dir",
+    "document_positions",
     "eval_batches",
     "load_corpus",
     "load_tokenizer",

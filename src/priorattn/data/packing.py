@@ -3,7 +3,9 @@
 The token stream (documents back to back) is cut into windows of ``seq_len + 1`` tokens; a window's
 first ``seq_len`` tokens are the inputs and its last ``seq_len`` the next-token targets. Documents are
 packed (seed 003 App. C): a window may hold several, ``doc_ids`` tell the model which token belongs to
-which (it masks attention between documents), and no loss is taken on predicting across a boundary.
+which (it masks attention between documents), no loss is taken on predicting across a boundary, and
+:func:`document_positions` restarts the positions at each document, so a packed document is seen as
+it would be alone.
 """
 
 from __future__ import annotations
@@ -64,6 +66,25 @@ class PackedSequences:
         crosses = docs[:, 1:] != docs[:, :-1]  # (B, seq_len): target in the next document
         targets = window[:, 1:].masked_fill(crosses, IGNORE_INDEX)
         return window[:, :-1], targets, docs[:, :-1]
+
+
+def document_positions(doc_ids: Tensor) -> Tensor:
+    """Positions that restart at 0 on every document boundary of packed rows ``doc_ids: (B, L)``.
+
+    A document that began before the window counts from the window's first token, so every position
+    stays below ``L`` as in evaluation (where a window is one document from position 0). When no row
+    crosses a boundary the result is the shared ``arange(L)``, ``(L,)``, which keeps attention on its
+    fast paths for positions shared by the batch; otherwise ``(B, L)``. Both long, on ``doc_ids``'s device.
+    """
+    if not is_integer_tensor(doc_ids) or doc_ids.dim() != 2:
+        raise ValueError(f"doc_ids must be an integer tensor (B, L), got {describe(doc_ids)}")
+    index = torch.arange(doc_ids.shape[1], device=doc_ids.device)  # (L,)
+    starts = torch.ones_like(doc_ids, dtype=torch.bool)
+    starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]  # (B, L): a document begins here
+    if not starts[:, 1:].any():
+        return index
+    first = torch.where(starts, index, 0).cummax(dim=1).values  # (B, L): where each token's document began
+    return index - first
 
 
 class Batches:

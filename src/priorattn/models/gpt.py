@@ -265,6 +265,13 @@ class GPT(nn.Module):
             for linear in (attn.out_proj, mlp.down):  # each adds to the residual stream
                 nn.init.normal_(linear.weight, std=std / math.sqrt(2 * self.config.n_layers))
 
+    @property
+    def reads_absolute_positions(self) -> bool:
+        """Whether outputs depend on token positions beyond their differences: a sinusoidal encoding
+        or a prior with an absolute term (GOAT's sink ``u(j)``). RoPE and relative priors do not."""
+        priors = [block.attn.prior for block in self.blocks if block.attn.prior is not None]
+        return self.sinusoidal is not None or not all(prior.is_relative for prior in priors)
+
     def forward(
         self,
         tokens: Tensor,

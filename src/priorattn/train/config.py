@@ -8,6 +8,12 @@ from ..data import KINDS as TOKENIZERS
 from ..files import check_text_encoding
 
 OPTIMIZERS = ("adamw", "radam")
+POSITIONS = ("document", "window")
+
+#: Fields whose value in a config saved before the field existed is not today's default: that run
+#: trained the old way, and must resume (and load) with it. Before ``positions``, windows were
+#: counted from their first token.
+BEFORE_FIELD_EXISTED = {"positions": "window"}
 
 
 @dataclass
@@ -26,6 +32,11 @@ class TrainConfig:
       samples at the training length (:class:`priorattn.data.retrieval.RetrievalMix`, seed 000's
       retrieval experiments), so a small model learns the retrieval formats that evaluation then
       probes far beyond that length. 0 trains on the corpus alone.
+    - ``positions``: ``"document"`` restarts token positions at every document boundary of a packed
+      window (:func:`priorattn.data.document_positions`), so absolute position terms (GOAT's sink,
+      sinusoidal encodings) see each document as they would alone; ``"window"`` counts them from
+      the window's first token (every run before this option; relative priors and RoPE give the
+      same outputs either way, since the document mask keeps attention inside a document).
     - ``batch_size``: sequences per optimizer step over all processes and accumulation steps, so a
       run gives the same updates on one process or several (``batch_size`` must divide evenly by
       ``grad_accum * world_size``).
@@ -52,6 +63,7 @@ class TrainConfig:
     val_fraction: float = 0.1
     seq_len: int | None = None
     retrieval_mix: float = 0.0
+    positions: str = "document"
     steps: int = 1200
     batch_size: int = 16
     grad_accum: int = 1
@@ -89,6 +101,8 @@ class TrainConfig:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.tokenizer not in TOKENIZERS:
             raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
         if not 0.0 <= self.retrieval_mix <= 1.0:
             raise ValueError(f"retrieval_mix must be in [0, 1], got {self.retrieval_mix!r}")
         if not 0.0 < self.val_fraction < 1.0:
@@ -112,10 +126,11 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:
+        """A saved config; fields it predates take :data:`BEFORE_FIELD_EXISTED` or their defaults."""
         unknown = set(data) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"unknown TrainConfig fields {sorted(unknown)}")
-        return cls(**data)
+        return cls(**(BEFORE_FIELD_EXISTED | data))
 
 
 def _check_int(name: str, value, low: int) -> None:

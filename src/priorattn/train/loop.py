@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from ..data import Batches, PackedSequences, eval_batches, prepare_data, read_data_record
+from ..data import Batches, PackedSequences, document_positions, eval_batches, prepare_data, read_data_record
 from ..data.packing import IGNORE_INDEX
 from ..data.retrieval import RetrievalMix
 from ..files import write_json_atomic
@@ -209,12 +209,28 @@ def evaluate(
 
 
 def _summed_loss(model, tokens: Tensor, targets: Tensor, doc_ids: Tensor, config, process) -> Tensor:
+    positions = _positions(model, doc_ids, config)  # from the host copy: no device synchronisation
     tokens, targets, doc_ids = (t.to(process.device) for t in (tokens, targets, doc_ids))
+    if positions is not None:
+        positions = positions.to(process.device)
     with torch.autocast(process.device.type, dtype=torch.bfloat16, enabled=config.bf16):
-        logits, _, _ = model(tokens, doc_ids=doc_ids)  # (B, L, V)
+        logits, _, _ = model(tokens, positions=positions, doc_ids=doc_ids)  # (B, L, V)
     return F.cross_entropy(
         logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
     )
+
+
+def _positions(model, doc_ids: Tensor, config: TrainConfig) -> Tensor | None:
+    """Per-document positions of a packed batch, or None for the model's own (from the window start).
+
+    A model whose position terms are all relative gives the same outputs with both (the document
+    mask keeps attention inside a document), and window positions keep its routes' fast paths: a
+    relative prior (GGD) is tabulated once per lag only on positions shared by the batch.
+    """
+    gpt = model.module if isinstance(model, DistributedDataParallel) else model
+    if config.positions == "window" or not gpt.reads_absolute_positions:
+        return None
+    return document_positions(doc_ids)
 
 
 def _micro_batch(config: TrainConfig, process: Process) -> int:
