@@ -311,7 +311,7 @@ LONG_CASES = {
     "docs-prefill": dict(Lq=220),
     "docs-noncausal": dict(causal=False),
     "docs-window": dict(window=30),
-    "docs-padding": dict(padding=True),
+    "docs-padding-ssmax": dict(padding=True, ssmax=True),
     "docs-ssmax-positions": dict(ssmax=True, batched_pos=True, offset=1000),
     "docs-window-noncausal": dict(causal=False, window=70),
     "window": dict(docs=False, window=40),

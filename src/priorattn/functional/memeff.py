@@ -35,7 +35,7 @@ from .grouped import grouped, grouped_scores, grouped_values
 from .masks import Masking
 from .prior_inputs import centred_keys, slope_span, split_prior
 from .reference import compute_dtype
-from .spans import cut, key_spans
+from .spans import cut, key_spans, visible_counts
 
 #: Logit cells per block (``B * H * rows * Lk``): 2^21 floats are 8 MB in float32.
 BLOCK_CELLS = 1 << 21
@@ -48,12 +48,14 @@ def block_rows(B: int, H: int, Lk: int) -> int:
     return min(MAX_ROWS, max(MIN_ROWS, BLOCK_CELLS // max(B * H * Lk, 1)))
 
 
-def key_blocks(masking: Masking, step: int) -> tuple[tuple[slice, slice], ...]:
+def key_blocks(
+    masking: Masking, spans: tuple[Tensor, Tensor] | None, step: int
+) -> tuple[tuple[slice, slice], ...]:
     """Blocks of ``step`` query rows, each with the key columns its rows can possibly see (in any
     batch row): causal masking drops the keys past the last query, a window the keys behind its
-    first, documents the other documents' keys; blocks that see no key are left out."""
+    first, documents the other documents' keys (``spans``: see ``spans.key_spans``; None: every
+    key); blocks that see no key are left out."""
     Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
-    spans = key_spans(masking) if masking.masks_anything else None
     if spans is None:
         return tuple((rows, slice(0, Lk)) for rows in cut(0, Lq, step))
     lo, hi = spans[0].amin(0).tolist(), spans[1].amax(0).tolist()
@@ -244,7 +246,8 @@ def memeff_attention(
 ) -> Tensor:
     """Blockwise prior attention: ``(B, H, Lq, Dv)``; attention memory O(BLOCK_CELLS), not O(Lq Lk)."""
     dtype = compute_dtype(q.dtype)
-    factor = None if ssmax is None else ssmax.factor(masking.visible_keys()).to(dtype)
+    spans = key_spans(masking) if masking.masks_anything else None
+    factor = None if ssmax is None else ssmax.factor(visible_counts(masking, spans)).to(dtype)
     scale_prior = ssmax is not None and ssmax.scale_prior
     inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, scale_prior)
     span = None if inputs.slope is None else slope_span(inputs.slope, dtype)
@@ -252,7 +255,7 @@ def memeff_attention(
         masking=masking,
         prior=inputs.dense,
         scale_prior=scale_prior,
-        blocks=key_blocks(masking, min(block_rows(*q.shape[:2], k.shape[2]), span or q.shape[2])),
+        blocks=key_blocks(masking, spans, min(block_rows(*q.shape[:2], k.shape[2]), span or q.shape[2])),
         dtype=dtype,
     )
     row_scale = factor if scale_prior else None

@@ -21,7 +21,7 @@ from ..priors import FoldLanes, Prior
 from ..ssmax import Scaling
 from .masks import Masking
 from .prior_inputs import centred_keys, fold_dtype, lane_inputs, slope_span
-from .spans import Call, Kind, batch_groups, cut, key_spans, select_rows, span_calls
+from .spans import Call, Kind, batch_groups, cut, key_spans, select_rows, span_calls, visible_counts
 
 #: Largest number of (query, key) cells of a boolean mask handed to SDPA in one call.
 MASK_CHUNK_CELLS = 1 << 22
@@ -105,6 +105,24 @@ class LowerRightCausal(torch.autograd.Function):
             )
             dq, dk, dv = dq + dq_old, torch.cat([dk_old, dk], dim=2), torch.cat([dv_old, dv], dim=2)
         return dq[..., :Dk], dk[..., :Dk], dv[..., :Dv]
+
+
+class Runs:
+    """``t`` ``(B, heads, L, D)`` cut at the given bounds, read back one call's run at a time.
+
+    Slicing the whole tensor for each call would cost the backward a zero-filled gradient of the
+    whole tensor per call (O(L^2 / band) for a window's bands); the pieces of one ``split`` get
+    theirs in one concatenation. A run is a piece, or a short ``cat`` of the pieces it spans.
+    """
+
+    def __init__(self, t: Tensor, bounds: list[int]):
+        self.bounds = sorted({0, t.shape[2], *bounds})
+        self.pieces = t.split([b - a for a, b in zip(self.bounds, self.bounds[1:])], dim=2)
+        self.first = {bound: i for i, bound in enumerate(self.bounds)}
+
+    def __getitem__(self, run: slice) -> Tensor:
+        i, j = self.first[run.start], self.first[run.stop]
+        return self.pieces[i] if j == i + 1 else torch.cat(self.pieces[i:j], dim=2)
 
 
 def public_lower_right_causal(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -199,7 +217,7 @@ def folded_attention(
 ) -> Tensor:
     """The prior folded into q/k lanes, through the calls of :func:`plan_calls`; rows that see no
     key return zeros."""
-    counts = masking.visible_keys() if ssmax is not None else None
+    counts = visible_counts(masking, spans) if ssmax is not None else None
     lanes = None if prior is None else prior.fold(masking.q_pos, masking.k_pos)
     scale_prior = ssmax is not None and ssmax.scale_prior
     dtype = q.dtype
@@ -211,16 +229,20 @@ def folded_attention(
     Dv, width = v.shape[-1], q.shape[-1] + (0 if lanes is None else lanes.width)
     if width > Dv:  # the flash kernel wants one head width for q, k and v (else SDPA takes a slow path)
         v = F.pad(v, (0, width - Dv))
+    calls = plan_calls(masking, spans, step)
+    queries = Runs(q, [bound for c in calls for bound in (c.rows.start, c.rows.stop)])
+    keys = Runs(k, [bound for c in calls for bound in (c.cols.start, c.cols.stop)])
+    values = Runs(v, keys.bounds)
     outputs, done = [], 0
-    for call in plan_calls(masking, spans, step):
+    for call in calls:
         rows, cols = call.rows, call.cols
         if rows.start > done:  # queries no call covers see no key
             outputs.append(q.new_zeros(B, H, rows.start - done, Dv))
         factor = None if counts is None else ssmax.factor(counts[:, rows])
         q2, k2, v2 = sdpa_inputs(
-            q[:, :, rows],
-            k[:, :, cols],
-            v[:, :, cols],
+            queries[rows],
+            keys[cols],
+            values[cols],
             lanes,
             masking,
             rows,

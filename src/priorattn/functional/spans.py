@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .masks import Masking
@@ -61,6 +62,21 @@ def key_spans(masking: Masking) -> tuple[Tensor, Tensor] | None:
         lo = torch.maximum(lo, torch.searchsorted(k_doc, q_doc))
         hi = torch.minimum(hi, torch.searchsorted(k_doc, q_doc, right=True))
     return lo, hi
+
+
+def visible_counts(masking: Masking, spans: tuple[Tensor, Tensor] | None) -> Tensor:
+    """Number of keys each query sees, ``(B or 1, Lq)`` (SSMax's ``n_i``): from the key spans in
+    O(L) when there are some, else by counting :meth:`Masking.visible_keys`."""
+    if spans is None:
+        return masking.visible_keys()
+    lo, hi = spans
+    hi = torch.maximum(hi, lo)
+    if masking.key_padding is None:
+        return hi - lo
+    padded = F.pad(masking.key_padding.long().cumsum(-1), (1, 0))  # padded[b, j]: padding keys before j
+    B = max(lo.shape[0], padded.shape[0])
+    lo, hi, padded = lo.expand(B, -1), hi.expand(B, -1), padded.expand(B, -1)
+    return hi - lo - (padded.gather(-1, hi) - padded.gather(-1, lo))
 
 
 class Kind(Enum):
