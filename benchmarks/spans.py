@@ -103,13 +103,16 @@ def main() -> None:
     print(f"\nwindow {args.window}, L={args.length}, causal, no prior, forward+backward:")
     print("| backend | library | median s | before / after |\n|---|---|---:|---:|")
     for backend in ("sdpa", "memeff"):
-        times = {name: [] for name in libs}
-        for lib in libs.values():  # warm-up
-            fwd_bwd(lib, 1024, dict(window=args.window, backend=backend))
+        # The after library without a window too: what local attention saves over full causal.
+        cases = {name: (lib, dict(window=args.window, backend=backend)) for name, lib in libs.items()}
+        cases["after, no window"] = (priorattn, dict(backend=backend))
+        times = {name: [] for name in cases}
+        for lib, kwargs in cases.values():  # warm-up
+            fwd_bwd(lib, 1024, kwargs)
         for r in range(args.rounds):
-            order = list(libs.items()) if r % 2 == 0 else list(libs.items())[::-1]
-            for name, lib in order:
-                times[name].append(fwd_bwd(lib, args.length, dict(window=args.window, backend=backend)))
+            order = list(cases.items()) if r % 2 == 0 else list(cases.items())[::-1]
+            for name, (lib, kwargs) in order:
+                times[name].append(fwd_bwd(lib, args.length, kwargs))
         medians = {name: statistics.median(t) for name, t in times.items()}
         for name, m in medians.items():
             ratio = f"{medians['before'] / m:.1f}x" if name == "after" and "before" in medians else ""
