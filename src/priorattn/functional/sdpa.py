@@ -197,12 +197,16 @@ def sdpa_attention(
     groups = None if spans is None else batch_groups(masking, *spans)
     if groups is None:
         return folded_attention(q, k, v, prior, masking, spans, scale, ssmax)
+    # One gather into group order, then views per group: indexing q, k, v once per group would
+    # cost the backward a zero-filled whole-batch gradient per group.
+    order, sizes = torch.cat(groups), [len(index) for index in groups]
+    qs, ks, vs = (t[order].split(sizes) for t in (q, k, v))
     outputs = []
-    for index in groups:
-        group = select_rows(masking, index)
+    for index, q_g, k_g, v_g in zip(groups, qs, ks, vs):
         lo, hi = (t if t.shape[0] == 1 else t[index] for t in spans)
-        outputs.append(folded_attention(q[index], k[index], v[index], prior, group, (lo, hi), scale, ssmax))
-    return torch.cat(outputs)[torch.cat(groups).argsort()]
+        group = select_rows(masking, index)
+        outputs.append(folded_attention(q_g, k_g, v_g, prior, group, (lo, hi), scale, ssmax))
+    return torch.cat(outputs)[order.argsort()]
 
 
 def folded_attention(
