@@ -43,9 +43,9 @@ def load_library(src: str) -> ModuleType:
     return module
 
 
-def inputs(L: int) -> list[torch.Tensor]:
+def inputs(L: int, batch: int = BATCH) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
-    return [torch.randn(BATCH, HEADS, L, HEAD_WIDTH, generator=gen).requires_grad_() for _ in range(3)]
+    return [torch.randn(batch, HEADS, L, HEAD_WIDTH, generator=gen).requires_grad_() for _ in range(3)]
 
 
 def packed_kwargs(lib: ModuleType) -> dict:
@@ -69,8 +69,17 @@ def saved_tensors(lib: ModuleType) -> tuple[int, int, int]:
     return sum(sizes), max(sizes), len(sizes)
 
 
-def fwd_bwd(lib: ModuleType, L: int, kwargs: dict) -> float:
-    q, k, v = inputs(L)
+def short_rows_doc_ids() -> torch.Tensor:
+    """``(16, 256)`` document ids of training-sized windows: every third row crosses a boundary."""
+    gen = torch.Generator().manual_seed(0)
+    doc_ids = torch.arange(16)[:, None].repeat(1, 256) * 10
+    for b in range(0, 16, 3):
+        doc_ids[b, int(torch.randint(1, 256, (1,), generator=gen)) :] += 1
+    return doc_ids
+
+
+def fwd_bwd(lib: ModuleType, L: int, kwargs: dict, batch: int = BATCH) -> float:
+    q, k, v = inputs(L, batch)
     start = time.perf_counter()
     lib.attention(q, k, v, **kwargs).sum().backward()
     return time.perf_counter() - start
@@ -117,6 +126,21 @@ def main() -> None:
         for name, m in medians.items():
             ratio = f"{medians['before'] / m:.1f}x" if name == "after" and "before" in medians else ""
             print(f"| {backend} | {name} | {m:.3f} | {ratio} |")
+
+    print("\nshort packed rows: B=16, L=256, every third row crossing a document boundary, sdpa:")
+    print("| prior | library | median ms | after / before |\n|---|---|---:|---:|")
+    doc_ids = short_rows_doc_ids()
+    for prior in ("none", "GOAT"):
+        times = {name: [] for name in libs}
+        for r in range(4 * args.rounds):
+            for name, lib in list(libs.items()) if r % 2 == 0 else list(libs.items())[::-1]:
+                kwargs = dict(doc_ids=doc_ids, backend="sdpa")
+                kwargs["prior"] = None if prior == "none" else lib.priors.GOAT(HEADS, 8)
+                times[name].append(fwd_bwd(lib, 256, kwargs, batch=16))
+        medians = {name: statistics.median(t) for name, t in times.items()}
+        for name, m in medians.items():
+            ratio = f"{m / medians['before']:.2f}x" if name == "after" and "before" in medians else ""
+            print(f"| {prior} | {name} | {1000 * m:.1f} | {ratio} |")
 
 
 if __name__ == "__main__":
