@@ -1,11 +1,11 @@
-"""The SDPA route: fold the prior into extra q/k lanes and call one unmodified SDPA.
+"""The SDPA route: fold the prior into extra q/k lanes and call unmodified SDPA.
 
 Seed 000 Eq. 20-24 / Algorithm 1: ``q' = [scale * q, q_lanes, 1]``, ``k' = [k, k_lanes, key terms]``
 and SDPA runs with its own scale set to 1, so the log-prior enters unscaled and no ``Lq x Lk`` bias
-is ever built. Queries run in chunks only where needed: each chunk visits only the keys its queries can see
-(``spans.py``: one mask-free call per document of a packed row, bands of queries under a sliding
-window), a boolean mask is handed to SDPA only where no mask-free kernel fits, a few million cells
-at a time, and a key-linear slope is re-centred on each chunk's queries.
+is ever built. Queries run in chunks only where needed, each against only the keys its queries can
+see (``spans.py``: one mask-free call per document of a packed row, bands of queries under a
+sliding window); a boolean mask is handed to SDPA only where no mask-free kernel fits, a few
+million cells at a time, and a key-linear slope is re-centred on each chunk's queries.
 """
 
 from __future__ import annotations
@@ -184,7 +184,7 @@ def sdpa_attention(
 ) -> Tensor:
     """Prior attention through the SDPA kernel: one unmodified call unless chunks are needed.
 
-    Batch rows whose documents, windows or padding differ run as separate groups.
+    Batch rows whose key spans (document boundaries) or padding differ run as separate groups.
     """
     if prior is not None and not prior.can_fold(masking.causal):
         raise ValueError(
