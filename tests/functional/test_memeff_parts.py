@@ -28,3 +28,17 @@ def test_toeplitz_tile_reads_the_lag_of_each_cell_and_its_gradient_is_diagonal_s
     (expected,) = torch.autograd.grad(toeplitz_tile(leaf, rows, cols, Lk), leaf, grad)
     start = rows.start - cols.stop + Lk
     assert torch.allclose(expected[:, start : start + 4 + 5 - 1], diagonal_sums(grad))
+
+
+def test_causal_blocks_skip_future_keys_without_reading_positions():
+    """Where the masks' values are not read (an accelerator, torch.compile), plain causal masking is
+    still known from the arguments: each block of queries visits no key past its last query."""
+    from priorattn.functional.masks import Masking
+    from priorattn.functional.memeff import key_blocks
+
+    Lk = 10  # six queries at positions 4..9
+    masking = Masking(True, torch.arange(4, 10)[None], torch.arange(Lk)[None], starts=(4, 0))
+    blocks = key_blocks(masking, None, step=4)
+    assert blocks == ((slice(0, 4), slice(0, 8)), (slice(4, 6), slice(0, 10)))
+    full = Masking(False, torch.arange(4, 10)[None], torch.arange(Lk)[None], starts=(4, 0))
+    assert [cols for _, cols in key_blocks(full, None, step=4)] == [slice(0, Lk)] * 2

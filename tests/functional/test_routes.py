@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import priorattn
-from priorattn.functional import memeff
+from priorattn.functional import memeff, prior_inputs, sdpa
 from priorattn.priors import GGD, ALiBi
 
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-5, torch.bfloat16: 4e-2}
@@ -331,3 +331,61 @@ def test_memeff_logit_gradient_is_zero_when_each_query_sees_one_key(L, one_key, 
     assert torch.equal(v.grad, grad_out)
     for name, leaf in [*prior.named_parameters(), ("q", q), ("k", k)]:
         assert not leaf.grad.any(), f"{name} has gradient up to {leaf.grad.abs().max():.3g}, expected 0"
+
+
+LONG = dict(B=2, H=4, Hkv=2, Lq=300, Lk=300, Dk=8, Dv=8, causal=True, offset=0, seed=3, window=None)
+LONG.update(docs=True, padding=False, ssmax=False, batched_pos=False)
+#: Masks at lengths that cross every chunking threshold: several documents per row (rows of the
+#: batch with different boundaries), several windowed bands, and (thresholds lowered in
+#: ``low_thresholds``) masked bands split by their cell cap, re-centred slope runs, memeff blocks.
+LONG_CASES = {
+    "docs": {},
+    "docs-prefill": dict(Lq=220),
+    "docs-noncausal": dict(causal=False),
+    "docs-window": dict(window=30),
+    "docs-padding-ssmax": dict(padding=True, ssmax=True),
+    "docs-ssmax-positions": dict(ssmax=True, batched_pos=True, offset=1000),
+    "docs-window-noncausal": dict(causal=False, window=70),
+    "window": dict(docs=False, window=40),
+    "window-noncausal": dict(docs=False, causal=False, window=70),
+    "window-prefill-ssmax": dict(docs=False, Lq=200, window=40, ssmax=True),
+}
+
+
+@pytest.fixture
+def low_thresholds(monkeypatch):
+    monkeypatch.setattr(sdpa, "MASK_CHUNK_CELLS", 1 << 12)
+    monkeypatch.setattr(memeff, "MAX_ROWS", 64)
+    for dtype in (torch.float64, torch.float32):  # slope runs of 2^6 / 0.5 = 128 queries
+        monkeypatch.setitem(prior_inputs.SLOPE_MAGNITUDE, dtype, 2.0**6)
+
+
+@pytest.mark.parametrize("case", LONG_CASES)
+@pytest.mark.parametrize("prior", ["alibi", "goat", "ggd"])
+@pytest.mark.parametrize("backend", ["sdpa", "memeff"])
+def test_long_masked_route_matches_reference(backend, prior, case, low_thresholds):
+    o = {**LONG, **LONG_CASES[case], "prior": prior}
+    if not o["causal"] and prior != "ggd":
+        o["prior"] = "goat_noslope"  # folds without a causal mask
+    if backend == "sdpa" and prior == "ggd":
+        o["prior"] = "sum"  # ALiBi + GOAT: every fold lane at once
+    check_route(backend, o, torch.float64)
+
+
+@pytest.mark.parametrize("case", ["docs", "docs-prefill", "window-prefill-ssmax"])
+def test_sdpa_route_with_the_public_lower_right_kernel_matches_reference(case, low_thresholds, monkeypatch):
+    """The kernel other devices use (public SDPA and torch's bottom-right causal bias), run here."""
+    monkeypatch.setattr(sdpa, "lower_right_kernel", lambda device: sdpa.public_lower_right_causal)
+    check_route("sdpa", {**LONG, **LONG_CASES[case], "prior": "goat"}, torch.float64)
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "memeff"])
+def test_keys_out_of_position_order_take_dense_masks(backend):
+    """Key positions that are not sorted have no key spans: the routes fall back to dense masks."""
+    L = 300
+    q, k, v = (torch.randn(2, 2, L, 8, dtype=torch.float64) for _ in range(3))
+    k_pos = torch.randperm(L)
+    docs = torch.randint(0, 3, (2, L))
+    kwargs = dict(prior=ALiBi(2).double(), k_pos=k_pos, q_pos=k_pos, doc_ids=docs, window=40)
+    ref = priorattn.attention(q, k, v, backend="reference", **kwargs)
+    assert_close(priorattn.attention(q, k, v, backend=backend, **kwargs), ref, 1e-9, backend)

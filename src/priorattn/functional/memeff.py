@@ -35,6 +35,7 @@ from .grouped import grouped, grouped_scores, grouped_values
 from .masks import Masking
 from .prior_inputs import centred_keys, slope_span, split_prior
 from .reference import compute_dtype
+from .spans import cut, key_spans, visible_counts
 
 #: Logit cells per block (``B * H * rows * Lk``): 2^21 floats are 8 MB in float32.
 BLOCK_CELLS = 1 << 21
@@ -45,6 +46,22 @@ MIN_ROWS, MAX_ROWS = 16, 256
 def block_rows(B: int, H: int, Lk: int) -> int:
     """Query rows per block, so that a block's logits stay near :data:`BLOCK_CELLS` cells."""
     return min(MAX_ROWS, max(MIN_ROWS, BLOCK_CELLS // max(B * H * Lk, 1)))
+
+
+def key_blocks(
+    masking: Masking, spans: tuple[Tensor, Tensor] | None, step: int
+) -> tuple[tuple[slice, slice], ...]:
+    """Blocks of ``step`` query rows, each with the key columns its rows can possibly see (in any
+    batch row): causal masking drops the keys past the last query, a window the keys behind its
+    first, documents the other documents' keys (``spans``: see ``spans.key_spans``; None: every
+    key); blocks that see no key are left out."""
+    Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
+    if spans is None:  # plain causal is known from the arguments alone: key j <= i + Lk - Lq
+        reach = Lk - Lq if masking.plain_causal else Lk
+        return tuple((rows, slice(0, min(Lk, rows.stop + reach))) for rows in cut(0, Lq, step))
+    lo, hi = spans[0].amin(0).tolist(), spans[1].amax(0).tolist()
+    blocks = ((rows, min(lo[rows]), max(hi[rows])) for rows in cut(0, Lq, step))
+    return tuple((rows, slice(c0, c1)) for rows, c0, c1 in blocks if c1 > c0)
 
 
 def hankel_start(rows: slice, cols: slice, Lk: int) -> int:
@@ -72,20 +89,8 @@ class Plan:
     masking: Masking
     prior: Prior | None  # set only when the bias comes from ``prior.log_prior`` tiles
     scale_prior: bool  # SSMax multiplies the bias by the row factor
-    step: int
-    causal_offset: int | None  # q_pos[0] - k_pos[0] under causal masking on position runs
+    blocks: tuple[tuple[slice, slice], ...]  # query rows and the key columns they can see (key_blocks)
     dtype: torch.dtype  # of the logits
-
-    def blocks(self) -> list[tuple[slice, slice]]:
-        """Query rows and the key columns they can possibly see (causal: none past the last query)."""
-        Lq, Lk = self.masking.q_pos.shape[-1], self.masking.k_pos.shape[-1]
-        out = []
-        for start in range(0, Lq, self.step):
-            rows = slice(start, min(start + self.step, Lq))
-            bound = Lk if self.causal_offset is None else min(max(self.causal_offset + rows.stop, 0), Lk)
-            if bound > 0:
-                out.append((rows, slice(0, bound)))
-        return out
 
     def bias(
         self,
@@ -161,7 +166,7 @@ class BlockwiseAttention(torch.autograd.Function):
     def forward(ctx, plan: Plan, q2, k2, v, key_bias, slope, table, row_scale, *params):
         B, H, Lq, _ = q2.shape
         out = q2.new_zeros(B, H, Lq, v.shape[-1])
-        for rows, cols in plan.blocks():
+        for rows, cols in plan.blocks:
             bias = plan.bias(rows, cols, key_bias, slope, table, row_scale)
             probs = plan.probs(q2[:, :, rows], k2[:, :, cols], bias, rows, cols)
             out[:, :, rows] = grouped_values(probs, v[:, :, cols])
@@ -188,7 +193,7 @@ class BlockwiseAttention(torch.autograd.Function):
         Hkv = v.shape[1]
         dq, dk, dv = torch.zeros_like(q2), torch.zeros_like(k2), torch.zeros_like(v)
         d_wanted = [torch.zeros_like(t) for t in wanted]
-        for rows, cols in plan.blocks():
+        for rows, cols in plan.blocks:
             with torch.enable_grad():
                 bias = plan.bias(rows, cols, *leaves)
             detached = None if bias is None else bias.detach()
@@ -242,18 +247,16 @@ def memeff_attention(
 ) -> Tensor:
     """Blockwise prior attention: ``(B, H, Lq, Dv)``; attention memory O(BLOCK_CELLS), not O(Lq Lk)."""
     dtype = compute_dtype(q.dtype)
-    factor = None if ssmax is None else ssmax.factor(masking.visible_keys()).to(dtype)
+    spans = key_spans(masking) if masking.masks_anything and not masking.plain_causal else None
+    factor = None if ssmax is None else ssmax.factor(visible_counts(masking, spans)).to(dtype)
     scale_prior = ssmax is not None and ssmax.scale_prior
     inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, scale_prior)
-    q0, k0 = masking.q_start, masking.k_start
-    causal_offset = q0 - k0 if masking.causal and q0 is not None and k0 is not None else None
     span = None if inputs.slope is None else slope_span(inputs.slope, dtype)
     plan = Plan(
         masking=masking,
         prior=inputs.dense,
         scale_prior=scale_prior,
-        step=min(block_rows(*q.shape[:2], k.shape[2]), span or q.shape[2]),
-        causal_offset=causal_offset,
+        blocks=key_blocks(masking, spans, min(block_rows(*q.shape[:2], k.shape[2]), span or q.shape[2])),
         dtype=dtype,
     )
     row_scale = factor if scale_prior else None

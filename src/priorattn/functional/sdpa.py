@@ -1,21 +1,27 @@
-"""The SDPA route: fold the prior into extra q/k lanes and call one unmodified SDPA.
+"""The SDPA route: fold the prior into extra q/k lanes and call unmodified SDPA.
 
 Seed 000 Eq. 20-24 / Algorithm 1: ``q' = [scale * q, q_lanes, 1]``, ``k' = [k, k_lanes, key terms]``
 and SDPA runs with its own scale set to 1, so the log-prior enters unscaled and no ``Lq x Lk`` bias
-is ever built. Queries run in chunks only where needed: a boolean mask is handed to SDPA a few
+is ever built. Queries run in chunks only where needed, each against only the keys its queries can
+see (``spans.py``: one mask-free call per document of a packed row, bands of queries under a
+sliding window); a boolean mask is handed to SDPA only where no mask-free kernel fits, a few
 million cells at a time, and a key-linear slope is re-centred on each chunk's queries.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention.bias import causal_lower_right
 
 from ..priors import FoldLanes, Prior
 from ..ssmax import Scaling
 from .masks import Masking
 from .prior_inputs import centred_keys, fold_dtype, lane_inputs, slope_span
+from .spans import Call, Kind, batch_groups, cut, key_spans, select_rows, span_calls, visible_counts
 
 #: Largest number of (query, key) cells of a boolean mask handed to SDPA in one call.
 MASK_CHUNK_CELLS = 1 << 22
@@ -101,43 +107,70 @@ class LowerRightCausal(torch.autograd.Function):
         return dq[..., :Dk], dk[..., :Dk], dv[..., :Dv]
 
 
-def query_chunks(masking: Masking, lanes: FoldLanes | None, dtype: torch.dtype) -> list[slice]:
-    """Runs of queries for one call each.
+class Runs:
+    """``t`` ``(B, heads, L, D)`` cut at the given bounds, read back one call's run at a time.
 
-    A chunk is capped by :func:`~.prior_inputs.slope_span` (precision of a key-linear slope) and, when
-    a boolean mask is needed, by :data:`MASK_CHUNK_CELLS`. Plain causal masking needs no mask.
+    Slicing the whole tensor for each call would cost the backward a zero-filled gradient of the
+    whole tensor per call (O(L^2 / band) for a window's bands); the pieces of one ``split`` get
+    theirs in one concatenation. A run is a piece, or a short ``cat`` of the pieces it spans.
+    """
+
+    def __init__(self, t: Tensor, bounds: list[int]):
+        self.bounds = sorted({0, t.shape[2], *bounds})
+        self.pieces = t.split([b - a for a, b in zip(self.bounds, self.bounds[1:])], dim=2)
+        self.first = {bound: i for i, bound in enumerate(self.bounds)}
+
+    def __getitem__(self, run: slice) -> Tensor:
+        i, j = self.first[run.start], self.first[run.stop]
+        return self.pieces[i] if j == i + 1 else torch.cat(self.pieces[i:j], dim=2)
+
+
+def public_lower_right_causal(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """:class:`LowerRightCausal` with public operators only (any device): SDPA with torch's
+    bottom-right causal bias, which CUDA runs in its flash or memory-efficient kernels without a
+    mask (the CPU materialises one, so the CPU uses :class:`LowerRightCausal`)."""
+    bias = causal_lower_right(q.shape[2], k.shape[2])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
+
+
+def lower_right_kernel(device: torch.device) -> Callable[[Tensor, Tensor, Tensor], Tensor]:
+    """Bottom-right causal attention for ``device``: the CPU flash kernel exists only on the CPU."""
+    return LowerRightCausal.apply if device.type == "cpu" else public_lower_right_causal
+
+
+def plan_calls(masking: Masking, spans: tuple[Tensor, Tensor] | None, step: int | None) -> list[Call]:
+    """The kernel calls of one batch group, in query order, each covering at most ``step`` queries.
+
+    ``spans`` are the group's key spans (rows identical across the group), or None: then plain
+    causal masking and no masking need no data, and anything else takes dense masks in chunks.
     """
     Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
-    step = Lq
-    span = None if lanes is None else slope_span(lanes.slope, dtype)
-    if span is not None:
-        step = min(step, span)
-    if masking.masks_anything and not masking.plain_causal:
-        step = min(step, max(1, MASK_CHUNK_CELLS // max(Lk, 1)))
-    return [slice(s, min(s + step, Lq)) for s in range(0, Lq, step)]
+    if not masking.masks_anything:
+        return [Call(rows, slice(0, Lk), Kind.FULL) for rows in cut(0, Lq, step)]
+    if masking.plain_causal and Lq <= Lk:  # key index <= query index + (Lk - Lq)
+        return [Call(rows, slice(0, Lk - Lq + rows.stop), Kind.CAUSAL) for rows in cut(0, Lq, step)]
+    if spans is None:
+        chunk = min(step or Lq, max(1, MASK_CHUNK_CELLS // max(Lk, 1)))
+        return [Call(rows, slice(0, Lk), Kind.MASKED, masking.visible(rows)) for rows in cut(0, Lq, chunk)]
+    lo, hi = spans
+    padding = None if masking.key_padding is None else masking.key_padding[0]
+    return span_calls(lo[0], hi[0], padding, masking.window, step, MASK_CHUNK_CELLS)
 
 
-def visible_columns(masking: Masking, rows: slice) -> slice:
-    """Keys a run of queries can possibly see: under plain causal masking, none past the last query."""
-    if not masking.plain_causal:
-        return slice(None)
-    Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
-    return slice(0, Lk - Lq + rows.stop)
-
-
-def attend(q2: Tensor, k2: Tensor, v2: Tensor, masking: Masking, rows: slice, cols: slice) -> Tensor:
-    """One call of the SDPA kernel on folded inputs (scale 1), masked as ``masking`` says."""
+def attend(q2: Tensor, k2: Tensor, v2: Tensor, call: Call) -> Tensor:
+    """One call of the SDPA kernel on folded inputs (scale 1), masked as ``call`` says."""
     gqa = q2.shape[1] != k2.shape[1]
-    if masking.plain_causal:
+    if call.kind is Kind.FULL:
+        return F.scaled_dot_product_attention(q2, k2, v2, scale=1.0, enable_gqa=gqa)
+    if call.kind is Kind.CAUSAL:
         if k2.shape[2] == q2.shape[2]:
             return F.scaled_dot_product_attention(q2, k2, v2, is_causal=True, scale=1.0, enable_gqa=gqa)
         if gqa:
             group = q2.shape[1] // k2.shape[1]
             k2, v2 = k2.repeat_interleave(group, dim=1), v2.repeat_interleave(group, dim=1)
-        return LowerRightCausal.apply(q2, k2, v2)
-    mask = masking.visible(rows, cols) if masking.masks_anything else None
-    out = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, scale=1.0, enable_gqa=gqa)
-    return out if mask is None else torch.where(mask.any(dim=-1, keepdim=True), out, 0.0)
+        return lower_right_kernel(q2.device)(q2, k2, v2)
+    out = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=call.mask, scale=1.0, enable_gqa=gqa)
+    return torch.where(call.mask.any(dim=-1, keepdim=True), out, 0.0)
 
 
 def sdpa_attention(
@@ -149,31 +182,71 @@ def sdpa_attention(
     scale: float,
     ssmax: Scaling | None,
 ) -> Tensor:
-    """Prior attention through the SDPA kernel: one unmodified call unless chunks are needed."""
+    """Prior attention through the SDPA kernel: one unmodified call unless chunks are needed.
+
+    Batch rows whose key spans (document boundaries) or padding differ run as separate groups.
+    """
     if prior is not None and not prior.can_fold(masking.causal):
         raise ValueError(
             f"backend='sdpa' needs a prior that folds into q/k lanes; {type(prior).__name__} does not"
             f"{' without a causal mask' if not masking.causal else ''}: use backend='memeff'"
         )
-    counts = masking.visible_keys() if ssmax is not None else None
+    spans = None
+    if masking.masks_anything and not masking.plain_causal:
+        spans = key_spans(masking)
+    groups = None if spans is None else batch_groups(masking, *spans)
+    if groups is None:
+        return folded_attention(q, k, v, prior, masking, spans, scale, ssmax)
+    # One gather into group order, then views per group: indexing q, k, v once per group would
+    # cost the backward a zero-filled whole-batch gradient per group.
+    order, sizes = torch.cat(groups), [len(index) for index in groups]
+    qs, ks, vs = (t[order].split(sizes) for t in (q, k, v))
+    outputs = []
+    for index, q_g, k_g, v_g in zip(groups, qs, ks, vs):
+        lo, hi = (t if t.shape[0] == 1 else t[index] for t in spans)
+        group = select_rows(masking, index)
+        outputs.append(folded_attention(q_g, k_g, v_g, prior, group, (lo, hi), scale, ssmax))
+    return torch.cat(outputs)[order.argsort()]
+
+
+def folded_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    prior: Prior | None,
+    masking: Masking,
+    spans: tuple[Tensor, Tensor] | None,
+    scale: float,
+    ssmax: Scaling | None,
+) -> Tensor:
+    """The prior folded into q/k lanes, through the calls of :func:`plan_calls`; rows that see no
+    key return zeros."""
+    counts = visible_counts(masking, spans) if ssmax is not None else None
     lanes = None if prior is None else prior.fold(masking.q_pos, masking.k_pos)
     scale_prior = ssmax is not None and ssmax.scale_prior
     dtype = q.dtype
     if lanes is not None:  # a half-precision slope computes in float32 rather than in tiny query runs
         compute = fold_dtype(lanes.slope, dtype, q.shape[2])
         q, k, v = q.to(compute), k.to(compute), v.to(compute)
-    chunks = query_chunks(masking, lanes, q.dtype)
+    step = None if lanes is None else slope_span(lanes.slope, q.dtype)
+    B, H, Lq = q.shape[:3]
     Dv, width = v.shape[-1], q.shape[-1] + (0 if lanes is None else lanes.width)
     if width > Dv:  # the flash kernel wants one head width for q, k and v (else SDPA takes a slow path)
         v = F.pad(v, (0, width - Dv))
-    outputs = []
-    for rows in chunks:
-        cols = visible_columns(masking, rows)
+    calls = plan_calls(masking, spans, step)
+    queries = Runs(q, [bound for c in calls for bound in (c.rows.start, c.rows.stop)])
+    keys = Runs(k, [bound for c in calls for bound in (c.cols.start, c.cols.stop)])
+    values = Runs(v, keys.bounds)
+    outputs, done = [], 0
+    for call in calls:
+        rows, cols = call.rows, call.cols
+        if rows.start > done:  # queries no call covers see no key
+            outputs.append(q.new_zeros(B, H, rows.start - done, Dv))
         factor = None if counts is None else ssmax.factor(counts[:, rows])
         q2, k2, v2 = sdpa_inputs(
-            q[:, :, rows],
-            k[:, :, cols],
-            v[:, :, cols],
+            queries[rows],
+            keys[cols],
+            values[cols],
             lanes,
             masking,
             rows,
@@ -182,6 +255,9 @@ def sdpa_attention(
             factor,
             scale_prior,
         )
-        outputs.append(attend(q2, k2, v2, masking, rows, cols)[..., :Dv])
+        outputs.append(attend(q2, k2, v2, call)[..., :Dv])
+        done = rows.stop
+    if done < Lq:
+        outputs.append(q.new_zeros(B, H, Lq - done, Dv))
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
     return out.to(dtype)
