@@ -112,3 +112,20 @@ def test_window_routes_visit_only_the_keys_in_reach(backend, causal, monkeypatch
     out.sum().backward()
     reach = window if causal else 2 * window
     assert cells and sum(cells) <= 2 * L * (256 + reach)  # forward and backward, bands of <= 256
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa", "memeff"])
+def test_queries_that_see_no_key_return_zeros_with_a_zero_gradient(backend):
+    """Every query in a document of its own with no keys: the output is zero and still part of the
+    graph, so a loss on it backpropagates (zero gradients, or none for inputs no call read)
+    instead of raising."""
+    q = torch.randn(1, 2, 3, 8, requires_grad=True)
+    k = torch.randn(1, 2, 3, 8, requires_grad=True)
+    v = torch.randn(1, 2, 3, 8, requires_grad=True)
+    doc_ids = (torch.tensor([[5, 6, 7]]), torch.tensor([[1, 2, 3]]))
+    out = priorattn.attention(q, k, v, causal=False, doc_ids=doc_ids, backend=backend)
+    assert torch.equal(out, torch.zeros_like(out))
+    out.sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q))
+    for t in (k, v):
+        assert t.grad is None or torch.equal(t.grad, torch.zeros_like(t))

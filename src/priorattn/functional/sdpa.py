@@ -237,11 +237,14 @@ def folded_attention(
     queries = Runs(q, [bound for c in calls for bound in (c.rows.start, c.rows.stop)])
     keys = Runs(k, [bound for c in calls for bound in (c.cols.start, c.cols.stop)])
     values = Runs(v, keys.bounds)
+    # Queries no call covers see no key and return zeros; taken from q's graph (a sum over no
+    # lanes), so the output keeps a gradient (of zero) even when no query sees a key.
+    unseen = q[..., :0].sum(-1, keepdim=True).expand(B, H, Lq, Dv)
     outputs, done = [], 0
     for call in calls:
         rows, cols = call.rows, call.cols
-        if rows.start > done:  # queries no call covers see no key
-            outputs.append(q.new_zeros(B, H, rows.start - done, Dv))
+        if rows.start > done:
+            outputs.append(unseen[:, :, done : rows.start])
         factor = None if counts is None else ssmax.factor(counts[:, rows])
         q2, k2, v2 = sdpa_inputs(
             queries[rows],
@@ -258,6 +261,6 @@ def folded_attention(
         outputs.append(attend(q2, k2, v2, call)[..., :Dv])
         done = rows.stop
     if done < Lq:
-        outputs.append(q.new_zeros(B, H, Lq - done, Dv))
+        outputs.append(unseen[:, :, done:])
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
     return out.to(dtype)
