@@ -1,9 +1,29 @@
 """Scalar sort attention (seed 002): scalar Gaussian-kernel and hybrid attention heads.
 
-``scalar_attention`` is the functional op (the dense definition and the folded routes); see
-``docs/scalar.md``.
+- :func:`scalar_attention`: the functional op, the dense definition (``backend="reference"``) and
+  the scalar term folded into q/k lanes for every route of :func:`priorattn.attention`.
+- :class:`ScalarMultiheadAttention`, :class:`MixedMultiheadAttention`: layers with a KV cache.
+- :class:`Temperature`: the learnable bandwidth (global, per head, per token; optional cap).
+- :mod:`.regularizers`: ``L_align``, ``L_spread``, ``L_tau`` and their schedule (:class:`Regularization`).
+
+See ``docs/scalar.md``.
 """
 
 from .functional import scalar_attention
+from .layers import MixedCache, MixedMultiheadAttention, ScalarMultiheadAttention
+from .regularizers import Regularization, align_from_moments, align_values, spread_loss, tau_loss
+from .temperature import TAU_KINDS, Temperature
 
-__all__ = ["scalar_attention"]
+__all__ = [
+    "TAU_KINDS",
+    "MixedCache",
+    "MixedMultiheadAttention",
+    "Regularization",
+    "ScalarMultiheadAttention",
+    "Temperature",
+    "align_from_moments",
+    "align_values",
+    "scalar_attention",
+    "spread_loss",
+    "tau_loss",
+]
