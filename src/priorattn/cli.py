@@ -73,9 +73,15 @@ def train(args: argparse.Namespace) -> int:
         window=args.window,
         rope_interpolation=args.rope_interpolation,
         backend=args.backend,
+        attention=args.attention,
+        scalar_heads=args.scalar_heads,
+        scalar_groups=args.scalar_groups,
+        scalar_tau=args.tau,
+        scalar_tau_init=args.tau_init,
+        scalar_tau_cap=args.tau_cap,
     )
     model_flags = {name: value for name, value in model_flags.items() if value is not None}
-    for flag in ("ssmax", "shared_prior"):
+    for flag in ("ssmax", "shared_prior", "scalar_sink"):
         if getattr(args, flag):
             model_flags[flag] = True
     train_flags = dict(
@@ -101,8 +107,17 @@ def train(args: argparse.Namespace) -> int:
         eval_sequences=args.eval_sequences,
         save_every=args.save_every,
         init_from=None if args.init_from is None else str(args.init_from),
+        reg_align=args.reg_align,
+        reg_spread=args.reg_spread,
+        reg_tau=args.reg_tau,
+        reg_align_start=args.reg_align_start,
+        reg_spread_start=args.reg_spread_start,
+        reg_tau_start=args.reg_tau_start,
     )
     train_flags = {name: value for name, value in train_flags.items() if value is not None}
+    if args.reg_spread_range is not None:  # "adaptive" is the config's None, so it is set here
+        adaptive = args.reg_spread_range == "adaptive"
+        train_flags["reg_spread_range"] = None if adaptive else args.reg_spread_range
     if train_flags.get("grad_clip") == 0:
         train_flags["grad_clip"] = None
     try:
@@ -177,6 +192,19 @@ def plot_runs(args: argparse.Namespace) -> int:
     except FileNotFoundError as e:
         args.parser.error(str(e))
     return 0
+
+
+def spread_range(text: str) -> tuple[float, float] | str:
+    """An argparse ``type`` for ``--reg-spread-range``: ``"A,B"`` with ``A < B``, or ``"adaptive"``."""
+    if text == "adaptive":
+        return text
+    try:
+        low, high = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected A,B or 'adaptive', got {text!r}") from None
+    if not low < high:
+        raise argparse.ArgumentTypeError(f"expected A < B, got {text!r}")
+    return low, high
 
 
 def int_list(text: str) -> list[int]:
@@ -373,6 +401,26 @@ def add_train_parser(commands) -> None:
         help="one prior shared by all layers, as BAM's code (default: one per layer, seed 003 App. C)",
     )
     model.add_argument("--backend", help="attention route (auto)")
+    from .scalar.model import ATTENTIONS
+    from .scalar.temperature import TAU_KINDS
+
+    scalar = p.add_argument_group("scalar attention (seed 002, docs/scalar.md)")
+    scalar.add_argument("--attention", choices=ATTENTIONS, help="head kind (standard)")
+    scalar.add_argument("--scalar-heads", type=int_at_least(1), help="scalar heads of mixed layers (half)")
+    scalar.add_argument("--scalar-groups", type=int_at_least(1), help="value groups of scalar heads (1 each)")
+    scalar.add_argument("--tau", choices=TAU_KINDS, help="bandwidth: one, one per head, or per token (head)")
+    scalar.add_argument("--tau-init", type=positive_number, help="starting bandwidth (0.1)")
+    scalar.add_argument("--tau-cap", type=positive_number, help="largest bandwidth (none)")
+    scalar.add_argument("--scalar-sink", action="store_true", help="a sink key at 0 with a learned value")
+    for term in ("align", "spread", "tau"):
+        scalar.add_argument(f"--reg-{term}", type=float, metavar="W", help=f"weight of L_{term} (0)")
+        start = f"--reg-{term}-start"
+        scalar.add_argument(start, type=int_at_least(0), metavar="STEP", help="its first step (0)")
+    scalar.add_argument(
+        "--reg-spread-range",
+        type=spread_range,
+        help="L_spread targets: A,B or 'adaptive' (mean +- 3 std) (-3,3)",
+    )
     data = p.add_argument_group("data")
     data.add_argument("--data", help="text folder, glob, file or hf:PATH[:COLUMN] (embedded Shakespeare)")
     data.add_argument("--tokenizer", choices=TOKENIZERS, help=f"({defaults.tokenizer})")

@@ -72,6 +72,8 @@ class ScalarMultiheadAttention(nn.Module):
                 f"value_groups={value_groups} does not divide num_heads={num_heads}: each value group "
                 "serves a whole number of scalar heads"
             )
+        if sink and (prior is not None or window is not None):
+            raise ValueError("a sink has no position: it takes no prior and no window (sink=False)")
         if encoding is not None and not hybrid:
             raise ValueError(
                 "encoding rotates the hybrid's vector q/k: pure scalar heads have none (hybrid=False)"
