@@ -88,7 +88,7 @@ def test_pure_scalar_layer_matches_the_formula():
     [
         (dict(value_groups=3), "value_groups=3 does not divide num_heads=4"),
         (dict(encoding="rope"), "pure scalar heads have none"),
-        (dict(tau_init=0.0), "tau init must be a finite number > 0"),
+        (dict(tau_init=0.0), "tau init must be a finite number > 0.0001"),
         (dict(tau_init=1.0, tau_cap=0.5), "tau cap must be a finite number above init"),
         (dict(tau="layer"), "tau kind must be one of"),
     ],

@@ -58,7 +58,7 @@ def test_a_config_saved_before_the_field_loads_as_standard():
         (dict(attention="scalar", scalar_groups=3), "scalar_groups must be a positive int dividing 4"),
         (dict(attention="scalar", n_kv_heads=2), "groups values with scalar_groups"),
         (dict(attention="scalar", scalar_sink=True, prior="goat"), "scalar_sink has no position"),
-        (dict(attention="scalar", scalar_tau_init=-1.0), "scalar_tau_init must be a finite number > 0"),
+        (dict(attention="scalar", scalar_tau_init=-1.0), "scalar_tau_init must be a finite number > 0.0001"),
         (dict(attention="scalar", scalar_tau="layer"), "scalar_tau must be one of"),
     ],
 )

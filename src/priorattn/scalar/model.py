@@ -20,7 +20,7 @@ from torch import nn
 
 from ..priors import Prior
 from .layers import MixedMultiheadAttention, ScalarMultiheadAttention
-from .temperature import TAU_KINDS
+from .temperature import TAU_FLOOR, TAU_KINDS
 
 ATTENTIONS = ("standard", "scalar", "hybrid", "mixed")
 
@@ -32,8 +32,9 @@ def check_attention_config(config) -> None:
     if config.scalar_tau not in TAU_KINDS:
         raise ValueError(f"scalar_tau must be one of {TAU_KINDS}, got {config.scalar_tau!r}")
     init, cap = config.scalar_tau_init, config.scalar_tau_cap
-    if isinstance(init, bool) or not isinstance(init, (int, float)) or not (math.isfinite(init) and init > 0):
-        raise ValueError(f"scalar_tau_init must be a finite number > 0, got {init!r}")
+    number = isinstance(init, (int, float)) and not isinstance(init, bool)
+    if not number or not math.isfinite(init) or init <= TAU_FLOOR:
+        raise ValueError(f"scalar_tau_init must be a finite number > {TAU_FLOOR}, got {init!r}")
     if cap is not None and not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap > init):
         raise ValueError(f"scalar_tau_cap must be a finite number above scalar_tau_init={init}, got {cap!r}")
     if config.attention == "standard":
