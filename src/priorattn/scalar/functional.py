@@ -127,8 +127,9 @@ def check_tau(tau: Tensor | float, B: int, H: int, Lq: int, dtype: torch.dtype) 
 
 
 def _check_scalar_inputs(q_s: Tensor, k_s: Tensor, v: Tensor) -> tuple[int, int, int, int, int]:
-    for name, t, dims in (("q_s", q_s, "(B, H, Lq)"), ("k_s", k_s, "(B, H, Lk)"), ("v", v, "(B, G, Lk, Dv)")):
-        if not isinstance(t, Tensor) or t.dim() != len(dims.split(",")):
+    expected = (("q_s", q_s, 3, "(B, H, Lq)"), ("k_s", k_s, 3, "(B, H, Lk)"), ("v", v, 4, "(B, G, Lk, Dv)"))
+    for name, t, ndim, dims in expected:
+        if not isinstance(t, Tensor) or t.dim() != ndim:
             raise ValueError(f"{name} must be a tensor {dims}, got {describe(t)}")
         if not t.is_floating_point():
             raise TypeError(f"{name} must be floating point, got {t.dtype}")

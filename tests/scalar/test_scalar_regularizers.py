@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from test_layers import layer
+from test_scalar_layers import layer
 
 from priorattn.scalar import Regularization, scalar_attention, spread_loss, tau_loss
 
