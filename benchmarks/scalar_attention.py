@@ -9,7 +9,8 @@ float32), timed round-robin in one process (median of several rounds, the order 
 - ``hybrid_dense``: the hybrid's dense definition (``backend="reference"``), while its L x L
   logits stay under 2 GB.
 
-Peak memory is the peak RSS of a fresh subprocess (``--one NAME L``) running one forward+backward.
+Peak memory is the peak RSS of a fresh subprocess (``--one NAME L``) running one forward+backward
+(interpreter and torch included).
 
     python benchmarks/scalar_attention.py                # L = 1024 4096
     python benchmarks/scalar_attention.py --lengths 512  # a sanity run
@@ -18,11 +19,11 @@ Peak memory is the peak RSS of a fresh subprocess (``--one NAME L``) running one
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -57,9 +58,13 @@ def runs(name: str, L: int) -> bool:
 
 
 def one(name: str, L: int) -> None:
-    """Subprocess: one forward+backward, then print the peak RSS in MB."""
+    """Subprocess: one forward+backward, then print the peak RSS in MB.
+
+    Read from ``VmHWM`` (Linux): ``ru_maxrss`` of a child starts at its parent's peak at fork time.
+    """
     step(name, *problem(L))
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    status = Path("/proc/self/status").read_text()
+    print(int(next(line for line in status.splitlines() if line.startswith("VmHWM")).split()[1]) / 1024)
 
 
 def main() -> None:

@@ -57,6 +57,22 @@ def test_goat_and_the_scalar_term_run_as_one_sdpa_call(monkeypatch):
     assert calls == [torch.Size([1, 4, 64, 8 + 4 + 8])]
 
 
+def test_pure_scalar_heads_reach_sdpa_with_one_head_width(monkeypatch):
+    """2 scalar lanes against 16-wide values would send SDPA to its math path (L x L weights):
+    the lanes are widened with zeros to the value width."""
+    widths = []
+    real = F.scaled_dot_product_attention
+
+    def counted(q, k, v, **kwargs):
+        widths.append((q.shape[-1], k.shape[-1], v.shape[-1]))
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", counted)
+    q_s, k_s, v = inputs(L=64, D=16)
+    scalar_attention(q_s, k_s, v, 0.5, backend="sdpa")
+    assert widths == [(16, 16, 16)]
+
+
 def test_align_on_a_long_sequence_uses_no_dense_route(monkeypatch):
     """L_align (and the forward) at L = 2048 run through the folded SDPA route: the dense definitions
     that build L x L logits are never called."""

@@ -42,6 +42,7 @@ def problems(draw):
         padding=draw(st.booleans()),
         prior="uniform" if sink else draw(st.sampled_from(PRIORS)),
         sink=sink,
+        sink_key=draw(st.sampled_from([0.0, 0.7])),
         seed=draw(st.integers(0, 2**16)),
     )
 
@@ -66,6 +67,8 @@ def build(o, dtype):
     if o["sink"]:
         tensors["sink_value"] = randn(G, o["Dv"])
     kwargs = dict(causal=o["causal"], window=o["window"])
+    if o["sink"]:
+        kwargs["sink_key"] = o["sink_key"]
     if o["offset"]:
         k_pos = o["offset"] + torch.arange(Lk)
         kwargs.update(k_pos=k_pos, q_pos=k_pos[Lk - Lq :])

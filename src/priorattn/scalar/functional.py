@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..checks import check_key_padding_mask, check_positions, describe
@@ -90,6 +91,12 @@ def scalar_attention(
     v2 = v.to(dtype)
     if sink is not None:
         q2, k2, v2, masking = _prepend_sinks(q2, k2, v2, sink, masking)
+    # SDPA's flash kernel wants one head width for q, k and v; narrower q/k (pure scalar heads have
+    # 2m lanes) would send it to the math path, which builds the Lq x Lk weights: zero lanes widen them.
+    folds = prior is None or prior.can_fold(causal)
+    short = v2.shape[-1] - (0 if prior is None else prior.fold_width if folds else 0) - q2.shape[-1]
+    if short > 0 and folds and backend in ("auto", "sdpa"):
+        q2, k2 = F.pad(q2, (0, short)), F.pad(k2, (0, short))
     out = attention(
         q2,
         k2,
