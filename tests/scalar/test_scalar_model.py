@@ -52,6 +52,8 @@ def test_a_config_saved_before_the_field_loads_as_standard():
     "options, message",
     [
         (dict(attention="sorted"), "attention must be one of"),
+        (dict(scalar_sink=True), "scalar_sink configures scalar heads"),
+        (dict(scalar_groups=2), "scalar_groups configures scalar heads"),
         (dict(attention="scalar", encoding="rope"), "has none"),
         (dict(attention="mixed", scalar_heads=4), r"scalar_heads must be in \[1, n_heads - 1\]"),
         (dict(attention="hybrid", scalar_heads=2), "scalar_heads is for attention='mixed'"),

@@ -38,6 +38,10 @@ def check_attention_config(config) -> None:
     if cap is not None and not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap > init):
         raise ValueError(f"scalar_tau_cap must be a finite number above scalar_tau_init={init}, got {cap!r}")
     if config.attention == "standard":
+        given = [name for name in ("scalar_heads", "scalar_groups") if getattr(config, name) is not None]
+        if given or config.scalar_sink:
+            name = given[0] if given else "scalar_sink"
+            raise ValueError(f"{name} configures scalar heads: set attention to 'scalar', 'hybrid', 'mixed'")
         return
     if config.n_kv_heads is not None:
         raise ValueError(
