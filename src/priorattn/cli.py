@@ -141,6 +141,13 @@ def train_configs(args: argparse.Namespace):
         normalizer=args.normalizer,
         ssmax=args.ssmax or None,
         shared_prior=args.shared_prior or None,
+        attention=args.attention,
+        scalar_heads=args.scalar_heads,
+        scalar_groups=args.scalar_groups,
+        scalar_tau=args.tau,
+        scalar_tau_init=args.tau_init,
+        scalar_tau_cap=args.tau_cap,
+        scalar_sink=args.scalar_sink or None,
     )
     model_flags = {name: value for name, value in model_flags.items() if value is not None}
     train_flags = {name: getattr(args, name) for name in TRAIN_FLAGS} | dict(
@@ -151,6 +158,9 @@ def train_configs(args: argparse.Namespace):
     train_flags = {name: value for name, value in train_flags.items() if value is not None}
     if train_flags.get("grad_clip") == 0:
         train_flags["grad_clip"] = None
+    if args.reg_spread_range is not None:  # "adaptive" is the config's None, so it is set here
+        adaptive = args.reg_spread_range == "adaptive"
+        train_flags["reg_spread_range"] = None if adaptive else args.reg_spread_range
     saved_path = args.out / CONFIG_JSON
     if args.resume and saved_path.is_file():  # what is not given is the run's
         saved = read_json(saved_path)
@@ -204,6 +214,12 @@ TRAIN_FLAGS = (
     "eval_sequences",
     "save_every",
     "keep_checkpoints",
+    "reg_align",
+    "reg_spread",
+    "reg_tau",
+    "reg_align_start",
+    "reg_spread_start",
+    "reg_tau_start",
 )
 
 
@@ -241,6 +257,19 @@ def plot_runs(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as e:  # no metrics, a damaged config.json
         fail(args, e)
     return 0
+
+
+def spread_range(text: str) -> tuple[float, float] | str:
+    """An argparse ``type`` for ``--reg-spread-range``: ``"A,B"`` with ``A < B``, or ``"adaptive"``."""
+    if text == "adaptive":
+        return text
+    try:
+        low, high = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected A,B or 'adaptive', got {text!r}") from None
+    if not low < high:
+        raise argparse.ArgumentTypeError(f"expected A < B, got {text!r}")
+    return low, high
 
 
 def int_list(text: str) -> list[int]:
@@ -496,6 +525,26 @@ def add_train_parser(commands) -> None:
         "--normalizer",
         type=normalizer_spec,
         help="attention map: softmax, sparsemax, entmax15 or an entmax alpha > 1 (softmax)",
+    )
+    from .scalar.model import ATTENTIONS
+    from .scalar.temperature import TAU_KINDS
+
+    scalar = p.add_argument_group("scalar attention (seed 002, docs/scalar.md)")
+    scalar.add_argument("--attention", choices=ATTENTIONS, help="head kind (standard)")
+    scalar.add_argument("--scalar-heads", type=int_at_least(1), help="scalar heads of mixed layers (half)")
+    scalar.add_argument("--scalar-groups", type=int_at_least(1), help="value groups of scalar heads (1 each)")
+    scalar.add_argument("--tau", choices=TAU_KINDS, help="bandwidth: one, one per head, or per token (head)")
+    scalar.add_argument("--tau-init", type=positive_number, help="starting bandwidth (0.1)")
+    scalar.add_argument("--tau-cap", type=positive_number, help="largest bandwidth (none)")
+    scalar.add_argument("--scalar-sink", action="store_true", help="a sink key at 0 with a learned value")
+    for term in ("align", "spread", "tau"):
+        scalar.add_argument(f"--reg-{term}", type=float, metavar="W", help=f"weight of L_{term} (0)")
+        start = f"--reg-{term}-start"
+        scalar.add_argument(start, type=int_at_least(0), metavar="STEP", help="its first step (0)")
+    scalar.add_argument(
+        "--reg-spread-range",
+        type=spread_range,
+        help="L_spread targets: A,B or 'adaptive' (mean +- 3 std) (-3,3)",
     )
     data = p.add_argument_group("data")
     data.add_argument("--data", help="text folder, glob, file or hf:PATH[:COLUMN] (embedded Shakespeare)")

@@ -23,6 +23,7 @@ from ..functional import BACKENDS
 from ..functional.api import check_normalizer
 from ..layers import KVCache, PriorMultiheadAttention
 from ..priors import GGD, GOAT, ALiBi, Prior, Sum
+from ..scalar.model import attention_layer, attention_parts, check_attention_config, prior_heads
 
 PRIORS = ("uniform", "alibi", "ggd", "goat")
 ENCODINGS = ("none", "rope", "sinusoidal", "local_rope")
@@ -60,6 +61,8 @@ class GPTConfig:
       on the reference route).
     - ``goat_*``: GOAT's frequencies ``R``, key-only sink ``u(j)`` (its MLP's sinusoidal inputs and
       hidden width) and key-linear slope; it folds into ``2R + sink + slope`` lanes of each head.
+    - ``attention``: ``"standard"``, ``"scalar"``, ``"hybrid"`` or ``"mixed"`` heads (seed 002), with
+      the ``scalar_*`` fields configuring the scalar heads (:mod:`priorattn.scalar.model`).
     """
 
     vocab_size: int
@@ -88,6 +91,13 @@ class GPTConfig:
     dropout: float = 0.0
     backend: str = "auto"
     normalizer: str | float = "softmax"
+    attention: str = "standard"
+    scalar_heads: int | None = None
+    scalar_groups: int | None = None
+    scalar_tau: str = "head"
+    scalar_tau_init: float = 0.1
+    scalar_tau_cap: float | None = None
+    scalar_sink: bool = False
 
     def __post_init__(self):
         sizes = ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads")
@@ -143,6 +153,7 @@ class GPTConfig:
         if self.mlp_hidden is None:
             self.mlp_hidden = 64 * math.ceil(8 * self.d_model / 3 / 64)  # Llama's SwiGLU width
         self.shared_prior = bool(self.shared_prior)  # None: one prior per layer, as both papers
+        check_attention_config(self)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -157,7 +168,7 @@ class GPTConfig:
 
 def build_prior(config: GPTConfig) -> Prior | None:
     """One attention layer's prior from ``config.prior``; ``None`` for uniform (standard attention)."""
-    H, from_alibi = config.n_heads, config.prior_init == "alibi"
+    H, from_alibi = prior_heads(config), config.prior_init == "alibi"
     parts = []
     for name in config.prior.split("+"):
         if name == "alibi":
@@ -202,19 +213,22 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig, prior: Prior | None):
         super().__init__()
         self.attn_norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
-        self.attn = PriorMultiheadAttention(
-            config.d_model,
-            config.n_heads,
-            prior=prior,
-            encoding="rope" if config.encoding in ("rope", "local_rope") else None,
-            rope_interpolation=config.rope_interpolation,
-            ssmax=config.ssmax,
-            num_kv_heads=config.n_kv_heads,
-            head_dim=config.head_dim,
-            window=config.window,
-            backend=config.backend,
-            normalizer=config.normalizer,
-        )
+        if config.attention != "standard":
+            self.attn = attention_layer(config, prior)
+        else:
+            self.attn = PriorMultiheadAttention(
+                config.d_model,
+                config.n_heads,
+                prior=prior,
+                encoding="rope" if config.encoding in ("rope", "local_rope") else None,
+                rope_interpolation=config.rope_interpolation,
+                ssmax=config.ssmax,
+                num_kv_heads=config.n_kv_heads,
+                head_dim=config.head_dim,
+                window=config.window,
+                backend=config.backend,
+                normalizer=config.normalizer,
+            )
         self.attn_dropout = nn.Dropout(config.dropout)
         self.mlp_norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
         self.mlp = SwiGLU(config.d_model, config.mlp_hidden, config.dropout)
@@ -259,10 +273,10 @@ class GPT(nn.Module):
         if not self.config.tie_embeddings:
             nn.init.normal_(self.head.weight, std=std)
         for block in self.blocks:
-            attn, mlp = block.attn, block.mlp
-            for linear in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate, mlp.up):
+            attns, mlp = attention_parts(block.attn), block.mlp
+            for linear in (*(p for a in attns for p in (a.q_proj, a.k_proj, a.v_proj)), mlp.gate, mlp.up):
                 nn.init.normal_(linear.weight, std=std)
-            for linear in (attn.out_proj, mlp.down):  # each adds to the residual stream
+            for linear in (*(a.out_proj for a in attns), mlp.down):  # each adds to the residual stream
                 nn.init.normal_(linear.weight, std=std / math.sqrt(2 * self.config.n_layers))
 
     @property

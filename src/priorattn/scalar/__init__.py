@@ -1,1 +1,35 @@
-"""Scalar sort attention (seed 002): scalar Gaussian-kernel and hybrid attention, sorted-cache decoding."""
+"""Scalar sort attention (seed 002): scalar Gaussian-kernel and hybrid attention, sorted-cache decoding.
+
+- :func:`scalar_attention`: the functional op, the dense definition (``backend="reference"``) and
+  the scalar term folded into q/k lanes for every route of :func:`priorattn.attention`.
+- :class:`ScalarMultiheadAttention`, :class:`MixedMultiheadAttention`: layers with a KV cache.
+- :class:`Temperature`: the learnable bandwidth (global, per head, per token; optional cap).
+- :class:`SortedScalarCache`: decoding that reads only the keys nearest each query's scalar.
+- :mod:`.regularizers`: ``L_align``, ``L_spread``, ``L_tau`` and their schedule (:class:`Regularization`).
+
+See ``docs/scalar.md``.
+"""
+
+from .functional import scalar_attention
+from .layers import MixedCache, MixedMultiheadAttention, ScalarMultiheadAttention
+from .regularizers import Regularization, align_from_moments, align_values, spread_loss, tau_loss
+from .sorted_cache import DecodeStep, DensityMerge, GeometricEviction, SortedScalarCache
+from .temperature import TAU_KINDS, Temperature
+
+__all__ = [
+    "TAU_KINDS",
+    "DecodeStep",
+    "DensityMerge",
+    "GeometricEviction",
+    "MixedCache",
+    "MixedMultiheadAttention",
+    "Regularization",
+    "ScalarMultiheadAttention",
+    "SortedScalarCache",
+    "Temperature",
+    "align_from_moments",
+    "align_values",
+    "scalar_attention",
+    "spread_loss",
+    "tau_loss",
+]

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 
 from ..data import KINDS as TOKENIZERS
 from ..files import check_text_encoding
+from ..scalar.regularizers import Regularization
 
 OPTIMIZERS = ("adamw", "radam")
 POSITIONS = ("document", "window")
@@ -54,6 +55,9 @@ class TrainConfig:
       an older one when the newest is damaged.
     - ``init_from``: a run directory whose final model weights start this run (the optimizer starts
       fresh), e.g. to continue training at a longer ``seq_len``.
+    - ``reg_*``: the scalar heads' regularizers (seed 002 "Regularization for Efficient Inference"):
+      weights of ``L_align``, ``L_spread``, ``L_tau``, the step each starts at, and the spread's
+      target range (``None``: adaptive); see :class:`priorattn.scalar.Regularization`.
     """
 
     data: str | None = None
@@ -83,6 +87,13 @@ class TrainConfig:
     save_every: int = 200
     keep_checkpoints: int = 2
     init_from: str | None = None
+    reg_align: float = 0.0
+    reg_spread: float = 0.0
+    reg_tau: float = 0.0
+    reg_align_start: int = 0
+    reg_spread_start: int = 0
+    reg_tau_start: int = 0
+    reg_spread_range: tuple[float, float] | None = (-3.0, 3.0)
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "grad_accum", "keep_checkpoints"):
@@ -120,6 +131,18 @@ class TrainConfig:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
+        self.reg_spread_range = self.regularization().spread_range  # checked; a tuple again after JSON
+
+    def regularization(self) -> Regularization:
+        return Regularization(
+            self.reg_align,
+            self.reg_spread,
+            self.reg_tau,
+            self.reg_align_start,
+            self.reg_spread_start,
+            self.reg_tau_start,
+            None if self.reg_spread_range is None else tuple(self.reg_spread_range),
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -28,6 +28,7 @@ from ..data.packing import IGNORE_INDEX
 from ..data.retrieval import RetrievalMix
 from ..files import write_json_atomic
 from ..models import GPT, GPTConfig
+from ..scalar.regularizers import Regularizer
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .distributed import Process, end_process, start_process
@@ -126,6 +127,7 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
         write_json_atomic(run_dir / CONFIG_JSON, run_configs(model_config, config))
         truncate_metrics(run_dir / METRICS_JSONL, step)
     wrapped = DistributedDataParallel(model) if process.distributed else model
+    regularizer = Regularizer(model, config.regularization())
 
     log = MetricsLog(run_dir, step, enabled=process.is_main)
     bar = tqdm(total=config.steps, initial=step, disable=not (progress and process.is_main), unit="step")
@@ -139,7 +141,8 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
             for i in range(config.grad_accum)
         ]
         lr = optimizer.param_groups[0]["lr"]
-        train_loss, grad_norm = train_step(wrapped, micro_batches, optimizer, config, process)
+        regularizer.start(step)
+        train_loss, grad_norm = train_step(wrapped, micro_batches, optimizer, config, process, regularizer)
         scheduler.step()
         step += 1
         bar.update(1)
@@ -152,6 +155,7 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
             record = dict(
                 step=step, train_loss=train_loss, lr=lr, grad_norm=grad_norm, tokens_per_s=tokens_per_s
             )
+            record |= regularizer.logged()
         if (config.eval_every and step % config.eval_every == 0) or final:
             val_loss = evaluate(model, data.val, micro_batch, config, process)
             record = (record or dict(step=step, train_loss=train_loss)) | dict(val_loss=val_loss)
@@ -169,12 +173,21 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
     return TrainResult(run_dir, step, train_loss, val_loss, data.unigram_loss, tokens_per_s)
 
 
-def train_step(model, micro_batches, optimizer, config: TrainConfig, process: Process) -> tuple[float, float]:
+def train_step(
+    model,
+    micro_batches,
+    optimizer,
+    config: TrainConfig,
+    process: Process,
+    regularizer: Regularizer | None = None,
+) -> tuple[float, float]:
     """One optimizer step over this process's micro-batches; ``(loss, grad norm)`` of the step.
 
     The loss is the cross-entropy summed over every target token of the step (all micro-batches on
     all processes) divided by their count, so the update is the same however the global batch is
-    split. DDP averages gradients over processes, hence the ``world_size`` factor.
+    split. DDP averages gradients over processes, hence the ``world_size`` factor. The scalar
+    regularizers (a mean per micro-batch) add their mean over micro-batches; the returned loss is the
+    cross-entropy alone.
     """
     counts = torch.tensor(float(sum(int((t != IGNORE_INDEX).sum()) for _, t, _ in micro_batches)))
     n_targets = process.all_reduce_sum(counts).clamp_min(1.0)
@@ -183,7 +196,9 @@ def train_step(model, micro_batches, optimizer, config: TrainConfig, process: Pr
         sync = i == len(micro_batches) - 1 or not isinstance(model, DistributedDataParallel)
         with contextlib.nullcontext() if sync else model.no_sync():
             summed = _summed_loss(model, tokens, targets, doc_ids, config, process)
-            (summed * (process.world_size / n_targets)).backward()
+            objective = summed * (process.world_size / n_targets)
+            extra = None if regularizer is None else regularizer.loss()
+            (objective if extra is None else objective + extra / len(micro_batches)).backward()
         loss_sum += summed.detach().cpu()
     grad_norm = clip_gradients(model, config.grad_clip)
     optimizer.step()

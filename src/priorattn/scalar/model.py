@@ -1,0 +1,119 @@
+"""How a :class:`~priorattn.models.GPTConfig` selects scalar attention: its ``attention`` field.
+
+- ``"standard"``: every head dot-product (``PriorMultiheadAttention``), the default, and what a run
+  saved before the field existed loads as.
+- ``"scalar"``: every head pure scalar (seed 002 "Mechanism").
+- ``"hybrid"``: every head scores ``q.k / sqrt(d) - (q_s - k_s)^2 / tau`` (seed 002 "Hybrid").
+- ``"mixed"``: ``scalar_heads`` scalar heads next to dot-product heads (seed 002 "Hybrid Architecture").
+
+The other ``scalar_*`` fields configure the scalar heads: ``scalar_groups`` value groups (default:
+one per scalar head), ``scalar_tau`` / ``scalar_tau_init`` / ``scalar_tau_cap`` the bandwidth, and
+``scalar_sink`` a sink key. A prior applies to every head of ``"scalar"`` and ``"hybrid"`` layers
+(seed 002 experiment 6) and to the dot-product heads of ``"mixed"`` layers.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch import nn
+
+from ..eot.regularizers import regularizer
+from ..priors import Prior
+from .layers import MixedMultiheadAttention, ScalarMultiheadAttention
+from .temperature import TAU_FLOOR, TAU_KINDS
+
+ATTENTIONS = ("standard", "scalar", "hybrid", "mixed")
+
+
+def check_attention_config(config) -> None:
+    """Check (and resolve defaults of) a ``GPTConfig``'s attention fields, naming the field."""
+    if config.attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {ATTENTIONS}, got {config.attention!r}")
+    if config.scalar_tau not in TAU_KINDS:
+        raise ValueError(f"scalar_tau must be one of {TAU_KINDS}, got {config.scalar_tau!r}")
+    init, cap = config.scalar_tau_init, config.scalar_tau_cap
+    number = isinstance(init, (int, float)) and not isinstance(init, bool)
+    if not number or not math.isfinite(init) or init <= TAU_FLOOR:
+        raise ValueError(f"scalar_tau_init must be a finite number > {TAU_FLOOR}, got {init!r}")
+    if cap is not None and not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap > init):
+        raise ValueError(f"scalar_tau_cap must be a finite number above scalar_tau_init={init}, got {cap!r}")
+    if config.attention == "standard":
+        given = [name for name in ("scalar_heads", "scalar_groups") if getattr(config, name) is not None]
+        if given or config.scalar_sink:
+            name = given[0] if given else "scalar_sink"
+            raise ValueError(f"{name} configures scalar heads: set attention to 'scalar', 'hybrid', 'mixed'")
+        return
+    if not regularizer(config.normalizer).is_softmax:
+        raise ValueError(
+            f"normalizer={config.normalizer!r} replaces the softmax of dot-product heads only; "
+            f"attention={config.attention!r} has scalar heads: use attention='standard'"
+        )
+    if config.n_kv_heads is not None:
+        raise ValueError(
+            f"n_kv_heads={config.n_kv_heads} groups dot-product heads; attention={config.attention!r} "
+            "groups values with scalar_groups"
+        )
+    if config.attention == "scalar" and config.encoding in ("rope", "local_rope"):
+        raise ValueError(
+            f"encoding={config.encoding!r} rotates vector queries and keys; attention='scalar' has "
+            "none (use 'hybrid' or 'mixed', or encoding='none')"
+        )
+    if config.attention == "mixed":
+        if config.scalar_heads is None:
+            config.scalar_heads = config.n_heads // 2
+        if not 0 < config.scalar_heads < config.n_heads:
+            raise ValueError(
+                f"scalar_heads must be in [1, n_heads - 1] = [1, {config.n_heads - 1}] for mixed "
+                f"attention, got {config.scalar_heads!r}"
+            )
+    elif config.scalar_heads is not None:
+        raise ValueError(f"scalar_heads is for attention='mixed', got attention={config.attention!r}")
+    heads = scalar_heads(config)
+    groups = heads if config.scalar_groups is None else config.scalar_groups
+    if not isinstance(groups, int) or groups < 1 or heads % groups:
+        raise ValueError(f"scalar_groups must be a positive int dividing {heads} scalar heads, got {groups}")
+    if config.scalar_sink and (
+        config.window is not None or (config.prior != "uniform" and config.attention != "mixed")
+    ):
+        raise ValueError("scalar_sink has no position: it takes no prior and no window on its heads")
+
+
+def scalar_heads(config) -> int:
+    """How many heads of a layer are scalar."""
+    return {"standard": 0, "mixed": config.scalar_heads}.get(config.attention, config.n_heads)
+
+
+def prior_heads(config) -> int:
+    """How many heads a layer's prior serves: the dot-product ones of a mixed layer, else all."""
+    return config.n_heads - scalar_heads(config) if config.attention == "mixed" else config.n_heads
+
+
+def attention_layer(config, prior: Prior | None) -> nn.Module:
+    """The attention of one block for ``config.attention`` other than ``"standard"``."""
+    scalar = dict(
+        value_groups=config.scalar_groups,
+        tau=config.scalar_tau,
+        tau_init=config.scalar_tau_init,
+        tau_cap=config.scalar_tau_cap,
+        sink=config.scalar_sink,
+        causal=True,
+        head_dim=config.head_dim,
+        window=config.window,
+        backend=config.backend,
+    )
+    rope = "rope" if config.encoding in ("rope", "local_rope") else None
+    if config.attention == "mixed":
+        return MixedMultiheadAttention(
+            config.d_model, config.n_heads, config.scalar_heads, prior=prior, encoding=rope, **scalar
+        )
+    hybrid = config.attention == "hybrid"
+    encoding = rope if hybrid else None
+    return ScalarMultiheadAttention(
+        config.d_model, config.n_heads, hybrid=hybrid, encoding=encoding, prior=prior, **scalar
+    )
+
+
+def attention_parts(attn: nn.Module) -> tuple[nn.Module, ...]:
+    """The layers with ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` inside a block's attention."""
+    return (attn.dot, attn.scalar) if isinstance(attn, MixedMultiheadAttention) else (attn,)
