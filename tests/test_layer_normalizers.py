@@ -15,7 +15,7 @@ from priorattn.train import TrainConfig, load_run, train
 
 
 def test_layer_decodes_through_the_cache_as_one_full_pass():
-    layer = PriorMultiheadAttention(32, 4, prior=GOAT(4, 2), normalizer="entmax15").double()
+    layer = PriorMultiheadAttention(32, 4, prior=GOAT(4, 1), normalizer="entmax15").double()
     x = torch.randn(2, 9, 32, dtype=torch.float64)
     full, _ = layer(x)
     first, cache = layer(x[:, :5])

@@ -51,6 +51,15 @@ def test_sample_and_plot_runs_use_a_finished_run(corpus, tmp_path, capsys):
     assert "temperature must be > 0" in capsys.readouterr().err
 
 
+def test_training_with_the_forward_only_flex_route_is_refused_before_any_file(corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    argv = ["train", *SMALL, "--backend", "flex", "--steps", "1", "--data", str(corpus), "--out", str(run)]
+    assert exit_code(argv) == 2
+    err = capsys.readouterr().err
+    assert "--backend='flex' cannot train on the CPU" in err and "Traceback" not in err
+    assert not run.exists()
+
+
 def test_init_from_continues_the_earlier_model_on_its_data(corpus, tmp_path, capsys):
     short = tmp_path / "short"
     assert (

@@ -83,6 +83,11 @@ def train(
 
 
 def _train(model_config, config, run_dir, resume, progress, process: Process) -> TrainResult:
+    if model_config.backend == "flex" and process.device.type == "cpu":  # refused before any file
+        raise ValueError(
+            "backend='flex' cannot train on the CPU: FlexAttention has no backward here; train with "
+            "backend='auto', 'sdpa' or 'memeff' (the routes give the same attention)"
+        )
     continuing = resume and ckpt.has_checkpoint(run_dir)  # before any process writes one
     if process.is_main:
         check_run_dir(run_dir, model_config, config, continuing)
