@@ -30,3 +30,14 @@ def test_the_cpu_flash_kernel_runs_only_on_the_cpu():
     assert lower_right_kernel(torch.device("cpu")) == LowerRightCausal.apply
     assert lower_right_kernel(torch.device("cuda")) is public_lower_right_causal
     assert lower_right_kernel(torch.device("meta")) is public_lower_right_causal
+
+
+def test_importing_the_library_leaves_torch_dynamo_unloaded():
+    """The public bottom-right kernel's torch module pulls in torch._dynamo and sympy (about a second
+    and 70 MB); only non-CPU devices use it, so it is imported there, not with the library."""
+    import subprocess
+    import sys
+
+    code = "import sys, priorattn, priorattn.cli; print('torch._dynamo' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"

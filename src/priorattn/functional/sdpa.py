@@ -15,7 +15,6 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention.bias import causal_lower_right
 
 from ..priors import FoldLanes, Prior
 from ..ssmax import Scaling
@@ -129,6 +128,10 @@ def public_lower_right_causal(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """:class:`LowerRightCausal` with public operators only (any device): SDPA with torch's
     bottom-right causal bias, which CUDA runs in its flash or memory-efficient kernels without a
     mask (the CPU materialises one, so the CPU uses :class:`LowerRightCausal`)."""
+    # Imported here: the module pulls in torch._dynamo (about 1 s and 70 MB at import), which CPU
+    # runs, taking the CPU kernel, never need.
+    from torch.nn.attention.bias import causal_lower_right
+
     bias = causal_lower_right(q.shape[2], k.shape[2])
     return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
 
