@@ -38,3 +38,22 @@ def small_model(**overrides) -> GPTConfig:
     return GPTConfig(
         **{**dict(vocab_size=256, seq_len=32, d_model=32, n_layers=2, n_heads=2, goat_freqs=3), **overrides}
     )
+
+
+def train_until_killed(model, config, run_dir, monkeypatch, *, killed_in_step: int = 5) -> None:
+    """Train into ``run_dir`` and die (KeyboardInterrupt) inside optimizer step ``killed_in_step``,
+    as a crash would, leaving the run's checkpoints of the steps before."""
+    from priorattn.train import loop, train
+
+    real_step, calls = loop.train_step, []
+
+    def dies(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == killed_in_step:
+            raise KeyboardInterrupt
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_step", dies)
+    with pytest.raises(KeyboardInterrupt):
+        train(model, config, run_dir, progress=False)
+    monkeypatch.setattr(loop, "train_step", real_step)

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import small_model
+from conftest import small_model, train_until_killed
 
 from priorattn.train import TrainConfig, train
 from priorattn.train import checkpoint as ckpt
@@ -68,25 +68,12 @@ def test_accumulation_and_bf16_follow_the_full_batch(corpus, tmp_path):
 def test_resume_continues_exactly(corpus, tmp_path, monkeypatch, retrieval_mix):
     """A run that dies in step 5 (after its step-3 checkpoint and step-4 log) and is resumed logs
     exactly what the uninterrupted run logged, dropout and retrieval samples included."""
-    from priorattn.train import loop
 
     config = settings(corpus, prior_lr=1e-2, retrieval_mix=retrieval_mix)
     model = small_model(prior="goat", dropout=0.1, seq_len=192 if retrieval_mix else 32)
     train(model, config, tmp_path / "whole", progress=False)
 
-    calls = []
-
-    def dies_in_step_5(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 5:
-            raise KeyboardInterrupt
-        return real_step(*args, **kwargs)
-
-    real_step = loop.train_step
-    monkeypatch.setattr(loop, "train_step", dies_in_step_5)
-    with pytest.raises(KeyboardInterrupt):
-        train(model, config, tmp_path / "split", progress=False)
-    monkeypatch.setattr(loop, "train_step", real_step)
+    train_until_killed(model, config, tmp_path / "split", monkeypatch)
     assert [r["step"] for r in metrics(tmp_path / "split")] == [2, 3, 4]
     train(model, config, tmp_path / "split", resume=True, progress=False)
 
@@ -137,22 +124,11 @@ def test_packed_documents_are_scored_at_the_chosen_positions(tmp_path, positions
 def test_a_run_saved_before_positions_existed_resumes_with_window_positions(corpus, tmp_path, monkeypatch):
     """Such a run trained with window positions: it loads with them, resuming it with document
     positions is refused, and resuming it with window positions continues it exactly."""
-    from priorattn.train import load_run, loop
+    from priorattn.train import load_run
 
     old = settings(corpus, positions="window")
     train(small_model(prior="goat"), old, tmp_path / "whole", progress=False)
-    real_step, calls = loop.train_step, []
-
-    def dies_in_step_5(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 5:
-            raise KeyboardInterrupt
-        return real_step(*args, **kwargs)
-
-    monkeypatch.setattr(loop, "train_step", dies_in_step_5)
-    with pytest.raises(KeyboardInterrupt):
-        train(small_model(prior="goat"), old, tmp_path / "run", progress=False)
-    monkeypatch.setattr(loop, "train_step", real_step)
+    train_until_killed(small_model(prior="goat"), old, tmp_path / "run", monkeypatch)
     run = tmp_path / "run"
     for path in [run / "config.json", *run.glob("checkpoint*.json")]:  # as an earlier version wrote them
         saved = json.loads(path.read_text())
@@ -328,24 +304,11 @@ def test_a_run_that_failed_before_its_first_checkpoint_starts_again_in_place(cor
 def test_resume_falls_back_to_the_older_checkpoint_and_stays_exact(corpus, tmp_path, monkeypatch):
     """The newest of the two kept checkpoints is corrupted: resuming warns, continues from the older
     one, and logs exactly what the uninterrupted run logged."""
-    from priorattn.train import loop
 
     config = settings(corpus, save_every=2, log_every=1)
     model = small_model(prior="goat", dropout=0.1)
     train(model, config, tmp_path / "whole", progress=False)
-    calls = []
-
-    def dies_in_step_5(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 5:
-            raise KeyboardInterrupt
-        return real_step(*args, **kwargs)
-
-    real_step = loop.train_step
-    monkeypatch.setattr(loop, "train_step", dies_in_step_5)
-    with pytest.raises(KeyboardInterrupt):
-        train(model, config, tmp_path / "split", progress=False)
-    monkeypatch.setattr(loop, "train_step", real_step)
+    train_until_killed(model, config, tmp_path / "split", monkeypatch)
     newest = tmp_path / "split" / "checkpoint-00000004.safetensors"
     newest.write_bytes(newest.read_bytes()[:-100])
     with pytest.warns(ckpt.CheckpointWarning, match="loading the older checkpoint checkpoint-00000002.json"):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import small_model
+from conftest import small_model, train_until_killed
 from factories import exit_code
 from test_loop import metrics, settings
 
 from priorattn import cli
-from priorattn.train import TrainConfig, load_run, loop, train
+from priorattn.train import TrainConfig, load_run, train
 from priorattn.train.runs import run_configs, saved_configs
 
 
@@ -21,18 +21,7 @@ def test_regularizers_are_logged_from_their_start_step_and_resume_exactly(corpus
     records = metrics(tmp_path / "whole")
     assert {"reg_align", "reg_tau"} <= set(records[0]) and "reg_spread" not in records[0]  # step 2
     assert all("reg_spread" in r for r in records if r["step"] >= 4)
-    real_step, calls = loop.train_step, []
-
-    def dies_in_step_5(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == 5:
-            raise KeyboardInterrupt
-        return real_step(*args, **kwargs)
-
-    monkeypatch.setattr(loop, "train_step", dies_in_step_5)
-    with pytest.raises(KeyboardInterrupt):
-        train(model, config, tmp_path / "split", progress=False)
-    monkeypatch.setattr(loop, "train_step", real_step)
+    train_until_killed(model, config, tmp_path / "split", monkeypatch)
     train(model, config, tmp_path / "split", resume=True, progress=False)
 
     def losses(run):
