@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
@@ -28,6 +27,7 @@ from ..data.packing import IGNORE_INDEX
 from ..data.retrieval import RetrievalMix
 from ..files import write_json_atomic
 from ..models import GPT, GPTConfig
+from ..models.gpt import token_cross_entropy
 from ..scalar.regularizers import Regularizer
 from . import checkpoint as ckpt
 from .config import TrainConfig
@@ -235,9 +235,7 @@ def _summed_loss(model, tokens: Tensor, targets: Tensor, doc_ids: Tensor, config
         positions = positions.to(process.device)
     with torch.autocast(process.device.type, dtype=torch.bfloat16, enabled=config.bf16):
         logits, _, _ = model(tokens, positions=positions, doc_ids=doc_ids)  # (B, L, V)
-    return F.cross_entropy(
-        logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-    )
+    return token_cross_entropy(logits, targets).sum()
 
 
 def _positions(model, doc_ids: Tensor, config: TrainConfig) -> Tensor | None:
