@@ -25,14 +25,30 @@ def int_at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
-def positive_number(text: str) -> float:
-    """An argparse ``type`` accepting finite numbers ``> 0``."""
+def number(text: str) -> float:
+    """An argparse ``type`` accepting finite numbers."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0 < value < float("inf"):
+    if not abs(value) < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def positive_number(text: str) -> float:
+    """An argparse ``type`` accepting finite numbers ``> 0``."""
+    value = number(text)
+    if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def non_negative_number(text: str) -> float:
+    """An argparse ``type`` accepting finite numbers ``>= 0``."""
+    value = number(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
     return value
 
 
@@ -575,7 +591,9 @@ def add_train_parser(commands) -> None:
     opt.add_argument("--prior-lr", type=float, help="learning rate of prior/SSMax parameters (--lr)")
     opt.add_argument("--weight-decay", type=float, help=f"({defaults.weight_decay})")
     opt.add_argument("--warmup", type=int_at_least(0), help=f"warmup steps ({defaults.warmup_steps})")
-    opt.add_argument("--grad-clip", type=float, help=f"max gradient norm, 0 for none ({defaults.grad_clip})")
+    opt.add_argument(
+        "--grad-clip", type=non_negative_number, help=f"max gradient norm, 0 for none ({defaults.grad_clip})"
+    )
     opt.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
     opt.add_argument("--seed", type=int_at_least(0), help=f"({defaults.seed})")
     opt.add_argument("--init-from", type=Path, help="start from this run's weights (context extension)")

@@ -26,7 +26,7 @@ def losses(run_dir) -> list[dict]:
 
 def test_train_reports_losses_against_the_baseline(corpus, tmp_path, capsys):
     argv = ["train", *SMALL, "--prior", "goat", "--ssmax", "--shared-prior", "--steps", "2"]
-    argv += ["--positions", "window"]
+    argv += ["--positions", "window", "--grad-clip", "0"]
     assert cli.main([*argv, "--data", str(corpus), "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "step 2: train loss" in out and "unigram baseline" in out
@@ -34,6 +34,7 @@ def test_train_reports_losses_against_the_baseline(corpus, tmp_path, capsys):
     model = saved["model"]
     assert (model["prior"], model["ssmax"], model["shared_prior"]) == ("goat", True, True)
     assert saved["train"]["positions"] == "window"
+    assert saved["train"]["grad_clip"] is None  # 0 on the command line: no clipping
 
 
 def test_sample_and_plot_runs_use_a_finished_run(corpus, tmp_path, capsys):
@@ -115,6 +116,8 @@ def test_rope_interpolation_without_rope_is_a_clear_error(corpus, tmp_path, caps
         (["--seq-len", "100000"], "seq_len"),
         (["--batch-size", "6", "--grad-accum", "4"], "--batch-size=6 must be a multiple of --grad-accum=4"),
         (["--lr", "-1"], "error: --lr must be > 0, got -1.0"),
+        (["--grad-clip", "-1"], "argument --grad-clip: must be a number >= 0, got -1"),
+        (["--grad-clip", "inf"], "argument --grad-clip: must be a finite number, got inf"),
         (["--retrieval-mix", "0.5"], "give --seq-len of at least 108, or --retrieval-mix=0"),
         (
             ["--warmup", "2", "--text-encoding", "klingon"],
