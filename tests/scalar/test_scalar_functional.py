@@ -205,3 +205,26 @@ def test_gradcheck_through_the_fold_in_float64():
         return scalar_attention(q_s, k_s, v, tau, q=q, k=k, sink_value=sink, backend="sdpa")
 
     assert torch.autograd.gradcheck(f, (q_s, k_s, v, q, k, tau, sink))
+
+
+FLEX_BASE = dict(B=2, G=1, H=2, Lk=40, Lq=40, Dk=4, Dv=8, tau="global", causal=True, offset=0)
+FLEX_BASE |= dict(window=None, docs=False, padding=False, prior="uniform", sink=False, sink_key=0.0)
+FLEX_CASES = {
+    "hybrid, goat, documents": FLEX_BASE | dict(docs=True, prior="goat", seed=5),
+    "grouped hybrid, token tau, decode offset, padding, sink": FLEX_BASE
+    | dict(G=2, H=6, Lq=30, tau="token", offset=5, docs=True, padding=True, sink=True, sink_key=0.7, seed=3),
+    "pure scalar, ggd, window": FLEX_BASE
+    | dict(B=1, H=3, Lk=33, Lq=33, Dk=0, Dv=3, tau="head", window=7, prior="ggd", seed=4),
+}
+
+
+@pytest.mark.slow  # each case compiles a FlexAttention kernel (5-20 s on this CPU)
+@pytest.mark.parametrize("case", FLEX_CASES)
+def test_flex_route_matches_definition_forward(case):
+    """The folded scalar lanes through FlexAttention (forward only on the CPU) equal the definition."""
+    tensors, prior, kwargs = build(FLEX_CASES[case], torch.float32)
+    with torch.no_grad():
+        out = scalar_attention(**tensors, prior=prior, backend="flex", **kwargs)
+        reference = {name: t.double() for name, t in tensors.items()}
+        ref = scalar_attention(**reference, prior=prior.double(), backend="reference", **kwargs)
+    assert_close(out, ref, TOLERANCE[torch.float32], "output")
