@@ -83,9 +83,10 @@ def test_thm_5_1_posterior_collapses_to_the_prior_as_omega_goes_to_zero(problem,
 # --- Thm. 5.4 (Eq. 30-31) and Def. 5.3 (Eq. 28-29) ----------------------------------------------
 
 
-@given(st.integers(1, 64))
-def test_thm_5_4_uniform_prior_sensitivity_is_one_minus_one_over_n(L):
-    """Eq. 30 / 54: with no content signal, Psi = (n - 1) / n for a row of n keys, -> 1."""
+def test_thm_5_4_uniform_prior_sensitivity_is_one_minus_one_over_n():
+    """Eq. 30 / 54: with no content signal, Psi = (n - 1) / n for a row of n keys, -> 1 (causal row i
+    has n = i + 1 keys, so one sequence covers n = 1..L)."""
+    L = 64
     q, k = torch.zeros(1, 1, L, 4, dtype=F64), torch.randn(1, 1, L, 4, dtype=F64)
     p = attention_weights(q, k, prior=Uniform())
     n = torch.arange(1, L + 1, dtype=F64)
@@ -322,6 +323,7 @@ def test_prop_f6_without_a_causal_mask_alibi_is_not_key_linear_counterexample():
 # --- Thm. 4 (Eq. 107): key-only priors are rank one and need one lane ---------------------------
 
 
+@settings(max_examples=25)
 @given(st.integers(0, 2**16), st.integers(2, 20))
 def test_thm_4_key_only_prior_is_rank_one_with_one_lane(seed, L):
     gen = torch.Generator().manual_seed(seed)

@@ -13,7 +13,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from maps import attention_weights, causal_visible, weight_on
 
@@ -299,6 +299,7 @@ def far_key_row(n: int, content: float, gen: torch.Generator):
     return q, k, omega
 
 
+@settings(max_examples=25)
 @given(st.floats(-2.0, 1.0), st.floats(-1.5, -0.05), st.sampled_from([0.1, 1.0]), st.integers(0, 2**16))
 def test_thm_4_distant_weight_still_vanishes_for_bounded_content_counterexample(
     theta_alpha, beta, content, seed
@@ -315,6 +316,7 @@ def test_thm_4_distant_weight_still_vanishes_for_bounded_content_counterexample(
     assert far < 0.02
 
 
+@settings(max_examples=25)
 @given(st.floats(-2.0, 1.0), st.floats(-1.5, -0.05), st.sampled_from([0.1, 1.0]), st.integers(0, 2**16))
 def test_thm_4_far_half_of_the_context_keeps_a_fixed_share_unlike_alibi(theta_alpha, beta, content, seed):
     """What holds instead: the keys at lags >= n / 2 together keep at least (|F| / n) exp(-omega - c)
@@ -331,6 +333,7 @@ def test_thm_4_far_half_of_the_context_keeps_a_fixed_share_unlike_alibi(theta_al
         assert alibi_share <= math.exp(omega - slope * (n - 1 - (n - 1) // 2)) * (1 + 1e-12)
 
 
+@settings(max_examples=25)
 @given(st.floats(-2.0, 0.0), st.floats(-1.5, -0.3))
 def test_thm_4_holds_with_ssmax_and_a_content_margin(theta_alpha, beta):
     """With SSMax (logits times s log n, prior included) and a far key whose content beats every other
@@ -360,6 +363,7 @@ def test_thm_4_holds_with_ssmax_and_a_content_margin(theta_alpha, beta):
 # --- SSMax (Sec. 2.5): sharpness regardless of the length -----------------------------------------
 
 
+@settings(max_examples=25)
 @given(st.floats(0.1, 3.0), st.floats(0.1, 3.0))
 def test_ssmax_keeps_a_peak_iff_scale_times_margin_exceeds_one(s, margin):
     """One key Delta above n - 1 equal ones: under SSMax its weight is exactly 1 / (1 + (n - 1) n^(-s Delta)),
