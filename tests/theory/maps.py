@@ -1,4 +1,5 @@
-"""Attention weights as the library's op computes them, for the theorem tests.
+"""Attention weights as the library's op computes them, and priors with exact float64 parameters,
+for the theorem tests.
 
 With the identity as values, the output row of query i is its weight row; with one indicator column
 as values, the output is the total weight on the marked keys (rows too long for an ``Lk x Lk`` eye).
@@ -10,6 +11,7 @@ import torch
 from torch import Tensor
 
 import priorattn
+from priorattn.priors import ALiBi
 
 
 def attention_weights(q: Tensor, k: Tensor, **kwargs) -> Tensor:
@@ -29,3 +31,10 @@ def weight_on(q: Tensor, k: Tensor, keys: Tensor, **kwargs) -> Tensor:
 def causal_visible(L: int) -> Tensor:
     """``(L, L)`` bool: key j is visible to query i iff ``j <= i`` (the op's default positions)."""
     return torch.ones(L, L, dtype=torch.bool).tril()
+
+
+def alibi(slope: float) -> ALiBi:
+    """One ALiBi head with this exact float64 slope (the constructor stores slopes in the default dtype)."""
+    prior = ALiBi(1).double()
+    prior.slopes.fill_(slope)
+    return prior

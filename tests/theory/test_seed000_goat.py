@@ -12,7 +12,7 @@ import torch
 from factories import PRIOR_NAMES, make_prior
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from maps import attention_weights, causal_visible
+from maps import alibi, attention_weights, causal_visible
 
 import priorattn
 from priorattn.eot import (
@@ -27,7 +27,7 @@ from priorattn.eot import (
     solve,
 )
 from priorattn.eot.regularizers import masked_softmax, neg_entropy
-from priorattn.priors import GOAT, ALiBi, Uniform
+from priorattn.priors import GOAT, Uniform
 
 F64 = torch.float64
 
@@ -201,13 +201,6 @@ def test_prop_f5_a_fourier_mode_needs_two_lanes(omega, angle):
 
 #: ALiBi slopes of either sign; the SDPA route fails on subnormal slopes (docs/theory.md), so none.
 slopes = st.one_of(st.just(0.0), st.floats(1e-6, 2.0), st.floats(-2.0, -1e-6))
-
-
-def alibi(slope: float) -> ALiBi:
-    """One ALiBi head with this exact float64 slope (the constructor stores slopes in the default dtype)."""
-    prior = ALiBi(1).double()
-    prior.slopes.fill_(slope)
-    return prior
 
 
 # --- Thm. 3 (Eq. 92-93): the maximum-entropy recency prior is exponential in the lag -------------

@@ -15,11 +15,11 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from maps import attention_weights, causal_visible, weight_on
+from maps import alibi, attention_weights, causal_visible, weight_on
 
 from priorattn.eot import content_position_log_z, content_range
 from priorattn.eot.regularizers import masked_softmax
-from priorattn.priors import GGD, ALiBi, Uniform
+from priorattn.priors import GGD, Uniform
 
 F64 = torch.float64
 #: Row lengths for the limits |j - i| -> infinity: one query at the end of a row of n keys.
@@ -33,12 +33,6 @@ def ggd(theta_alpha: float, beta: float, eps: float = 1e-5, theta_mu: float = 0.
         prior.theta_alpha.fill_(theta_alpha)
         prior.theta_beta.fill_(beta)
         prior.theta_mu.fill_(theta_mu)
-    return prior
-
-
-def alibi(slope: float) -> ALiBi:
-    prior = ALiBi(1).double()
-    prior.slopes.fill_(slope)
     return prior
 
 
