@@ -313,16 +313,19 @@ def test_thm_4_distant_weight_still_vanishes_for_bounded_content_counterexample(
 @settings(max_examples=25)
 @given(st.floats(-2.0, 1.0), st.floats(-1.5, -0.05), st.sampled_from([0.1, 1.0]), st.integers(0, 2**16))
 def test_thm_4_far_half_of_the_context_keeps_a_fixed_share_unlike_alibi(theta_alpha, beta, content, seed):
-    """What holds instead: the keys at lags >= n / 2 together keep at least (|F| / n) exp(-omega - c)
-    of the weight at every length (no single distant key does), while under ALiBi their share is
-    below exp(omega - m n / 2) -> 0."""
+    """What holds instead: the keys F at lags >= n / 2 together keep at least (|F| / n) exp(-omega - c)
+    of the weight at every length (no single distant key does), as they do with no prior at all
+    (NoPE, at least (|F| / n) exp(-omega)), while under ALiBi their share is below
+    exp(omega - m n / 2) -> 0."""
     gen = torch.Generator().manual_seed(seed)
     c, slope = math.exp(theta_alpha), 0.1
     for n in LENGTHS:
         q, k, omega = far_key_row(n, content, gen)
-        far_half = torch.arange(n) <= (n - 1) // 2  # lags (n - 1) - j >= n / 2 - 1
+        far_half = torch.arange(n) <= (n - 1) // 2  # keys at lags >= (n - 1) - (n - 1) // 2
+        fraction = far_half.sum().item() / n
         share = weight_on(q, k, far_half, prior=ggd(theta_alpha, beta)).item()
-        assert share >= far_half.sum().item() / n * math.exp(-omega - c) * (1 - 1e-12)
+        assert share >= fraction * math.exp(-omega - c) * (1 - 1e-12)
+        assert weight_on(q, k, far_half, prior=Uniform()).item() >= fraction * math.exp(-omega) * (1 - 1e-12)
         alibi_share = weight_on(q, k, far_half, prior=alibi(slope)).item()
         assert alibi_share <= math.exp(omega - slope * (n - 1 - (n - 1) // 2)) * (1 + 1e-12)
 
