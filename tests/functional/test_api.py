@@ -83,3 +83,12 @@ def test_the_op_and_its_subpackage_are_both_importable():
 
     assert priorattn.attention is priorattn.functional.api.attention
     assert callable(priorattn.attention)
+
+
+def test_a_subnormal_alibi_slope_folds_like_a_zero_slope():
+    """Found by tests/theory: 2^8 / 2.2e-309 overflowed when the sdpa route sized its slope runs."""
+    q64, k64 = (torch.randn(1, 2, 6, 4, dtype=torch.float64) for _ in range(2))
+    prior = ALiBi(2, slopes=torch.tensor([2.2e-309, 0.5], dtype=torch.float64))
+    out = priorattn.attention(q64, k64, k64, prior=prior, backend="sdpa")
+    ref = priorattn.attention(q64, k64, k64, prior=prior, backend="reference")
+    torch.testing.assert_close(out, ref)

@@ -237,3 +237,8 @@ def test_goat_learnable_freqs_get_the_reference_gradient_through_every_route():
     assert grads["reference"].abs().sum() > 0
     for backend in ("sdpa", "memeff"):
         assert torch.allclose(grads[backend], grads["reference"], atol=1e-10)
+
+
+def test_alibi_keeps_the_precision_of_floating_slopes():
+    assert ALiBi(2, slopes=torch.tensor([0.1, 1 / 3], dtype=torch.float64)).slopes.dtype == torch.float64
+    assert ALiBi(2, slopes=[1, 2]).slopes.dtype == torch.get_default_dtype()

@@ -255,19 +255,20 @@ def test_thm_3_first_query_has_no_other_key_counterexample():
     assert b.item() == -math.inf and torch.softmax(b, -1).isnan().all()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="library bug: a -inf log-prior on a row's only visible key moves the row's weight onto "
-    "masked (future) keys, because masked_softmax fills masked logits with finfo.min > -inf. Reached "
-    "by GGD at eps = 0, or at the default eps = 1e-5 with theta_beta <= -8 in float32 (docs/theory.md)",
-)
-def test_first_query_with_minus_infinite_log_prior_gives_no_weight_to_masked_keys():
+@pytest.mark.parametrize("backend", ["reference", "memeff"])
+def test_first_query_with_minus_infinite_log_prior_gives_no_weight_to_masked_keys(backend):
+    """Found by these checks: a row whose visible logits are all -inf gave its weight to the masked
+    (future) keys, filled with finfo.min > -inf. Such a row now gets zeros, and finite gradients."""
     L = 6
     prior = GGD(1, trainable=("alpha", "beta", "mu"))  # float32, default eps
     with torch.no_grad():
         prior.theta_beta.fill_(-8.0)  # (1e-5)^-8 = 1e40 overflows float32: b_00 = -inf
-    p = attention_weights(torch.zeros(1, 1, L, 4), torch.randn(1, 1, L, 4), prior=prior)[0, 0]
-    assert (p[0, 1:] == 0).all()
+    k = torch.randn(1, 1, L, 4, requires_grad=True)
+    p = attention_weights(torch.zeros(1, 1, L, 4), k, prior=prior, backend=backend)[0, 0]
+    assert (p[0] == 0).all() and torch.allclose(p[1:].sum(-1), torch.ones(L - 1))
+    assert (p.triu(1) == 0).all()
+    p.sum().backward()
+    assert torch.isfinite(k.grad).all()
 
 
 def test_thm_3_library_eps_leaves_weight_on_the_own_key_counterexample():

@@ -44,11 +44,12 @@ def masked_softmax(logits: Tensor, visible: Tensor) -> Tensor:
     """Softmax over keys where ``visible``; rows with no visible key get all-zero weights.
 
     Masked cells take the dtype's most negative finite value rather than -inf, so an empty row is a
-    finite (discarded) softmax and its gradient stays finite.
+    finite (discarded) softmax and its gradient stays finite. Their weights are then zeroed: where
+    every visible logit of a row is -inf (a log-prior of -inf, e.g. GGD with ``beta < 0`` at lag 0)
+    the finite masked cells would otherwise take the row's weight, so such a row gets zeros too.
     """
     logits = logits.masked_fill(~visible, torch.finfo(logits.dtype).min)
-    probs = torch.softmax(logits, dim=-1)
-    return torch.where(visible.any(dim=-1, keepdim=True), probs, 0.0)
+    return torch.softmax(logits, dim=-1) * visible
 
 
 def neg_entropy(p: Tensor) -> Tensor:

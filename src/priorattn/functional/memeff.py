@@ -126,14 +126,18 @@ class Plan:
         logits = grouped_scores(q2, k2)
         if bias is not None:
             logits += bias
+        # Hidden cells are filled with the lowest finite value and their weights zeroed after the
+        # softmax, as in masked_softmax: a row whose visible logits are all -inf gets no weight.
         lowest = torch.finfo(logits.dtype).min
         if self.masking.plain_causal:  # only the block's newest lq keys can be hidden: a triangle
             hidden = torch.ones(lq, lq, dtype=torch.bool, device=q2.device).triu_(1)
             logits[..., -lq:].masked_fill_(hidden, lowest)
-            return torch.softmax(logits, dim=-1)
+            probs = torch.softmax(logits, dim=-1)
+            probs[..., -lq:].masked_fill_(hidden, 0.0)
+            return probs
         visible = self.masking.visible(rows, cols)
         probs = torch.softmax(logits.masked_fill_(~visible, lowest), dim=-1)
-        return probs.mul_(visible.any(-1, keepdim=True))
+        return probs.mul_(visible)
 
 
 #: Positions of the bias sources among ``BlockwiseAttention``'s inputs after ``q2, k2, v``.

@@ -38,7 +38,8 @@ def slope_span(slope: Tensor | None, dtype: torch.dtype) -> int | None:
     largest = 0.0 if slope is None or not slope.numel() else float(slope.detach().abs().max())
     if largest == 0.0:
         return None
-    return max(1, int(SLOPE_MAGNITUDE.get(dtype, SLOPE_MAGNITUDE[torch.float32]) / largest))
+    span = SLOPE_MAGNITUDE.get(dtype, SLOPE_MAGNITUDE[torch.float32]) / largest
+    return None if span > 2**62 else max(1, int(span))  # a subnormal slope: inf, and no limit
 
 
 def fold_dtype(slope: Tensor | None, dtype: torch.dtype, Lq: int) -> torch.dtype:

@@ -21,7 +21,10 @@ class ALiBi(Prior):
         if slopes.shape != (num_heads,):
             raise ValueError(f"slopes must have shape ({num_heads},), got {tuple(slopes.shape)}")
         self.num_heads = num_heads
-        self.register_buffer("slopes", slopes.to(torch.get_default_dtype()))
+        # Floating slopes keep their precision (float64 slopes for exact checks); others are cast.
+        self.register_buffer(
+            "slopes", slopes if slopes.is_floating_point() else slopes.to(torch.get_default_dtype())
+        )
 
     @property
     def is_relative(self) -> bool:
