@@ -93,6 +93,17 @@ def test_probe_is_causal():
     assert not torch.allclose(logits[:, 7:], changed_logits[:, 7:])
 
 
+def test_probe_keeps_documents_apart_as_attention_does():
+    torch.manual_seed(0)
+    model = FixedQueryLM(vocab_size=6, d_model=8, heads=2, prior=GOAT(2, 3, slope=False, train_len=10))
+    tokens = torch.randint(0, 6, (1, 10))
+    doc_ids = torch.tensor([[0] * 4 + [1] * 6])
+    positions = torch.tensor([[0, 1, 2, 3, 0, 1, 2, 3, 4, 5]])
+    packed = model(tokens, positions=positions, doc_ids=doc_ids)[0]
+    alone = model(tokens[:, 4:])[0]
+    assert torch.allclose(packed[:, 4:], alone, atol=1e-6)
+
+
 @pytest.mark.parametrize("model", ["probe", "gpt"])
 def test_training_is_a_function_of_the_seed(model):
     config = dict(model=model, d_model=64, **TINY)  # 64 wide: GOAT's 17 lanes leave most to content

@@ -119,14 +119,17 @@ class FixedQueryLM(nn.Module):
         self.prior = prior
         self.head = nn.Linear(d_model, vocab_size)
 
-    def forward(self, tokens: Tensor, **_) -> tuple[Tensor, None, None]:
-        """``(logits, None, None)``, as :class:`GPT` returns ``(logits, loss, caches)`` to ``train_step``."""
+    def forward(
+        self, tokens: Tensor, *, positions: Tensor | None = None, doc_ids: Tensor | None = None
+    ) -> tuple[Tensor, None, None]:
+        """``(logits, None, None)``, as :class:`GPT` returns ``(logits, loss, caches)`` to
+        ``train_step``; ``positions`` and ``doc_ids`` as :func:`~priorattn.attention` takes them."""
         B, L = tokens.shape
         x = self.embed(tokens)  # (B, L, d_model)
         k = self.k_proj(x).view(B, L, self.heads, -1).transpose(1, 2)  # (B, H, L, D)
         v = self.v_proj(x).view(B, L, self.heads, -1).transpose(1, 2)  # (B, H, L, D)
         q = self.query.expand(B, -1, L, -1)  # (B, H, L, D)
-        y = attention(q, k, v, prior=self.prior, causal=True)  # (B, H, L, D)
+        y = attention(q, k, v, prior=self.prior, q_pos=positions, k_pos=positions, doc_ids=doc_ids)
         return self.head(y.transpose(1, 2).reshape(B, L, -1)), None, None
 
 
