@@ -118,8 +118,8 @@ def test_training_is_a_function_of_the_seed(model):
     "kwargs, message",
     [
         (dict(model="rnn"), "model must be one of ('probe', 'gpt'), got 'rnn'"),
-        (dict(length=1), "length must be >= 2 to have a previous token, got 1"),
-        (dict(steps=0), "steps must be a positive int, got 0"),
+        (dict(length=1), "length must be an int >= 2, got 1"),
+        (dict(steps=0), "steps must be an int >= 1, got 0"),
         (dict(d_model=10, heads=4), "d_model=10 is not divisible by heads=4"),
         (dict(weights=(0.5, 0.5, 0.5)), "weights must sum to 1"),
     ],

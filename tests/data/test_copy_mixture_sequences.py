@@ -99,11 +99,13 @@ def test_bad_task_arguments_are_named(kwargs, message):
 
 def test_bad_sizes_are_named():
     task = CopyMixture()
-    with pytest.raises(ValueError, match="length must be a positive int, got 0"):
+    with pytest.raises(ValueError, match="length must be an int >= 1, got 0"):
         sample(task, length=0)
-    with pytest.raises(ValueError, match="batch_size must be a positive int, got -1"):
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1, got -1"):
         CopyMixtureBatches(task, -1, 8, seed=0)
+    with pytest.raises(ValueError, match="length must be an int >= 1, got 0"):
+        CopyMixtureBatches(task, 2, 0, seed=0)
     with pytest.raises(ValueError, match="seed must be an int, got 'a'"):
         CopyMixtureBatches(task, 2, 8, seed="a")
-    with pytest.raises(ValueError, match="step must be a non-negative int, got -1"):
+    with pytest.raises(ValueError, match="step must be an int >= 0, got -1"):
         CopyMixtureBatches(task, 2, 8, seed=0).batch(-1)

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from ..checks import check_int
 from ..data.copy_mixture import CopyMixture, CopyMixtureBatches
 from ..files import prepare_out, write_json_atomic
 from ..functional import attention
@@ -81,12 +82,9 @@ class CopyMixtureConfig:
         self.weights = CopyMixture(self.vocab_size, self.weights).weights  # checks both
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
-        for name in ("length", "d_model", "heads", "steps", "batch_size", "eval_sequences"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.length < 2:
-            raise ValueError(f"length must be >= 2 to have a previous token, got {self.length}")
+        for name in ("d_model", "heads", "steps", "batch_size", "eval_sequences"):
+            check_int(name, getattr(self, name), low=1)
+        check_int("length", self.length, low=2)  # a previous token to copy
         if self.d_model % self.heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by heads={self.heads}")
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ..checks import check_int
+
 #: The three sources of a token, in the order of the mixture weights.
 SOURCES = ("first", "previous", "noise")
 FIRST, PREVIOUS, NOISE = range(len(SOURCES))
@@ -37,8 +39,7 @@ class CopyMixture:
     weights: tuple[float, float, float] = (0.3, 0.4, 0.3)
 
     def __post_init__(self):
-        if isinstance(self.vocab_size, bool) or not isinstance(self.vocab_size, int) or self.vocab_size < 2:
-            raise ValueError(f"vocab_size must be an int >= 2, got {self.vocab_size!r}")
+        check_int("vocab_size", self.vocab_size, low=2)
         weights = (
             tuple(self.weights)
             if isinstance(self.weights, Sequence) and not isinstance(self.weights, str)
@@ -55,9 +56,8 @@ class CopyMixture:
     def sample(self, batch_size: int, length: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """``(tokens, sources)``, each long ``(batch_size, length)``: the tokens and where each came
         from (``FIRST``, ``PREVIOUS`` or ``NOISE``; ``x_0`` counts as noise, being uniform)."""
-        for name, value in (("batch_size", batch_size), ("length", length)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_int("batch_size", batch_size, low=1)
+        check_int("length", length, low=1)
         shape = (batch_size, length)
         sources = torch.multinomial(
             torch.tensor(self.weights), batch_size * length, True, generator=generator
@@ -88,17 +88,15 @@ class CopyMixtureBatches:
     sequence per row), as :meth:`priorattn.data.Batches.batch` gives them to ``train_step``."""
 
     def __init__(self, task: CopyMixture, batch_size: int, length: int, seed: int):
+        check_int("batch_size", batch_size, low=1)
+        check_int("length", length, low=1)
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed must be an int, got {seed!r}")
-        task.sample(1, length + 1, torch.Generator())  # checks the sizes once, here
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         self.task, self.batch_size, self.length, self.seed = task, batch_size, length, seed
 
     def generator(self, step: int) -> torch.Generator:
         """The generator of batch ``step``, seeded by a hash of ``(seed, step)``."""
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be a non-negative int, got {step!r}")
+        check_int("step", step, low=0)
         digest = hashlib.sha256(f"copy-mixture:{self.seed}:{step}".encode()).digest()
         return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
