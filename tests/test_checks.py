@@ -7,7 +7,14 @@ import torch
 
 import priorattn
 from priorattn import PriorMultiheadAttention
-from priorattn.checks import check_doc_ids, check_key_padding_mask, check_positions
+from priorattn.checks import check_doc_ids, check_int, check_key_padding_mask, check_positions
+
+
+@pytest.mark.parametrize("value", [1, 2.0, True, "3", None])
+def test_check_int_names_the_argument_and_the_bound(value):
+    with pytest.raises(ValueError, match=f"steps must be an int >= 2, got {value!r}"):
+        check_int("steps", value, low=2)
+    check_int("steps", 2, low=2)
 
 
 def test_positions_come_back_as_batch_or_one_by_length_int64():

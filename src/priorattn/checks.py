@@ -25,6 +25,12 @@ def value_checks_enabled() -> bool:
     return _value_checks
 
 
+def check_int(name: str, value: object, low: int) -> None:
+    """Raise a ``ValueError`` naming ``name`` unless ``value`` is an int (not a bool) ``>= low``."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
 def is_integer_tensor(t: object) -> bool:
     """A tensor of integers (not float, complex or bool): what positions and token ids must be."""
     if not isinstance(t, Tensor):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from priorattn.analysis import plots, runs
+from priorattn.analysis.copy_mixture import CopyMixtureConfig, copy_mixture_job
 from priorattn.eval import plots as eval_plots
 
 
@@ -69,6 +70,15 @@ def test_prior_figures_read_without_the_papers(caught, tmp_path):
     curves = caught[0].subfigs[0].axes
     for ax in curves:  # curves stop at the query: keys after it are masked, not drawn
         assert all(line.get_xdata().max() <= 0 for line in ax.get_lines())
+
+
+def test_learned_goat_figure_reads_without_the_papers(caught, tmp_path):
+    config = CopyMixtureConfig(length=8, steps=2, batch_size=4, eval_sequences=4)
+    copy_mixture_job(config, tmp_path, progress=False)
+    (fig,) = caught
+    check_readable(fig)
+    check_future_blank(fig)
+    assert "copy-mixture" in words(fig)[0]
 
 
 def run_dir(root, name, **model):

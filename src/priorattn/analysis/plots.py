@@ -151,6 +151,26 @@ def goat_components(prior: GOAT, length: int, head: int = 0) -> tuple[np.ndarray
     return u.numpy(), (K - u).numpy(), K.numpy()
 
 
+def identified_goat_components(
+    u: np.ndarray, relative: np.ndarray, K: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`goat_components` with the straight-line part of the sink moved into the relative part.
+
+    ``kappa(i - j) + u(j)`` splits a log-prior in one way only up to a line: with
+    ``u(j) = u*(j) + c + a j``, ``K(i, j) = [kappa(i - j) + c - a (i - j)] + u*(j) + a i``, and the
+    row constant ``a i`` changes no softmax (the reason seed 000 Fig. 1c centres rows). Lines are
+    all a sink and a relative part can trade: ``kappa(i - j) + u(j) = f(i)`` on every ``j <= i``
+    forces ``f`` affine. A trained GOAT drifts along that line (its sink even has a linear
+    ``decay`` term), so the sink is read here as ``u*``: ``u`` minus its least-squares line over
+    the positions drawn. Returns ``(u*, kappa*(i - j), K - a i)``.
+    """
+    keys = np.arange(len(u), dtype=float)
+    slope, intercept = np.polyfit(keys, u, deg=1)
+    line = intercept + slope * keys
+    lags = keys[:, None] - keys[None, :]  # (L, L): i - j
+    return u - line, relative + intercept - slope * lags, K - slope * keys[:, None]
+
+
 # ---------------------------------------------------------------------------------------------
 # Figures
 
@@ -300,13 +320,11 @@ def log_prior_heatmap(fig: Figure, ax, K: np.ndarray, title: str) -> None:
 
 
 def plot_goat_decomposition(out: Path, length: int = 512, num_heads: int = 8, head: int = 0) -> Path:
-    """``goat_decomposition.png``: sink, relative part, total and causal prior (seed 000 Fig. 1)."""
+    """``goat_decomposition.png``: sink, relative part, total and causal prior (seed 000 Fig. 1) of
+    the illustrative GOAT (:func:`illustrative_goat`)."""
     check_sizes(length, num_heads, head)
     prior = illustrative_goat(num_heads, length)
     u, relative, K = goat_components(prior, length, head)
-    _, probs = prior_matrices(prior, length, head)
-    visible = blank_future(K)
-    centred = visible - np.nanmean(visible, axis=-1, keepdims=True)
     slope = float(alibi_slopes(num_heads)[head])
     caption = (
         "Heatmaps have one row per query position i and one column per key position j; the blank "
@@ -321,6 +339,21 @@ def plot_goat_decomposition(out: Path, length: int = 512, num_heads: int = 8, he
         "larger than the recency penalty up to that distance; later queries attend to their most "
         "recent keys, the bright band along the diagonal. Black: weight below 1e-8."
     )
+    title = f"What GOAT's prior is made of: a sink plus a relative part (head {head}, L = {length})"
+    return draw_goat_decomposition(out / "goat_decomposition.png", (u, relative, K), title, caption)
+
+
+def draw_goat_decomposition(
+    path: Path, components: tuple[np.ndarray, np.ndarray, np.ndarray], title: str, caption: str
+) -> Path:
+    """Seed 000 Fig. 1's four panels of one GOAT head's ``(u(j), kappa(i - j), K)`` (as
+    :func:`goat_components` gives them, illustrative or learned): (a) the sink, (b) the relative
+    part, (c) their sum with rows centred, (d) the causal prior probabilities."""
+    u, relative, K = components
+    length = len(u)
+    visible = blank_future(K)
+    centred = visible - np.nanmean(visible, axis=-1, keepdims=True)
+    probs = causal_prior_probs(torch.from_numpy(K)).numpy()
     fig, panel = captioned_figure((13, 11), caption)
     (ax_a, ax_b), (ax_c, ax_d) = panel.subplots(2, 2)
     ax_a.plot(np.arange(length), u, color="C3")
@@ -337,8 +370,8 @@ def plot_goat_decomposition(out: Path, length: int = 512, num_heads: int = 8, he
     heatmap(panel, ax_c, centred, centred_title, label + ", row mean 0", cmap="RdBu_r", norm=norm)
     causal_heatmap(panel, ax_d, probs, "(d) Attention the prior alone gives (each row sums to 1)")
     zoom_on_sink(ax_d, probs)
-    panel.suptitle(f"What GOAT's prior is made of: a sink plus a relative part (head {head}, L = {length})")
-    return save(fig, out / "goat_decomposition.png")
+    panel.suptitle(title)
+    return save(fig, path)
 
 
 def heatmap_priors(num_heads: int, length: int, head: int) -> list[tuple[str, Prior]]:

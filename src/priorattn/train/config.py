@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from ..checks import check_int
 from ..data import KINDS as TOKENIZERS
 from ..files import check_text_encoding
 from ..scalar.regularizers import Regularization
@@ -97,12 +98,12 @@ class TrainConfig:
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "grad_accum", "keep_checkpoints"):
-            _check_int(name, getattr(self, name), low=1)
+            check_int(name, getattr(self, name), low=1)
         for name in ("warmup_steps", "log_every", "eval_every", "save_every", "seed"):
-            _check_int(name, getattr(self, name), low=0)
+            check_int(name, getattr(self, name), low=0)
         for name in ("seq_len", "vocab_size", "eval_sequences"):
             if getattr(self, name) is not None:
-                _check_int(name, getattr(self, name), low=1)
+                check_int(name, getattr(self, name), low=1)
         if self.batch_size % self.grad_accum:
             raise ValueError(
                 f"batch_size={self.batch_size} must be a multiple of grad_accum={self.grad_accum}"
@@ -154,8 +155,3 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown TrainConfig fields {sorted(unknown)}")
         return cls(**(BEFORE_FIELD_EXISTED | data))
-
-
-def _check_int(name: str, value, low: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
