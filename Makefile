@@ -15,7 +15,9 @@ OUT ?= $(HOME)/.cache/priorattn/compare
 PRIORS ?=
 BUDGET ?= 1
 
-.PHONY: demo test lint bench
+GENOMES ?= $(HOME)/.cache/priorattn/genomes
+
+.PHONY: demo test lint bench genomes
 
 $(VENV)/.demo-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,3 +48,16 @@ lint: $(VENV)/.test-installed
 bench: $(VENV)/.demo-installed
 	$(PY) benchmarks/attention.py
 	$(PY) benchmarks/train_throughput.py
+
+# Bacterial genomes for `priorattn dna` (issue 12): the Debian package ragout-examples ships complete
+# genomes as gzipped FASTA (E. coli, S. aureus, V. cholerae, H. pylori). apt-get download and
+# dpkg-deb -x fetch and unpack it without root into $(GENOMES).
+genomes: $(GENOMES)/.fetched
+
+$(GENOMES)/.fetched:
+	rm -rf $(GENOMES)/.deb && mkdir -p $(GENOMES)/.deb
+	cd $(GENOMES)/.deb && apt-get download ragout-examples
+	dpkg-deb -x $(GENOMES)/.deb/ragout-examples_*.deb $(GENOMES)/.deb/root
+	cp -r $(GENOMES)/.deb/root/usr/share/doc/ragout/examples/. $(GENOMES)/
+	rm -rf $(GENOMES)/.deb
+	touch $@

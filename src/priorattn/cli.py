@@ -331,6 +331,26 @@ def compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def dna(args: argparse.Namespace) -> int:
+    """Train nucleotide-level models that differ in positional mechanism on a genome; measure them."""
+    from .dna import DNAConfig
+    from .dna import dna as run
+
+    try:
+        config = DNAConfig.for_budget(args.budget, args.models, genome=args.genome, seed=args.seed)
+        results = run(config, args.out, progress=not args.quiet)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:  # no genome, bad FASTA, bad budget
+        fail(args, e)
+    for name, m in results["models"].items():
+        r = "-" if m["gc_pearson"] is None else f"{m['gc_pearson']:.3f}"
+        print(
+            f"{name:<8} {m['bits_per_base']:.4f} bits/base  {m['tokens_per_s']:>8,.0f} bases/s  "
+            f"{m['peak_rss_mb']:>6,.0f} MB peak  match {m['match_rate']:.3f}  GC r {r}"
+        )
+    print(f"unigram baseline {results['unigram_bits_per_base']:.4f} bits/base; results in {args.out}")
+    return 0
+
+
 def analyze_identities(args: argparse.Namespace) -> int:
     """Check seed 004's policy-gradient identities on a run's attention; print and save the residuals."""
     from .eot.identities import check_run
@@ -407,6 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_parser(commands)
     add_compare_parser(commands)
+    add_dna_parser(commands)
     add_analyze_parser(commands)
 
     curves = commands.add_parser(
@@ -577,6 +598,34 @@ def add_compare_parser(commands) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=compare, parser=p)
+
+
+def add_dna_parser(commands) -> None:
+    from .dna.experiment import DEFAULT_GENOME, DEFAULT_MODELS
+    from .eval.compare import MODELS
+
+    p = commands.add_parser(
+        "dna",
+        help="nucleotide-level language models on a bacterial genome: GOAT vs RoPE vs ALiBi",
+        description=(
+            "Train tiny byte-per-base models that differ only in positional mechanism on a genome "
+            "(seed 000 Fig. 4; `make genomes` fetches them), hold out whole regions for validation, "
+            "and write DIR/results.json and nll.png, efficiency.png, continuations.png: validation "
+            "NLL and bits per base, training bases/s and peak memory, sampled 200-base continuations "
+            "with their match rate and GC%% correlation. A re-run reuses finished models."
+        ),
+    )
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--genome", default=DEFAULT_GENOME, help=f"a FASTA file or directory ({DEFAULT_GENOME})")
+    p.add_argument(
+        "--models",
+        type=name_list(list(MODELS), "model"),
+        help=f"comma-separated, from {','.join(MODELS)} ({','.join(DEFAULT_MODELS)})",
+    )
+    p.add_argument("--budget", type=positive_number, default=1.0, help="training budget scale (1: 400 steps)")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="(0)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=dna, parser=p)
 
 
 def add_train_parser(commands) -> None:

@@ -1,7 +1,8 @@
 """Corpora as lists of lazily read documents, and a document-level train/validation split.
 
 A corpus is named by a ``source`` string: the embedded Shakespeare works (the default), a directory, a
-glob pattern, a single file, or a local Hugging Face dataset (``"hf:PATH[:COLUMN]"``). Text is only
+glob pattern, a single file, a local Hugging Face dataset (``"hf:PATH[:COLUMN]"``), or genomes in
+FASTA files (``"fasta:PATH"``, :mod:`.fasta`). Text is only
 read when a document's ``read()`` is called, so corpora larger than memory can be tokenized one
 document at a time.
 """
@@ -24,6 +25,7 @@ from ..files import check_text_encoding
 DEFAULT_CORPUS = "shakespeare"
 GLOB_CHARACTERS = "*?["
 HF_PREFIX = "hf:"
+FASTA_PREFIX = "fasta:"
 HF_DEFAULT_COLUMN = "text"
 # `datasets.load_dataset` picks its reader ("builder") from the file type of a single data file.
 HF_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
@@ -51,7 +53,9 @@ def load_corpus(source: str | None = None, text_encoding: str = "utf-8") -> list
       pattern's directory part (``**`` matches subdirectories);
     - a file: that one document, named by its file name;
     - ``"hf:PATH[:COLUMN]"``: one document per row of a local Hugging Face dataset (see
-      :func:`load_hf_dataset`), named ``"<dataset>:<row>"``.
+      :func:`load_hf_dataset`), named ``"<dataset>:<row>"``;
+    - ``"fasta:PATH"``: the genomes of a FASTA file or of the FASTA files under a directory, one
+      document per region of 65536 bases (see :func:`~priorattn.data.fasta.fasta_documents`).
 
     Files (of a directory, glob or file) are decoded with ``text_encoding``; a byte that does not
     decode is an error naming the file and its offset when the document is read. Empty documents
@@ -63,6 +67,10 @@ def load_corpus(source: str | None = None, text_encoding: str = "utf-8") -> list
     elif source.startswith(HF_PREFIX):
         path, _, column = source.removeprefix(HF_PREFIX).partition(":")
         documents = load_hf_dataset(path, column or HF_DEFAULT_COLUMN)
+    elif source.startswith(FASTA_PREFIX):
+        from .fasta import fasta_documents
+
+        documents = fasta_documents(source.removeprefix(FASTA_PREFIX))
     elif any(c in source for c in GLOB_CHARACTERS):
         files = [Path(p) for p in glob.glob(source, recursive=True)]
         documents = file_documents([p for p in files if p.is_file()], glob_base(source), text_encoding)
