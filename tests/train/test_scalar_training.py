@@ -67,5 +67,10 @@ def test_cli_trains_samples_and_reloads_a_mixed_model(corpus, tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["sample", "--run", str(run), "--prompt", "the quick", "--tokens", "8"]) == 0
     assert capsys.readouterr().out.startswith("the quick")
+    sorted_argv = ["sample", "--run", str(run), "--prompt", "the quick", "--tokens", "8", "--greedy"]
+    assert cli.main([*sorted_argv, "--sorted-window", "64"]) == 0  # the window holds every key
+    sorted_out = capsys.readouterr().out
+    assert cli.main(sorted_argv) == 0
+    assert sorted_out == capsys.readouterr().out
     assert exit_code([*argv[:-8], "--attention", "scalar", "--encoding", "rope"]) == 2
     assert "attention='scalar' has none" in capsys.readouterr().err
