@@ -50,6 +50,8 @@ from tqdm import tqdm
 from priorattn.data import load_corpus
 from priorattn.data.store import default_cache_dir
 from priorattn.models import preset
+from priorattn.scalar import SortedDecoding
+from priorattn.scalar.model import sorted_caches
 from priorattn.scalar.sorted_cache import SortedScalarCache, scalar_attention_reference
 from priorattn.train import TrainConfig, load_run, train
 
@@ -76,13 +78,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--value-dim", type=int, default=64, help="synthetic")
     parser.add_argument("--tau", type=float, default=2.5e-7, help="synthetic")
     parser.add_argument("--window", type=int, default=512)
-    parser.add_argument("--buffer-size", type=int, default=256)
+    parser.add_argument("--buffer-size", type=int, default=1024)
     parser.add_argument(
         "--steps", type=int, default=None, help="sorted steps per round (default buffer size)"
     )
     parser.add_argument("--dense-steps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--mass-queries", type=int, default=20, help="queries whose exact mass is measured")
+    parser.add_argument(
+        "--generation",
+        type=int,
+        nargs="*",
+        metavar="WINDOW",
+        help="trained: instead of the table, continue a corpus prompt through the sorted cache with "
+        "each WINDOW and compare with full attention",
+    )
+    parser.add_argument("--prompt-tokens", type=int, default=1024, help="--generation: prompt length")
+    parser.add_argument("--new-tokens", type=int, default=256, help="--generation: tokens generated")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the results as JSON on the last line")
     args = parser.parse_args(argv)
@@ -160,6 +172,36 @@ def trained_tokens(args: argparse.Namespace, run_dir: Path, count: int) -> Token
     tau = attn.temperature.per_head().detach()
     note = f"keys of layer {args.layer} of the trained, regularized scalar GPT {run_dir} (step {run.step})"
     return Tokens(torch.cat(k_s)[:count], torch.cat(q_s)[:count], torch.cat(v)[:count], tau, L, note)
+
+
+@torch.no_grad()
+def compare_generation(args: argparse.Namespace, run_dir: Path) -> list[dict]:
+    """Greedy continuations of a corpus prompt through the sorted cache (one per window) against
+    full attention: the first step where the tokens differ, and, feeding both the same (full
+    attention's) tokens, the largest logit difference and the largest bound on the mass outside a
+    window over all layers and steps."""
+    run = load_run(run_dir)
+    model = run.model
+    text = "".join(doc.read() for doc in load_corpus())
+    prompt = torch.tensor([run.tokenizer.encode(text[: args.prompt_tokens])])
+    full = model.generate(prompt, args.new_tokens, greedy=True)
+    rows = []
+    for window in args.generation:
+        decoding = SortedDecoding(window, args.buffer_size)
+        tokens = model.generate(prompt, args.new_tokens, greedy=True, sorted_decoding=decoding)
+        differ = (tokens != full)[0].nonzero()
+        logits, _, kv = model(prompt)
+        _, _, caches = model(prompt)
+        caches = sorted_caches(model, caches, decoding)
+        largest = 0.0
+        for t in range(prompt.shape[1], full.shape[1] - 1):
+            expected, _, kv = model(full[:, t : t + 1], caches=kv)
+            logits, _, caches = model(full[:, t : t + 1], caches=caches)
+            largest = max(largest, (logits - expected).abs().max().item())
+        bound = max(cache.worst_outside_bound.max().item() for cache in caches)
+        first = differ[0].item() - prompt.shape[1] if len(differ) else None
+        rows.append(dict(window=window, first_difference=first, max_logit_difference=largest, bound=bound))
+    return rows
 
 
 def exact_mass(q_s, tau, keys, window) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,6 +282,20 @@ def run_length(n: int, args: argparse.Namespace, tokens: Tokens) -> dict:
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
+    if args.generation:
+        rows = compare_generation(args, trained_run(args.train_steps))
+        print(f"# greedy, {args.prompt_tokens} prompt tokens, {args.new_tokens} new tokens")
+        print("| window | first differing token | largest logit difference | mass outside bound (max) |")
+        print("|---:|---:|---:|---:|")
+        for r in rows:
+            print(
+                f"| {r['window']} | {'none' if r['first_difference'] is None else r['first_difference']} | "
+                f"{r['max_logit_difference']:.2e} | "
+                f"{r['bound']:.2e} |"
+            )
+        if args.json:
+            print(json.dumps(rows))
+        return
     count = max(args.n) + args.rounds * args.steps
     if args.source == "trained":
         tokens = trained_tokens(args, trained_run(args.train_steps), count)
