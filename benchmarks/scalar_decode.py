@@ -78,7 +78,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--value-dim", type=int, default=64, help="synthetic")
     parser.add_argument("--tau", type=float, default=2.5e-7, help="synthetic")
     parser.add_argument("--window", type=int, default=512)
-    parser.add_argument("--buffer-size", type=int, default=1024)
+    parser.add_argument("--buffer-size", type=int, default=256)
     parser.add_argument(
         "--steps", type=int, default=None, help="sorted steps per round (default buffer size)"
     )
