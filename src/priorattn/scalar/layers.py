@@ -168,7 +168,9 @@ class ScalarMultiheadAttention(nn.Module):
             q, k = self.rope(q, positions), self.rope(k, positions)
         return q, q_s, k, k_s, v
 
-    def _decode_sorted(self, x: Tensor, positions: Tensor, cache: SortedLayerCache):
+    def _decode_sorted(
+        self, x: Tensor, positions: Tensor, cache: SortedLayerCache
+    ) -> tuple[Tensor, SortedLayerCache]:
         """Feed ``x (1, L, d_model)`` token by token through a sorted cache (seed 002 "Binary Search
         at Inference"): each token is appended, then its query attends over its ``window`` nearest
         scalar keys per head."""

@@ -34,7 +34,9 @@ class SortedDecoding:
 
 
 class SortedLayerCache:
-    """The cache of one layer's scalar heads during sorted-cache generation (one sequence).
+    """The cache of one layer's scalar heads during sorted-cache generation (one sequence). Unlike a
+    ``KVCache``, it is updated in place: each step appends to it, so continuations cannot branch
+    from one prefilled cache.
 
     ``worst_outside_bound (H,)`` is the largest bound on the attention mass left outside the window
     over every step so far (:attr:`~priorattn.scalar.DecodeStep.mass_outside_bound`): each step's
