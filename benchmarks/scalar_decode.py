@@ -1,40 +1,59 @@
 """Per-token decoding through the sorted scalar-key cache against dense attention over the same cache.
 
+Keys, queries, values and tau come from a TRAINED, regularized scalar GPT by default (``--source
+trained``): the ``tiny`` preset with ``attention="scalar"`` (4 scalar heads, 4 value groups of width
+32, per-head tau), trained ``--train-steps`` steps on the embedded corpus with seed 002's three
+regularizers (``L_align`` 0.1, ``L_spread`` 0.01 on [-3, 3] from half-way, ``L_tau`` 0.01: seed 002
+experiment 3's "all three terms"). The run is trained once and reused from
+``$PRIORATTN_CACHE/scalar_decode/<config hash>`` (default ``~/.cache/priorattn``). The model then
+reads the corpus in windows of its training length (256 bytes), and one layer's (``--layer``) scalar
+keys, queries and values of every token are collected: a cache of n tokens is n consecutive corpus
+bytes, i.e. n / 256 windows' keys side by side (the model attends within 256 tokens; no model here
+attends over a million). ``--source synthetic`` draws keys and queries uniform on [-3, 3] (the fixed
+target range of L_spread) with ``--tau`` and random values instead.
+
 For each cache length n, one process prefills a ``SortedScalarCache`` and a dense cache (scalar keys
 ``(Hk, n)`` and values ``(G, n, Dv)`` in arrival order, preallocated) with the same tokens, then
 alternates, round by round:
 
-- sorted: ``--steps`` decoding steps, each appending one token (buffer write, and the amortized
-  merge: with ``--steps`` = ``--buffer-size`` every block holds exactly one merge) and decoding one
+- sorted: ``--steps`` decoding steps, each appending the next token (buffer write, and the amortized
+  merge: with ``--steps`` = ``--buffer-size`` every block holds exactly one merge) and decoding its
   query over its ``--window`` nearest keys per head;
-- dense: a few steps, each writing one token into the preallocated cache and attending over all of it.
+- dense: a few steps, each writing the next token into the preallocated cache and attending over
+  all of it (``scalar_attention_reference``: one vectorized softmax and one batched matmul).
 
 It reports medians over rounds of the per-token time, their ratio (the speedup), keys and value rows
-read per step, the attention mass the window holds (exact, from the dense weights of sampled
-queries, and the cache's own lower bound), and the memory of both caches.
+read per step, the attention mass the window holds (exact, from the float64 dense weights of sampled
+tokens' queries, and the cache's own lower bound), the keys a query needs for 99.9% of its mass, and
+the memory of both caches. ``--tau-scaling length`` replaces the trained tau by ``tau (256 / n)^2``
+in both caches: the bandwidth a model would need to keep as many keys within reach of a query at n
+as at its training length (not the trained model's attention; docs/scalar_decoding.md).
 
-Keys: ``--keys FILE`` reads a safetensors file with ``k_s`` ``(N, Hk)`` scalar keys (optionally
-``q_s`` ``(M, H)`` queries and ``tau`` ``(H,)``), e.g. exported from a trained model. Without it the
-keys are SYNTHETIC: uniform on [-3, 3] (the fixed target range of seed 002's L_spread, which pushes
-sorted keys to uniform quantiles), queries from the same distribution, and ``--tau``.
-
-    python benchmarks/scalar_decode.py                       # n = 1e3 .. 1e6, about a minute
+    python benchmarks/scalar_decode.py                       # n = 1e3 .. 1e6, trains once (~4 min)
     python benchmarks/scalar_decode.py --json                # the last line is JSON
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from tqdm import tqdm
 
+from priorattn.data import load_corpus
+from priorattn.data.store import default_cache_dir
+from priorattn.models import preset
+from priorattn.scalar import SortedDecoding
+from priorattn.scalar.model import sorted_caches
 from priorattn.scalar.sorted_cache import SortedScalarCache, scalar_attention_reference
+from priorattn.train import TrainConfig, load_run, train
 
 SPREAD = 3.0  # synthetic keys and queries are uniform on [-SPREAD, SPREAD]
 
@@ -44,12 +63,21 @@ def parse_args(argv=None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--n", type=int, nargs="+", default=[1000, 10_000, 100_000, 1_000_000])
-    parser.add_argument("--heads", type=int, default=4, help="H scalar query heads")
-    parser.add_argument("--key-heads", type=int, default=None, help="Hk sort orders (default H: per head)")
-    parser.add_argument("--groups", type=int, default=1, help="G value groups")
-    parser.add_argument("--value-dim", type=int, default=64)
+    parser.add_argument("--source", choices=("trained", "synthetic"), default="trained")
+    parser.add_argument("--train-steps", type=int, default=200, help="trained: optimizer steps (200)")
+    parser.add_argument("--layer", type=int, default=3, help="trained: the layer whose heads are read (3)")
+    parser.add_argument(
+        "--tau-scaling",
+        choices=("trained", "length"),
+        default="trained",
+        help="trained: the layer's tau; length: tau (256 / n)^2 (see the docstring)",
+    )
+    parser.add_argument("--heads", type=int, default=4, help="synthetic: H scalar query heads")
+    parser.add_argument("--key-heads", type=int, default=None, help="synthetic: Hk sort orders (H)")
+    parser.add_argument("--groups", type=int, default=1, help="synthetic: G value groups")
+    parser.add_argument("--value-dim", type=int, default=64, help="synthetic")
+    parser.add_argument("--tau", type=float, default=2.5e-7, help="synthetic")
     parser.add_argument("--window", type=int, default=512)
-    parser.add_argument("--tau", type=float, default=2.5e-7, help="synthetic keys only")
     parser.add_argument("--buffer-size", type=int, default=256)
     parser.add_argument(
         "--steps", type=int, default=None, help="sorted steps per round (default buffer size)"
@@ -57,7 +85,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dense-steps", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--mass-queries", type=int, default=20, help="queries whose exact mass is measured")
-    parser.add_argument("--keys", type=Path, default=None, help="safetensors file with k_s (N, Hk)")
+    parser.add_argument(
+        "--generation",
+        type=int,
+        nargs="*",
+        metavar="WINDOW",
+        help="trained: instead of the table, continue a corpus prompt through the sorted cache with "
+        "each WINDOW and compare with full attention",
+    )
+    parser.add_argument("--prompt-tokens", type=int, default=1024, help="--generation: prompt length")
+    parser.add_argument("--new-tokens", type=int, default=256, help="--generation: tokens generated")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the results as JSON on the last line")
     args = parser.parse_args(argv)
@@ -66,90 +103,158 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-class KeySource:
-    """Scalar keys, queries and tau: from ``--keys`` or the synthetic distribution."""
+@dataclass
+class Tokens:
+    """Per token ``k_s (N, Hk)``, ``q_s (N, H)``, ``v (N, G, Dv)``; ``tau (H,)`` at the training length."""
 
-    def __init__(self, args: argparse.Namespace):
-        self.H, self.Hk = args.heads, args.key_heads
-        self.file = None if args.keys is None else load_file(str(args.keys))
-        if self.file is not None:
-            k_s = self.file.get("k_s")
-            if k_s is None or k_s.dim() != 2 or k_s.shape[1] != self.Hk:
-                got = None if k_s is None else tuple(k_s.shape)
-                raise SystemExit(f"{args.keys}: needs a tensor k_s of shape (N, {self.Hk}), got {got}")
-            self.keys = k_s.float()
-        self.tau = (
-            self.file["tau"].float()
-            if self.file is not None and "tau" in self.file
-            else torch.tensor(args.tau)
-        )
-        self.generator = torch.Generator().manual_seed(args.seed)
+    k_s: torch.Tensor
+    q_s: torch.Tensor
+    v: torch.Tensor
+    tau: torch.Tensor
+    train_len: int
+    note: str
 
-    @property
-    def available(self) -> int:
-        return math.inf if self.file is None else self.keys.shape[0]
-
-    def keys_of(self, start: int, stop: int) -> torch.Tensor:  # (L, Hk)
-        if self.file is not None:
-            return self.keys[start:stop]
-        return (torch.rand(stop - start, self.Hk, generator=self.generator) * 2 - 1) * SPREAD
-
-    def query(self) -> torch.Tensor:  # (H,)
-        if self.file is not None and "q_s" in self.file:
-            q_s = self.file["q_s"]
-            return q_s[torch.randint(q_s.shape[0], (), generator=self.generator)].float()
-        if self.file is not None:  # queries drawn from the keys' own distribution
-            rows = torch.randint(self.keys.shape[0], (self.H,), generator=self.generator)
-            return self.keys[rows, torch.arange(self.H) // (self.H // self.Hk)]
-        return (torch.rand(self.H, generator=self.generator) * 2 - 1) * SPREAD
+    def tau_at(self, n: int, scaling: str) -> torch.Tensor:
+        return self.tau if scaling == "trained" else self.tau * (self.train_len / n) ** 2
 
 
-def exact_mass_captured(q_s, tau, keys, window, H) -> torch.Tensor:
-    """Exact attention mass on the ``window`` nearest keys per head, from all ``keys (Hk, n)``."""
+def synthetic_tokens(args: argparse.Namespace, count: int) -> Tokens:
+    generator = torch.Generator().manual_seed(args.seed)
+
+    def uniform(*shape):
+        return (torch.rand(*shape, generator=generator) * 2 - 1) * SPREAD
+
+    v = torch.randn(count, args.groups, args.value_dim, generator=generator)
+    tau = torch.full((args.heads,), args.tau)
+    note = f"SYNTHETIC keys and queries uniform on [-{SPREAD}, {SPREAD}]"
+    return Tokens(uniform(count, args.key_heads), uniform(count, args.heads), v, tau, 256, note)
+
+
+def trained_run(steps: int) -> Path:
+    """The regularized scalar run, trained on first use and reused from the cache after."""
+    model_config = preset("tiny", attention="scalar")
+    config = TrainConfig(
+        steps=steps,
+        reg_align=0.1,
+        reg_spread=0.01,
+        reg_spread_start=steps // 2,  # seed 002 tuning notes: L_spread after initial convergence
+        reg_tau=0.01,
+        eval_every=0,
+        save_every=0,
+    )
+    configs = json.dumps([model_config.to_dict(), config.to_dict()], sort_keys=True)
+    run_dir = default_cache_dir().parent / "scalar_decode" / hashlib.sha256(configs.encode()).hexdigest()[:16]
+    train(model_config, config, run_dir, resume=True)
+    return run_dir
+
+
+@torch.no_grad()
+def trained_tokens(args: argparse.Namespace, run_dir: Path, count: int) -> Tokens:
+    run = load_run(run_dir)
+    model, L = run.model, run.model_config.seq_len
+    if not 0 <= args.layer < len(model.blocks):
+        raise SystemExit(f"--layer must be in [0, {len(model.blocks) - 1}], got {args.layer}")
+    text = "".join(doc.read() for doc in load_corpus())
+    tokens = torch.tensor(run.tokenizer.encode(text[: count + L]))
+    if tokens.shape[0] < count:
+        raise SystemExit(f"the corpus holds {tokens.shape[0]} tokens, {count} needed")
+    windows = tokens[: math.ceil(count / L) * L].view(-1, L)  # (W, L)
+    attn, positions = model.blocks[args.layer].attn, torch.arange(L)
+    k_s, q_s, v = [], [], []
+    for batch in tqdm(windows.split(64), desc=f"keys of layer {args.layer}", leave=False):
+        x = model.embed(batch)
+        for block in model.blocks[: args.layer]:
+            x, _ = block(x, None, None, None)
+        _, q, _, k, values = attn.project(model.blocks[args.layer].attn_norm(x), positions)
+        k_s.append(k.permute(0, 2, 1, 3).flatten(0, 1).flatten(1))  # (B L, H): head g m + r
+        q_s.append(q.transpose(1, 2).flatten(0, 1))  # (B L, H)
+        v.append(values.permute(0, 2, 1, 3).flatten(0, 1))  # (B L, G, D)
+    tau = attn.temperature.per_head().detach()
+    note = f"keys of layer {args.layer} of the trained, regularized scalar GPT {run_dir} (step {run.step})"
+    return Tokens(torch.cat(k_s)[:count], torch.cat(q_s)[:count], torch.cat(v)[:count], tau, L, note)
+
+
+@torch.no_grad()
+def compare_generation(args: argparse.Namespace, run_dir: Path) -> list[dict]:
+    """Greedy continuations of a corpus prompt through the sorted cache (one per window) against
+    full attention: the first step where the tokens differ, and, feeding both the same (full
+    attention's) tokens, the largest logit difference and the largest bound on the mass outside a
+    window over all layers and steps."""
+    run = load_run(run_dir)
+    model = run.model
+    text = "".join(doc.read() for doc in load_corpus())
+    prompt = torch.tensor([run.tokenizer.encode(text[: args.prompt_tokens])])
+    full = model.generate(prompt, args.new_tokens, greedy=True)
+    rows = []
+    for window in args.generation:
+        decoding = SortedDecoding(window, args.buffer_size)
+        tokens = model.generate(prompt, args.new_tokens, greedy=True, sorted_decoding=decoding)
+        differ = (tokens != full)[0].nonzero()
+        logits, _, kv = model(prompt)
+        _, _, caches = model(prompt)
+        caches = sorted_caches(model, caches, decoding)
+        largest = 0.0
+        for t in range(prompt.shape[1], full.shape[1] - 1):
+            expected, _, kv = model(full[:, t : t + 1], caches=kv)
+            logits, _, caches = model(full[:, t : t + 1], caches=caches)
+            largest = max(largest, (logits - expected).abs().max().item())
+        bound = max(cache.worst_outside_bound.max().item() for cache in caches)
+        first = differ[0].item() - prompt.shape[1] if len(differ) else None
+        rows.append(dict(window=window, first_difference=first, max_logit_difference=largest, bound=bound))
+    return rows
+
+
+def exact_mass(q_s, tau, keys, window) -> tuple[torch.Tensor, torch.Tensor]:
+    """For one query per head over all ``keys (Hk, n)``, in float64: the exact attention mass on the
+    ``window`` nearest keys, and how many nearest keys hold 99.9% of it, per head."""
+    H = q_s.shape[0]
     keys = keys.repeat_interleave(H // keys.shape[0], dim=0).double()
-    q = q_s.double()[:, None]
-    weights = torch.softmax(-((q - keys) ** 2) / tau.double().expand(H)[:, None], dim=-1)
-    nearest = (q - keys).abs().topk(window, dim=1, largest=False).indices
-    return weights.gather(1, nearest).sum(dim=1)
+    distance = (q_s.double()[:, None] - keys).abs()
+    weights = torch.softmax(-(distance**2) / tau.double()[:, None], dim=-1)
+    by_distance = weights.gather(1, distance.argsort(dim=1))
+    captured = by_distance.cumsum(dim=1)
+    needed = (captured < 0.999).sum(dim=1) + 1
+    return captured[:, min(window, keys.shape[1]) - 1], needed
 
 
-def run_length(n: int, args: argparse.Namespace, source: KeySource) -> dict:
-    H, Hk, G, Dv = args.heads, args.key_heads, args.groups, args.value_dim
+def run_length(n: int, args: argparse.Namespace, tokens: Tokens) -> dict:
+    Hk, G = tokens.k_s.shape[1], tokens.v.shape[1]
+    H, Dv = tokens.q_s.shape[1], tokens.v.shape[2]
     added = args.rounds * args.steps
     capacity = n + added
-    k_s = source.keys_of(0, capacity)  # (n + added, Hk): the prefill, then the decoded tokens
-    values = torch.randn(capacity, G, Dv, generator=source.generator)
+    k_s, q_s, values = tokens.k_s[:capacity], tokens.q_s[:capacity], tokens.v[:capacity]
+    tau = tokens.tau_at(n, args.tau_scaling)
     cache = SortedScalarCache(H, G, Dv, num_key_heads=Hk, buffer_size=args.buffer_size, capacity=capacity)
     cache.append(k_s[:n], values[:n])
     dense_keys = k_s.T.contiguous()  # (Hk, capacity): a dense cache in arrival order
     dense_values = values.transpose(0, 1).contiguous()  # (G, capacity, Dv)
-    tau = source.tau
     length = n
     sorted_times, dense_times, keys_read, rows_read, bounds = [], [], [], [], []
     for _ in range(args.rounds):
-        queries, steps = [source.query() for _ in range(args.steps)], []
+        steps = []
         start = time.perf_counter()
-        for i, q in enumerate(queries):
-            cache.append(k_s[length + i], values[length + i])
-            steps.append(cache.decode(q, tau, args.window))
+        for t in range(length, length + args.steps):  # token t is appended, then its query attends
+            cache.append(k_s[t], values[t])
+            steps.append(cache.decode(q_s[t], tau, args.window))
         sorted_times.append((time.perf_counter() - start) / args.steps)
         keys_read += [step.keys_read for step in steps]
         rows_read += [step.rows_read for step in steps]
         bounds += [step.mass_captured_bound.min().item() for step in steps]
         length += args.steps
         start = time.perf_counter()
-        for _ in range(args.dense_steps):
-            q = source.query()
-            dense_keys[:, length - 1] = k_s[length - 1]  # write the step's token (already there)
-            dense_values[:, length - 1] = values[length - 1]
-            scalar_attention_reference(q, tau, dense_keys[:, :length], dense_values[:, :length])
+        for t in range(length - args.dense_steps, length):
+            dense_keys[:, t] = k_s[t]  # write the step's token (already there: the same bytes)
+            dense_values[:, t] = values[t]
+            scalar_attention_reference(q_s[t], tau, dense_keys[:, : t + 1], dense_values[:, : t + 1])
         dense_times.append((time.perf_counter() - start) / args.dense_steps)
-    exact = []
-    for _ in range(args.mass_queries):
-        q = source.query()
-        exact.append(exact_mass_captured(q, tau, dense_keys[:, :length], min(args.window, length), H))
-        bounds.append(cache.decode(q, tau, args.window).mass_captured_bound.min().item())
-    exact = torch.cat(exact)
+    captured, needed = [], []
+    generator = torch.Generator().manual_seed(args.seed)
+    for t in torch.randint(length, (args.mass_queries,), generator=generator).tolist():
+        mass, keys = exact_mass(q_s[t], tau.expand(H), dense_keys[:, :length], args.window)
+        captured.append(mass)
+        needed.append(keys)
+        bounds.append(cache.decode(q_s[t], tau, args.window).mass_captured_bound.min().item())
+    captured, needed = torch.cat(captured), torch.cat(needed)
     # Both caches hold the same tokens in tables of the same capacity (n + the decoded tokens).
     sorted_bytes, dense_bytes = cache.nbytes(), dense_keys.nbytes + dense_values.nbytes
     sorted_s, dense_s = statistics.median(sorted_times), statistics.median(dense_times)
@@ -162,9 +267,12 @@ def run_length(n: int, args: argparse.Namespace, source: KeySource) -> dict:
         "dense_keys_read": Hk * length,
         "rows_read": statistics.median(rows_read),
         "dense_rows_read": G * length,
-        "mass_captured": exact.min().item(),
-        "mass_captured_median": exact.median().item(),
+        "mass_captured": captured.min().item(),
+        "mass_captured_median": captured.median().item(),
         "mass_captured_bound": min(bounds),
+        "keys_for_999": int(needed.max()),
+        "keys_for_999_median": needed.median().item(),
+        "tau": tau.tolist(),
         "sorted_mb": sorted_bytes / 2**20,
         "dense_mb": dense_bytes / 2**20,
         "memory_ratio": sorted_bytes / dense_bytes,
@@ -174,32 +282,47 @@ def run_length(n: int, args: argparse.Namespace, source: KeySource) -> dict:
 def main(argv=None) -> None:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
-    source = KeySource(args)
-    keys_note = f"keys from {args.keys}" if args.keys else f"SYNTHETIC keys uniform on [-{SPREAD}, {SPREAD}]"
+    if args.generation:
+        rows = compare_generation(args, trained_run(args.train_steps))
+        print(f"# greedy, {args.prompt_tokens} prompt tokens, {args.new_tokens} new tokens")
+        print("| window | first differing token | largest logit difference | mass outside bound (max) |")
+        print("|---:|---:|---:|---:|")
+        for r in rows:
+            print(
+                f"| {r['window']} | {'none' if r['first_difference'] is None else r['first_difference']} | "
+                f"{r['max_logit_difference']:.2e} | "
+                f"{r['bound']:.2e} |"
+            )
+        if args.json:
+            print(json.dumps(rows))
+        return
+    count = max(args.n) + args.rounds * args.steps
+    if args.source == "trained":
+        tokens = trained_tokens(args, trained_run(args.train_steps), count)
+    else:
+        tokens = synthetic_tokens(args, count)
+    H, Hk, G, Dv = tokens.q_s.shape[1], tokens.k_s.shape[1], tokens.v.shape[1], tokens.v.shape[2]
     print(
-        f"# {keys_note}; tau {source.tau.tolist()}; H={args.heads} Hk={args.key_heads} G={args.groups} "
-        f"Dv={args.value_dim} window={args.window} buffer={args.buffer_size} float32, "
+        f"# {tokens.note}; tau {[round(t, 4) for t in tokens.tau.tolist()]} ({args.tau_scaling}); "
+        f"H={H} Hk={Hk} G={G} Dv={Dv} window={args.window} buffer={args.buffer_size} float32, "
         f"{torch.get_num_threads()} thread(s); medians of {args.rounds} rounds"
     )
     header = (
         "| n | sorted us/token | dense us/token | speedup | keys read (sorted / dense) | "
-        "value rows read | mass captured (min / median, exact) | captured bound (min) | memory MB "
-        "(sorted / dense) |"
+        "value rows read | mass captured (min / median, exact) | captured bound (min) | "
+        "keys for 99.9% (max / median) | memory MB (sorted / dense) |"
     )
     print(header)
-    print("|" + "---:|" * 9)
+    print("|" + "---:|" * 10)
     rows = []
     for n in args.n:
-        if n + args.rounds * args.steps > source.available:
-            needed = n + args.rounds * args.steps
-            print(f"| {n} | skipped: the keys file holds {source.available} keys, {needed} needed |")
-            continue
-        r = run_length(n, args, source)
+        r = run_length(n, args, tokens)
         rows.append(r)
         print(
             f"| {n} | {r['sorted_us']:.0f} | {r['dense_us']:.0f} | {r['speedup']:.1f}x | "
             f"{r['keys_read']} / {r['dense_keys_read']} | {r['rows_read']} / {r['dense_rows_read']} | "
             f"{r['mass_captured']:.6f} / {r['mass_captured_median']:.6f} | {r['mass_captured_bound']:.6f} | "
+            f"{r['keys_for_999']} / {r['keys_for_999_median']:.0f} | "
             f"{r['sorted_mb']:.1f} / {r['dense_mb']:.1f} ({r['memory_ratio']:.3f}x) |",
             flush=True,
         )

@@ -243,6 +243,7 @@ def sample(args: argparse.Namespace) -> int:
     """Continue ``--prompt`` with the model a run trained; print the prompt and the continuation."""
     import torch
 
+    from .scalar import SortedDecoding
     from .train import load_run
 
     try:
@@ -257,6 +258,7 @@ def sample(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             greedy=args.greedy,
             generator=torch.Generator().manual_seed(args.seed),
+            sorted_decoding=None if args.sorted_window is None else SortedDecoding(args.sorted_window),
         )
     except (ValueError, FileNotFoundError) as e:  # no run there, an empty prompt, a bad temperature
         fail(args, e)
@@ -423,6 +425,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int_at_least(1), help="sample among the k likeliest tokens")
     gen.add_argument("--greedy", action="store_true", help="always the likeliest token")
     gen.add_argument("--seed", type=int, default=0, help="sampling seed (0)")
+    gen.add_argument(
+        "--sorted-window",
+        type=int_at_least(1),
+        metavar="K",
+        help="scalar heads decode through a cache sorted by scalar key, attending over the K keys "
+        "nearest each query (seed 002; scalar, hybrid and mixed runs)",
+    )
     gen.set_defaults(func=sample, parser=gen)
 
     add_eval_parser(commands)

@@ -50,6 +50,8 @@ def test_sample_and_plot_runs_use_a_finished_run(corpus, tmp_path, capsys):
     assert "holds no run" in capsys.readouterr().err
     assert exit_code(["sample", "--run", str(run), "--temperature", "0"]) == 2
     assert "temperature must be > 0" in capsys.readouterr().err
+    assert exit_code(["sample", "--run", str(run), "--sorted-window", "8"]) == 2
+    assert "sorted-cache decoding needs scalar heads" in capsys.readouterr().err
 
 
 def test_training_with_the_forward_only_flex_route_is_refused_before_any_file(corpus, tmp_path, capsys):

@@ -23,7 +23,14 @@ from ..functional import BACKENDS
 from ..functional.api import check_normalizer
 from ..layers import KVCache, PriorMultiheadAttention
 from ..priors import GGD, GOAT, ALiBi, Prior, Sum
-from ..scalar.model import attention_layer, attention_parts, check_attention_config, prior_heads
+from ..scalar.model import (
+    attention_layer,
+    attention_parts,
+    check_attention_config,
+    prior_heads,
+    sorted_caches,
+)
+from ..scalar.sorted_decoding import SortedDecoding
 
 PRIORS = ("uniform", "alibi", "ggd", "goat")
 ENCODINGS = ("none", "rope", "sinusoidal", "local_rope")
@@ -354,6 +361,7 @@ class GPT(nn.Module):
         top_k: int | None = None,
         greedy: bool = False,
         generator: torch.Generator | None = None,
+        sorted_decoding: SortedDecoding | None = None,
     ) -> Tensor:
         """Extend ``tokens: (B, L)`` by ``max_new_tokens``: ``(B, L + max_new_tokens)``.
 
@@ -361,6 +369,10 @@ class GPT(nn.Module):
         is cropped to ``seq_len``: priors and encodings are defined at every position, so prompts and
         generations may run past the training length (how well the model extrapolates is the
         experiment, not a limit here). Call ``model.eval()`` first if ``dropout > 0``.
+
+        ``sorted_decoding``: after the prefill, scalar heads read a cache sorted by scalar key and
+        attend over the ``window`` keys nearest each query (seed 002 "Binary Search at Inference",
+        :func:`priorattn.scalar.model.sorted_caches`; one sequence, B = 1).
         """
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")
@@ -368,7 +380,11 @@ class GPT(nn.Module):
             raise ValueError(f"temperature must be > 0 (or use greedy=True), got {temperature!r}")
         if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+        if sorted_decoding is not None and not isinstance(sorted_decoding, SortedDecoding):
+            raise TypeError(f"sorted_decoding must be a SortedDecoding, got {type(sorted_decoding).__name__}")
         logits, _, caches = self(tokens)  # prefill: (B, L, V)
+        if sorted_decoding is not None:
+            caches = sorted_caches(self, caches, sorted_decoding)
         for step in range(max_new_tokens):
             if greedy:
                 next_token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)

@@ -4,7 +4,8 @@
   the scalar term folded into q/k lanes for every route of :func:`priorattn.attention`.
 - :class:`ScalarMultiheadAttention`, :class:`MixedMultiheadAttention`: layers with a KV cache.
 - :class:`Temperature`: the learnable bandwidth (global, per head, per token; optional cap).
-- :class:`SortedScalarCache`: decoding that reads only the keys nearest each query's scalar.
+- :class:`SortedScalarCache`: decoding that reads only the keys nearest each query's scalar;
+  :class:`SortedDecoding` runs ``GPT.generate`` through it.
 - :mod:`.regularizers`: ``L_align``, ``L_spread``, ``L_tau`` and their schedule (:class:`Regularization`).
 
 See ``docs/scalar.md``.
@@ -14,6 +15,7 @@ from .functional import scalar_attention
 from .layers import MixedCache, MixedMultiheadAttention, ScalarMultiheadAttention
 from .regularizers import Regularization, align_from_moments, align_values, spread_loss, tau_loss
 from .sorted_cache import DecodeStep, DensityMerge, GeometricEviction, SortedScalarCache
+from .sorted_decoding import SortedDecoding, SortedLayerCache
 from .temperature import TAU_KINDS, Temperature
 
 __all__ = [
@@ -25,6 +27,8 @@ __all__ = [
     "MixedMultiheadAttention",
     "Regularization",
     "ScalarMultiheadAttention",
+    "SortedDecoding",
+    "SortedLayerCache",
     "SortedScalarCache",
     "Temperature",
     "align_from_moments",

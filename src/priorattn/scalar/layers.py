@@ -18,6 +18,7 @@ from ..layers import KVCache, PriorMultiheadAttention, _rope
 from ..priors import Prior
 from .functional import scalar_attention
 from .regularizers import align_from_moments, align_values, spread_loss, tau_loss
+from .sorted_decoding import SortedLayerCache
 from .temperature import Temperature
 
 
@@ -120,15 +121,14 @@ class ScalarMultiheadAttention(nn.Module):
         positions = PriorMultiheadAttention._positions(
             positions, B, L, 0 if cache is None else len(cache), x.device
         )
-        H, G, Dq, m = self.num_heads, self.value_groups, self.content_dim, self.num_heads // self.value_groups
-        queries = self.q_proj(x).view(B, L, H, Dq + 1).transpose(1, 2)  # (B, H, L, Dq + 1)
-        keys = self.k_proj(x)
-        k = keys[..., : G * Dq].view(B, L, G, Dq).transpose(1, 2)  # (B, G, L, Dq)
-        k_s = keys[..., G * Dq :].view(B, L, G, m).transpose(1, 2)  # (B, G, L, m): the group's heads
-        q, q_s = queries[..., :Dq], queries[..., Dq]  # (B, H, L, Dq), (B, H, L)
-        v = self.v_proj(x).view(B, L, G, self.head_dim).transpose(1, 2)  # (B, G, L, D)
-        if self.rope is not None:
-            q, k = self.rope(q, positions), self.rope(k, positions)
+        if isinstance(cache, SortedLayerCache):
+            if doc_ids is not None or key_padding_mask is not None:
+                raise ValueError(
+                    "a sorted cache holds one unpadded sequence: pass no doc_ids nor key_padding_mask"
+                )
+            return self._decode_sorted(x, positions, cache)
+        H, Dq = self.num_heads, self.content_dim
+        q, q_s, k, k_s, v = self.project(x, positions)
         new = KVCache(torch.cat([k, k_s], dim=-1), v, positions, doc_ids, key_padding_mask)
         cache = new if cache is None else cache.extend(new)
         Lc = len(cache)
@@ -151,6 +151,46 @@ class ScalarMultiheadAttention(nn.Module):
         if self.training and self.track:
             self.terms = self._regularizers(q_s, cached_k_s, tau, content, call)
         return self.out_proj(y.transpose(1, 2).reshape(B, L, H * self.head_dim)), cache
+
+    def project(self, x: Tensor, positions: Tensor) -> tuple[Tensor, ...]:
+        """The queries, keys and values of ``x (B, L, d_model)``: vector ``q (B, H, L, Dq)`` (RoPE
+        applied; ``Dq = 0`` for pure scalar heads), scalar ``q_s (B, H, L)``, vector ``k (B, G, L, Dq)``,
+        scalar ``k_s (B, G, L, m)`` (the keys of the group's ``m = H / G`` heads), ``v (B, G, L, D)``."""
+        B, L, _ = x.shape
+        H, G, Dq, m = self.num_heads, self.value_groups, self.content_dim, self.num_heads // self.value_groups
+        queries = self.q_proj(x).view(B, L, H, Dq + 1).transpose(1, 2)  # (B, H, L, Dq + 1)
+        keys = self.k_proj(x)
+        k = keys[..., : G * Dq].view(B, L, G, Dq).transpose(1, 2)  # (B, G, L, Dq)
+        k_s = keys[..., G * Dq :].view(B, L, G, m).transpose(1, 2)  # (B, G, L, m): the group's heads
+        q, q_s = queries[..., :Dq], queries[..., Dq]  # (B, H, L, Dq), (B, H, L)
+        v = self.v_proj(x).view(B, L, G, self.head_dim).transpose(1, 2)  # (B, G, L, D)
+        if self.rope is not None:
+            q, k = self.rope(q, positions), self.rope(k, positions)
+        return q, q_s, k, k_s, v
+
+    def _decode_sorted(
+        self, x: Tensor, positions: Tensor, cache: SortedLayerCache
+    ) -> tuple[Tensor, SortedLayerCache]:
+        """Feed ``x (1, L, d_model)`` token by token through a sorted cache (seed 002 "Binary Search
+        at Inference"): each token is appended, then its query attends over its ``window`` nearest
+        scalar keys per head."""
+        _, L, _ = x.shape
+        H, Dq = self.num_heads, self.content_dim
+        q, q_s, k, k_s, v = self.project(x, positions)
+        tau = self.temperature(x)  # (), (H,) or (1, H, L)
+        outputs = []
+        for i in range(L):
+            step = cache.step(
+                k_s[0, :, i].reshape(H),  # groups' heads in order: head g m + r
+                v[0, :, i],
+                q_s[0, :, i],
+                tau[0, :, i] if tau.dim() == 3 else tau,
+                k_vec=k[0, :, i] if Dq else None,
+                q_vec=q[0, :, i] if Dq else None,
+            )
+            outputs.append(step)  # (H, D)
+        y = torch.stack(outputs).reshape(1, L, H * self.head_dim)
+        return self.out_proj(y.to(x.dtype)), cache
 
     def _regularizers(self, q_s: Tensor, k_s: Tensor, tau: Tensor, content: dict, call: dict) -> dict:
         """The unweighted seed 002 terms named in ``self.track`` for this forward pass."""
@@ -186,8 +226,11 @@ class ScalarMultiheadAttention(nn.Module):
             raise ValueError(f"x must be a tensor (B, L, d_model={self.d_model}), got {describe(x)}")
         B, L, _ = x.shape
         if cache is not None:
+            if isinstance(cache, SortedLayerCache):
+                cache.check_layer(self, B)
+                return B, L
             if not isinstance(cache, KVCache):
-                raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}")
+                raise TypeError(f"cache must be a KVCache or a SortedLayerCache, got {type(cache).__name__}")
             m = self.num_heads // self.value_groups
             expected = (B, self.value_groups, len(cache), self.content_dim + m)
             if tuple(cache.k.shape) != expected:

@@ -20,7 +20,8 @@ from torch import nn
 
 from ..eot.regularizers import regularizer
 from ..priors import Prior
-from .layers import MixedMultiheadAttention, ScalarMultiheadAttention
+from .layers import MixedCache, MixedMultiheadAttention, ScalarMultiheadAttention
+from .sorted_decoding import SortedDecoding, SortedLayerCache
 from .temperature import TAU_FLOOR, TAU_KINDS
 
 ATTENTIONS = ("standard", "scalar", "hybrid", "mixed")
@@ -117,3 +118,31 @@ def attention_layer(config, prior: Prior | None) -> nn.Module:
 def attention_parts(attn: nn.Module) -> tuple[nn.Module, ...]:
     """The layers with ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` inside a block's attention."""
     return (attn.dot, attn.scalar) if isinstance(attn, MixedMultiheadAttention) else (attn,)
+
+
+def sorted_caches(model, caches: list, decoding: SortedDecoding) -> list:
+    """A prefilled ``model``'s caches with every scalar layer's moved into a :class:`SortedLayerCache`
+    (a mixed layer's dot-product heads keep their ``KVCache``), for sorted-cache generation."""
+    config = model.config
+    if config.attention == "standard":
+        raise ValueError(
+            "sorted-cache decoding needs scalar heads, and this model has attention='standard' "
+            "(train with --attention scalar, hybrid or mixed)"
+        )
+    if config.prior != "uniform" and config.attention != "mixed":
+        raise ValueError(
+            f"prior={config.prior!r} adds a log-prior of token positions to every scalar head: a cache "
+            "sorted by scalar key cannot find the largest scores (use a model without a prior)"
+        )
+    if config.window is not None:
+        raise ValueError(
+            f"window={config.window} hides keys by position: a cache sorted by scalar key cannot "
+            "(use a model without a window)"
+        )
+    sorted_ = []
+    for block, cache in zip(model.blocks, caches):
+        if isinstance(block.attn, MixedMultiheadAttention):
+            sorted_.append(MixedCache(cache.dot, SortedLayerCache(block.attn.scalar, cache.scalar, decoding)))
+        else:
+            sorted_.append(SortedLayerCache(block.attn, cache, decoding))
+    return sorted_

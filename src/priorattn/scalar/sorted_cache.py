@@ -177,8 +177,8 @@ class _RowTable:
 
     def add(
         self, values: Tensor, vec_keys: Tensor | None, positions: Tensor, log_count: Tensor | None = None
-    ) -> Tensor:
-        """Append rows; returns their row indices."""
+    ) -> int:
+        """Append rows; returns the index of the first."""
         L = values.shape[0]
         self.reserve(self.rows + L)
         rows = slice(self.rows, self.rows + L)
@@ -195,7 +195,7 @@ class _RowTable:
         if log_count is not None and L:
             self.max_log_count = max(self.max_log_count, log_count.max().item())
         self.rows += L
-        return torch.arange(rows.start, rows.stop, dtype=torch.int32)
+        return rows.start
 
     def keep(self, live: Tensor) -> Tensor:
         """Drop the rows where ``live`` (bool, ``(rows,)``) is False; returns old row -> new row."""
@@ -224,14 +224,13 @@ class _KeyOrder:
 
 
 @functools.cache
-def _ranges(window: int) -> tuple[Tensor, Tensor]:
-    """The slice's offsets from the insertion point, ``-window .. window - 1``, and ``window + j``."""
-    return torch.arange(-window, window), window + torch.arange(window)
-
-
-@functools.cache
-def _doubling(window: int, blocks: int) -> Tensor:
-    return window * (2 ** torch.arange(blocks) - 1)
+def _offsets(window: int, blocks: int) -> tuple[Tensor, Tensor]:
+    """The places a step reads, as offsets from the insertion point: the slice ``-window .. window -
+    1``, then the inner edges of ``blocks`` blocks of doubling size on each side (reaching ``0, w, 3w,
+    7w, ...`` beyond the slice's outermost entries); and ``window + j``, the slice's right half."""
+    reach = window * (2 ** torch.arange(blocks) - 1)
+    offsets = torch.cat([torch.arange(-window, window), -window - reach, window - 1 + reach])
+    return offsets, window + torch.arange(window)
 
 
 def _take(source: Tensor, index: Tensor) -> Tensor:
@@ -368,7 +367,7 @@ class SortedScalarCache:
     def nbytes(self) -> int:
         """Bytes allocated by the cache (row tables at capacity, sorted arrays, buffers)."""
         total = sum(t.nbytes for table in self._tables for t in table.tensors())
-        packed = (self._keys, self._rows, self._lengths, self._buf_keys, self._buf_rows)
+        packed = (self._keys, self._rows, self._last, self._buf_keys, self._buf_rows)
         return total + sum(t.nbytes for t in (*packed, self._recent_lo, self._recent_hi))
 
     def _pack(self) -> None:
@@ -381,9 +380,16 @@ class SortedScalarCache:
             n = order.keys.shape[0]
             keys[h, :n], rows[h, :n] = order.keys, order.rows
             order.keys, order.rows = keys[h, :n], rows[h, :n]
-        self._keys, self._rows = keys, rows
-        self._lengths = torch.tensor([order.keys.shape[0] for order in self._orders])
-        self._row_start = (torch.arange(self.num_key_heads) * width)[:, None, None]
+        self._set_packed(keys, rows, [order.keys.shape[0] for order in self._orders])
+
+    def _set_packed(self, keys: Tensor, rows: Tensor, lengths: list[int]) -> None:
+        """Adopt packed ``(Hk, width)`` sorted arrays holding ``lengths`` entries per key head, and
+        what a decoding step derives from the lengths (computed here once, not at every step)."""
+        self._keys, self._rows, self._sizes = keys, rows, lengths
+        # (Hk, 1, 1): the last place a step may read (a row without entries reads its +inf padding)
+        self._last = (torch.tensor(lengths) - 1).clamp(min=0)[:, None, None]
+        self._row_start = (torch.arange(self.num_key_heads) * keys.shape[1])[:, None, None]
+        self._search_reads = sum(math.ceil(math.log2(n + 1)) for n in lengths)
 
     # -- insertion --------------------------------------------------------------------------------
 
@@ -409,7 +415,7 @@ class SortedScalarCache:
                 got = None if k_vec is None else tuple(k_vec.shape)
                 raise ValueError(f"a hybrid cache needs k_vec of shape {expected} (L, G, Dk), got {got}")
         for name, t in (("k_s", k_s), ("v", v), ("k_vec", k_vec)):
-            if t is not None and not torch.isfinite(t).all():
+            if t is not None and not (t.abs() < math.inf).all():  # NaN fails the comparison too
                 raise ValueError(
                     f"{name} has NaN or infinite entries: the cache only holds finite keys and values"
                 )
@@ -430,11 +436,12 @@ class SortedScalarCache:
         self._next_position = max(self._next_position, last + 1)
         k_s, v = k_s.to(self.dtype), v.to(self.dtype)
         per_group = self.num_key_heads // self.num_groups
-        rows = [
+        first_rows = [
             table.add(v[:, g], None if k_vec is None else k_vec[:, g].to(self.dtype), positions)
             for g, table in enumerate(self._tables)
         ]
-        new_rows = torch.stack(rows).repeat_interleave(per_group, dim=0)  # (Hk, L)
+        first_rows = torch.tensor(first_rows, dtype=torch.int32).repeat_interleave(per_group)
+        new_rows = first_rows[:, None] + torch.arange(L, dtype=torch.int32)  # (Hk, L)
         if self._orders[0].buf_len + L >= self.buffer_size:
             # A full buffer, or a prefill longer than it, is merged in one O(n + L log L) pass.
             self._merge_buffers(k_s.T, new_rows)
@@ -465,8 +472,7 @@ class SortedScalarCache:
             )
             keys[h, n:], rows[h, n:] = math.inf, 0  # padding keeps the row sorted
             order.keys, order.rows, order.buf_len = keys[h, :n], rows[h, :n], 0
-        self._keys, self._rows, self._lengths = keys, rows, torch.tensor(lengths)
-        self._row_start = (torch.arange(self.num_key_heads) * keys.shape[1])[:, None, None]
+        self._set_packed(keys, rows, lengths)
         if self.eviction is not None or self.merge is not None:
             self._apply_policies()
             self._pack()
@@ -514,12 +520,13 @@ class SortedScalarCache:
         run_positions = torch.full((runs,), torch.iinfo(torch.int32).max, dtype=torch.int32)
         run_positions = run_positions.scatter_reduce(0, group, table.positions[rows], "amin")
         new_rows = order.rows[first].clone()
-        new_rows[merged] = table.add(
+        first_row = table.add(
             weighted_mean(table.values[rows])[merged],
             None if table.vec_keys is None else weighted_mean(table.vec_keys[rows])[merged],
             run_positions[merged],
             run_weight[merged].log(),
         )
+        new_rows[merged] = torch.arange(first_row, table.rows, dtype=torch.int32)
         new_keys = torch.where(merged, new_keys, keys[first])  # singletons keep their exact key
         order.keys, order.rows = new_keys, new_rows
 
@@ -559,12 +566,12 @@ class SortedScalarCache:
             )
         if not (isinstance(q_s, Tensor) and q_s.shape == (H,)):
             raise ValueError(f"q_s must be a tensor of shape ({H},) (one scalar query per head), got {q_s!r}")
-        if not torch.isfinite(q_s).all():
+        if not (q_s.abs() < math.inf).all():  # NaN fails the comparison too
             raise ValueError("q_s has NaN or infinite entries")
         tau = torch.as_tensor(tau, dtype=self.dtype)
         if tau.shape not in ((), (H,)):
             raise ValueError(f"tau must be a float or a tensor of shape ({H},), got shape {tuple(tau.shape)}")
-        if not (torch.isfinite(tau).all() and (tau > 0).all()):
+        if not ((tau > 0) & (tau < math.inf)).all():
             raise ValueError(f"tau must be finite and > 0 for every head, got {tau.tolist()}")
         if self.vector_key_dim is not None:
             if q_vec is None or q_vec.shape != (H, self.vector_key_dim):
@@ -576,7 +583,8 @@ class SortedScalarCache:
                 raise ValueError("q_vec has NaN or infinite entries")
         elif q_vec is not None:
             raise ValueError("q_vec was given but the cache has no vector keys (vector_key_dim=None)")
-        empty = [h for h, order in enumerate(self._orders) if len(order) == 0]
+        buffered = self._orders[0].buf_len
+        empty = [h for h, n in enumerate(self._sizes) if n + buffered == 0]
         if len(empty) == len(self._orders):
             raise ValueError("the cache is empty: append at least one token before decoding")
         if empty:
@@ -598,65 +606,63 @@ class SortedScalarCache:
         tau = self._check_query(q_s, tau, window, q_vec)
         H, Hk, G = self.num_heads, self.num_key_heads, self.num_groups
         per_key, per_group = H // Hk, H // G  # query heads per key head, per value group
-        q, tau = q_s.to(self.dtype).view(Hk, per_key), tau.view(Hk, per_key, 1)
+        q = q_s.to(self.dtype).reshape(Hk, per_key).contiguous()
+        neg_inv_tau = -1.0 / tau.view(Hk, per_key, 1)
         if q_vec is not None:
             q_vec = q_vec.to(self.dtype)
             scale = self.vector_key_dim**-0.5 if scale is None else scale
         if self.eviction is not None:
             self._remember(q)
-        # Every key head at once: binary search, then the slice of `window` places either side of the
-        # insertion point, which holds the window nearest sorted keys. They are contiguous: the slice
-        # is read as pairs (t, t + window), whose left member is nearer exactly for the left members
-        # that belong to the window, so counting those pairs places it without sorting.
-        width, lengths, row_start = self._keys.shape[1], self._lengths[:, None, None], self._row_start
-        offsets, places = _ranges(window)
+        # Every key head at once: binary search, then one read of the slice of `window` places either
+        # side of the insertion point (which holds the window nearest sorted keys) and of the bound's
+        # block edges (below). The window's entries are contiguous: the slice is read as pairs
+        # (t, t + window), whose left member is nearer exactly for the left members that belong to
+        # the window, so counting those pairs places it without sorting.
+        longest, two_w = max(self._sizes), 2 * window
+        blocks = math.ceil(math.log2(longest / window + 1)) + 1 if longest > window else 1
+        offsets, places = _offsets(window, blocks)
         insertion = torch.searchsorted(self._keys, q)[..., None]  # (Hk, per_key, 1)
-        spots = insertion + offsets  # (Hk, per_key, 2 window)
-        inside = (spots >= 0) & (spots < lengths)
-        flat = spots.clamp(0, width - 1) + row_start
-        slice_keys, slice_rows = _take(self._keys.view(-1), flat), _take(self._rows.view(-1), flat)
-        distance = (q[..., None] - slice_keys).abs().masked_fill(~inside, math.inf)
-        from_left = (distance[..., :window] < distance[..., window:]).sum(dim=2, keepdim=True)
+        spots = insertion + offsets  # (Hk, per_key, 2 window + 2 blocks)
+        read = torch.minimum(spots.clamp(min=0), self._last)
+        flat = read + self._row_start
+        square = (q[..., None] - _take(self._keys.view(-1), flat)) ** 2  # squared scalar distances
+        all_rows = _take(self._rows.view(-1), flat)
+        # The slice's places outside the row (or in its padding) are at an infinite distance.
+        slice_square = torch.where(read[..., :two_w] == spots[..., :two_w], square[..., :two_w], math.inf)
+        from_left = (slice_square[..., :window] < slice_square[..., window:]).sum(dim=2, keepdim=True)
         chosen = places - from_left  # (Hk, per_key, window) places in the slice
-        keys, rows, valid = (
-            slice_keys.gather(2, chosen),
-            slice_rows.gather(2, chosen),
-            inside.gather(2, chosen),
-        )
-        left_out = distance.scatter(2, chosen, math.inf)  # the slice's entries outside the window
+        window_square, rows = slice_square.gather(2, chosen), all_rows[..., :two_w].gather(2, chosen)
+        left_out = slice_square.scatter(2, chosen, math.inf)  # the slice's entries outside the window
         # The append buffer's entries (at most buffer_size, not yet sorted) are all in the window.
         buffered = self._orders[0].buf_len
         if buffered:
-            shape = (Hk, per_key, buffered)
-            keys = torch.cat([keys, self._buf_keys[:, None, :buffered].expand(shape)], 2)
-            rows = torch.cat([rows, self._buf_rows[:, None, :buffered].expand(shape)], 2)
-            valid = torch.cat([valid, valid.new_ones(shape)], 2)
+            buffer_square = (q[..., None] - self._buf_keys[:, None, :buffered]) ** 2
+            window_square = torch.cat([window_square, buffer_square], 2)
+            rows = torch.cat([rows, self._buf_rows[:, None, :buffered].expand(Hk, per_key, buffered)], 2)
         rows = rows.reshape(G, per_group, -1)  # each group reads its own table
-        # seed 002: score = -(q_s - k_s)^2 / tau [+ scale <q, k>] (+ log count of merged entries)
-        scores = -((q[..., None] - keys) ** 2) / tau
+        # seed 002: score = -(q_s - k_s)^2 / tau [+ scale <q, k>] (+ log count of merged entries);
+        # places outside the cache have an infinite distance, so a score of -inf.
+        scores = window_square * neg_inv_tau
         merged = any(table.log_count is not None for table in self._tables)
         if merged:
             log_count = [table.counts_of(r) for table, r in zip(self._tables, rows)]
-            scores = scores + torch.stack(log_count).view_as(keys)
+            scores = scores + torch.stack(log_count).view_as(scores)
         if q_vec is not None:
-            q_vec_g = q_vec.view(G, per_group, -1)
+            q_vec_g = q_vec.view(G, per_group, 1, -1)
             content = [
-                torch.einsum("hd,hwd->hw", q_vec_g[g], _take(table.vec_keys, rows[g]))
+                (q_vec_g[g] @ _take(table.vec_keys, rows[g]).transpose(1, 2))[:, 0]
                 for g, table in enumerate(self._tables)
             ]
             scores = scores + scale * torch.stack(content).view_as(scores)
-        scores = scores.masked_fill(~valid, -math.inf)
         top = scores.amax(dim=2, keepdim=True)
         shifted = scores - top
         weights = shifted.masked_fill(shifted < EXP_FLOOR, -math.inf).exp()
         inside_mass = weights.sum(dim=2)  # (Hk, per_key)
-        weights_g = weights.view(G, per_group, -1)
-        output = torch.stack(
-            [
-                torch.einsum("hw,hwd->hd", weights_g[g], _take(table.values, rows[g]))
-                for g, table in enumerate(self._tables)
-            ]
-        ).view(H, -1) / inside_mass.view(H, 1)
+        weights_g = weights.view(G, per_group, 1, -1)
+        outputs = [
+            (weights_g[g] @ _take(table.values, rows[g]))[:, 0] for g, table in enumerate(self._tables)
+        ]
+        output = (outputs[0] if G == 1 else torch.cat(outputs)) / inside_mass.view(H, 1)
 
         # The bound on the mass outside the window. Every score is at most
         # -d^2 / tau + [|scale| |q| max|k| (hybrid)] + max log count, for d a lower bound on the
@@ -673,29 +679,27 @@ class SortedScalarCache:
         if q_vec is not None:
             max_norm = per_key_head([table.max_vec_norm for table in self._tables])
             lift = lift + abs(scale) * q_vec.norm(dim=1).view(Hk, per_key) * max_norm
-        terms = [-(left_out**2) / tau]
-        sizes = self._lengths.tolist()
-        keys_read = per_key * sum(math.ceil(math.log2(n + 1)) for n in sizes) + int(inside.sum())
-        keys_read += H * buffered
-        if max(sizes) > window:
-            blocks = math.ceil(math.log2(max(sizes) / window + 1)) + 1
-            reach_out = _doubling(window, blocks)  # 0, w, 3w, 7w, ... >= n
+        terms = left_out * neg_inv_tau
+        if blocks > 1:
             # Edges start at the slice's outermost entries; block j holds the entries between edge j
             # and edge j + 1 (beyond the slice), all at least as far as edge j.
-            left = (insertion - window - reach_out).clamp(min=0)  # (Hk, per_key, blocks)
-            right = torch.minimum(insertion + window - 1 + reach_out, (lengths - 1).clamp(min=0))
-            edges = torch.cat([left[..., :-1], right[..., :-1]], dim=2)
-            counts = torch.cat([left[..., :-1] - left[..., 1:], right[..., 1:] - right[..., :-1]], dim=2)
-            edge_keys = _take(self._keys.view(-1), edges + row_start)
-            terms.append(counts.to(self.dtype).log() - (q[..., None] - edge_keys) ** 2 / tau)
-            keys_read += 2 * (blocks - 1) * H
-        terms = torch.cat(terms, dim=2)
+            edges = read[..., two_w:].view(Hk, per_key, 2, blocks)
+            counts = (edges[..., 1:] - edges[..., :-1]).abs().to(self.dtype)
+            edge_square = square[..., two_w:].view(Hk, per_key, 2, blocks)[..., :-1]
+            terms = torch.cat([terms, (counts.log() + edge_square * neg_inv_tau[..., None]).flatten(2)], 2)
         # Raising a term only loosens the bound, so raising the smallest to EXP_FLOOR below the
         # largest keeps it rigorous (and adds at most e^EXP_FLOOR per term).
         terms = torch.maximum(terms, terms.amax(dim=2, keepdim=True) + EXP_FLOOR)
         log_outside = torch.logsumexp(terms, dim=2) + lift
         bound = torch.sigmoid(log_outside - inside_mass.log()).view(H)
-        return DecodeStep(output, bound, keys_read, int(valid.sum()))
+        keys_read = (
+            per_key * self._search_reads
+            + int((slice_square < math.inf).sum())
+            + H * buffered
+            + 2 * (blocks - 1) * H
+        )
+        rows_read = per_key * sum(min(window, n) for n in self._sizes) + H * buffered
+        return DecodeStep(output, bound, keys_read, rows_read)
 
     def _remember(self, q: Tensor) -> None:
         """Record the range of this step's queries of each key head (``q (Hk, per_key)``)."""
