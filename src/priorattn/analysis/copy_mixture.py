@@ -262,7 +262,7 @@ def figure_title(config: CopyMixtureConfig, head: int) -> str:
 def figure_caption(config: CopyMixtureConfig, measured: dict) -> str:
     first, previous, noise = config.weights
     return (
-        f"Task: {config.vocab_size}-token sequences where each token copies the first token "
+        f"Task: sequences over {config.vocab_size} token values where each token copies the first token "
         f"(probability {first:g}), copies the previous token ({previous:g}) or is uniform noise "
         f"({noise:g}); the model is trained {config.steps} steps to predict the next token (seed "
         "000 Fig. 1). Heatmaps have one row per query position i, which predicts token i + 1, and "
