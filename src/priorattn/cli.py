@@ -547,11 +547,8 @@ def add_analyze_parser(commands) -> None:
         "advantage form, the Fisher information, the Hessian of the log-sum-exp potential and the "
         "natural gradient; print each identity's largest relative residual and write DIR/results.json."
     )
-    t = analyses.add_parser("identities", help="the policy-gradient identities of seed 004", description=text)
-    t.add_argument("--run", type=Path, required=True, help="a run directory of priorattn train")
-    t.add_argument("--out", type=Path, required=True, help="output directory")
-    t.add_argument("--layers", type=index_list, help="comma-separated layer indices (all)")
-    t.add_argument("--heads", type=index_list, help="comma-separated head indices (all)")
+    t = run_analysis_parser(analyses, "identities", "the policy-gradient identities of seed 004", text)
+    add_layer_and_head_lists(t)
     t.add_argument("--rows", type=int_at_least(1), default=8, help="query rows per layer and head (8)")
     t.add_argument("--sequences", type=int_at_least(1), default=2, help="validation windows (2)")
     t.add_argument("--length", type=int_at_least(2), help="tokens per window (the training length)")
@@ -563,17 +560,27 @@ def add_analyze_parser(commands) -> None:
     add_analyze_attention_parser(analyses)
 
 
+def run_analysis_parser(analyses, name: str, help: str, description: str) -> argparse.ArgumentParser:
+    """The parser of ``analyze NAME``, with the ``--run`` it reads and the ``--out`` it writes."""
+    t = analyses.add_parser(name, help=help, description=description)
+    t.add_argument("--run", type=Path, required=True, help="a run directory of priorattn train")
+    t.add_argument("--out", type=Path, required=True, help="output directory")
+    return t
+
+
+def add_layer_and_head_lists(t: argparse.ArgumentParser) -> None:
+    t.add_argument("--layers", type=index_list, help="comma-separated layer indices (all)")
+    t.add_argument("--heads", type=index_list, help="comma-separated head indices (all)")
+
+
 def add_analyze_priors_parser(analyses) -> None:
     text = (
         "Draw the learned prior of each layer and head of a run: curves over the keys behind the last "
         "query (BAM's learned shape beta in the legend), heatmaps before and after the causal mask, "
         "and GOAT's sink u(j) far past the training length; write the PNGs and DIR/results.json."
     )
-    t = analyses.add_parser("priors", help="the learned priors of a run, drawn", description=text)
-    t.add_argument("--run", type=Path, required=True, help="a run directory of priorattn train")
-    t.add_argument("--out", type=Path, required=True, help="output directory")
-    t.add_argument("--layers", type=index_list, help="comma-separated layer indices (all)")
-    t.add_argument("--heads", type=index_list, help="comma-separated head indices (all)")
+    t = run_analysis_parser(analyses, "priors", "the learned priors of a run, drawn", text)
+    add_layer_and_head_lists(t)
     t.add_argument(
         "--length", type=int_at_least(2), help="positions of curves and heatmaps (training length)"
     )
@@ -613,9 +620,7 @@ def add_analyze_attention_parser(analyses) -> None:
         "Draw the attention weights of one head of a run's model on a prompt (the layer's own map, "
         "float64, reference route); write DIR/attention.png and DIR/results.json with the weights."
     )
-    t = analyses.add_parser("attention", help="one head's attention weights on a prompt", description=text)
-    t.add_argument("--run", type=Path, required=True, help="a run directory of priorattn train")
-    t.add_argument("--out", type=Path, required=True, help="output directory")
+    t = run_analysis_parser(analyses, "attention", "one head's attention weights on a prompt", text)
     t.add_argument("--prompt", required=True, help="text to attend over")
     t.add_argument("--layer", type=int_at_least(0), required=True, help="layer index")
     t.add_argument("--head", type=int_at_least(0), required=True, help="head index")
