@@ -398,9 +398,10 @@ def analyze_sink_mass(args: argparse.Namespace) -> int:
         result = run(args.run, args.out, **options)
     except (ValueError, FileNotFoundError, FileExistsError) as e:  # no run, no checkpoint, bad omegas
         fail(args, e)
-    print("omega          " + " ".join(f"{o:>7g}" for o in result["omegas"]))
+    width = max(len("omega"), *(len(entry["label"]) for entry in result["runs"]))
+    print(f"{'omega':<{width}} " + " ".join(f"{o:>7g}" for o in result["omegas"]))
     for entry in result["runs"]:
-        print(f"{entry['label'][:14]:<14} " + " ".join(f"{m:7.4f}" for m in entry["mean"]))
+        print(f"{entry['label']:<{width}} " + " ".join(f"{m:7.4f}" for m in entry["mean"]))
     print(f"mean mass on key 0 over layers, heads and queries; {RESULTS_JSON} in {args.out}")
     return 0
 

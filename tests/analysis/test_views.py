@@ -15,7 +15,7 @@ from priorattn import cli
 from priorattn.analysis import plots
 from priorattn.analysis.plots import causal_prior_probs, illustrative_goat, spike_sink
 from priorattn.analysis.trained import attention_weights
-from priorattn.analysis.views import sink_mass
+from priorattn.analysis.views import sink_mass, uniform_share
 from priorattn.priors import GGD, GOAT, ALiBi, Uniform
 from priorattn.train import load_run
 
@@ -174,6 +174,7 @@ def test_uniform_prior_keeps_key_0_at_its_uniform_share_at_every_omega():
     """Content draws are exchangeable over the keys, so key 0 expects 1 / (i + 1) whatever omega."""
     mass = sink_mass(Uniform(), 8, [0.0, 4.0, 64.0], samples=400)
     share = sum(1 / (i + 1) for i in range(1, 8)) / 7
+    assert uniform_share(8) == pytest.approx(share, rel=1e-12)
     assert mass[0] == pytest.approx([share] * 3, abs=0.02)
 
 

@@ -599,10 +599,14 @@ def plot_attention_map(out: Path, weights: np.ndarray, pieces: list[str], title:
 
 
 def plot_sink_mass(
-    out: Path, omegas: np.ndarray, curves: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]
+    out: Path,
+    omegas: np.ndarray,
+    curves: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]],
+    uniform_shares: dict[int, float],
 ) -> Path:
     """``sink_mass.png``: each ``(label, mean, lowest, highest)``'s attention mass on key 0 against the
-    content's dynamic range ``omegas`` (seed 000 Fig. 2c, Thm. 5.1)."""
+    content's dynamic range ``omegas`` (seed 000 Fig. 2c, Thm. 5.1), with the share of key 0 under a
+    uniform prior at each query length of ``uniform_shares``."""
     caption = (
         "Each line is one trained run's prior: the attention mass that queries put on the first key "
         "(key 0, where a sink forms) when random content scores with dynamic range omega (the largest "
@@ -612,7 +616,9 @@ def plot_sink_mass(
         "factor exp(omega) of the prior's.\n\n"
         "Look for: a prior with a sink starts near 1 and sheds the mass as omega grows (the content "
         "takes over); a prior without one starts at the uniform share of key 0 or below (recency priors "
-        "such as ALiBi give it almost nothing). The content scores are random, not the model's: this "
+        "such as ALiBi give it almost nothing). As omega grows without bound the content decides alone "
+        "and every curve tends to the dashed line, the share of key 0 when the content's largest score "
+        "is equally likely at any visible key. The content scores are random, not the model's: this "
         "measures what each prior does by default, not what the trained model attends to."
     )
     fig, panel = captioned_figure((10, 5.5), caption)
@@ -620,10 +626,15 @@ def plot_sink_mass(
     for label, mean, lowest, highest in curves:
         (line,) = ax.plot(omegas, mean, marker="o", label=label)
         ax.fill_between(omegas, lowest, highest, color=line.get_color(), alpha=0.15)
+    for length, share in sorted(uniform_shares.items()):
+        label = f"uniform share of key 0 over {length} positions (no prior; where every prior ends)"
+        ax.axhline(share, color="0.4", ls="--", lw=1, label=label)
     ax.set_xscale("symlog", linthresh=min((o for o in omegas if o > 0), default=1.0))
     ax.set_xlabel("content dynamic range omega (largest minus smallest score of a query; log scale past 0)")
     ax.set_ylabel("mean attention mass on key 0")
-    ax.set_ylim(-0.02, 1.02)
+    top = max([*(highest.max() for *_, highest in curves), *uniform_shares.values()])
+    ax.set_ylim(0.0, min(1.02, 1.15 * top))  # small masses stay readable; a full sink reaches 1
+    ax.set_xlim(0.0, max(omegas.max(), 1.0) * 1.1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=9)
     ax.set_title("Attention mass on the sink key as the content signal grows", fontsize=10)

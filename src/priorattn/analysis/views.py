@@ -174,6 +174,12 @@ def sink_mass(prior: Prior, length: int, omegas: Sequence[float], samples: int, 
     return mass / samples
 
 
+def uniform_share(length: int) -> float:
+    """Key 0's mean weight over the queries ``i = 1 .. length - 1`` when every visible key is alike:
+    ``1 / (i + 1)`` each, the limit of :func:`sink_mass` as ``omega`` grows (exchangeable content)."""
+    return sum(1 / (i + 1) for i in range(1, length)) / (length - 1)
+
+
 def run_sink_mass(
     run_dir: Path, length: int | None, omegas: Sequence[float], samples: int, seed: int
 ) -> dict:
@@ -194,6 +200,7 @@ def run_sink_mass(
         prior=config.prior,
         step=run.step,
         length=length,
+        uniform_share=uniform_share(length),
         mean=flat.mean(0).tolist(),
         lowest=flat.amin(0).tolist(),
         highest=flat.amax(0).tolist(),
@@ -223,7 +230,8 @@ def analyze_sink_mass(
     run_dirs = [run for path in runs for run in runs_in(path)]
     results = [run_sink_mass(run, length, omegas, samples, seed) for run in run_dirs]
     curves = [(r["label"], *(np.array(r[k]) for k in ("mean", "lowest", "highest"))) for r in results]
-    figure = plots.plot_sink_mass(out, np.array(omegas), curves)
+    shares = {r["length"]: r["uniform_share"] for r in results}
+    figure = plots.plot_sink_mass(out, np.array(omegas), curves, shares)
     result = dict(
         protocol=sink_mass.__doc__.split("\n\n")[1].strip(),
         omegas=omegas,
