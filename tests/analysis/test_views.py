@@ -15,8 +15,14 @@ from priorattn import cli
 from priorattn.analysis import plots
 from priorattn.analysis.plots import causal_prior_probs, illustrative_goat, spike_sink
 from priorattn.analysis.trained import attention_weights
-from priorattn.analysis.views import sink_mass, uniform_share
-from priorattn.priors import GGD, GOAT, ALiBi, Uniform
+from priorattn.analysis.views import (
+    goat_with_sink,
+    head_label,
+    head_parameters,
+    sink_mass,
+    uniform_share,
+)
+from priorattn.priors import GGD, GOAT, ALiBi, Sum, Uniform
 from priorattn.train import load_run
 
 
@@ -77,6 +83,17 @@ def test_priors_view_draws_the_goat_sink_far_past_the_training_length(make_run, 
     assert entry["heads"][0]["goat_sink_spike"] == pytest.approx((u[0] - u[1]).item(), abs=1e-12)
     assert result["figures"] == ["prior_curves.png", "prior_heatmaps.png", "sink.png"]
     assert all((tmp_path / name).stat().st_size > 0 for name in result["figures"])
+
+
+@pytest.mark.parametrize("beta", [0.0, 1e-4])
+def test_a_flat_ggd_has_no_finite_width(beta):
+    prior = GGD(1)
+    with torch.no_grad():
+        prior.theta_alpha.fill_(-1.0)
+        prior.theta_beta.fill_(beta)  # width exp(1 / beta): beyond any float
+    params = head_parameters(prior, 0)
+    assert params["ggd_width_tokens"] is None and params["ggd_shape_beta"] == pytest.approx(beta)
+    assert "width unbounded" in head_label(0, params)
 
 
 def test_priors_view_refuses_a_run_without_a_prior(make_run, tmp_path, capsys):
@@ -275,9 +292,6 @@ def test_attention_weights_leave_the_model_as_it_was(make_run):
 
 
 def test_goat_prior_is_found_inside_a_sum():
-    from priorattn.analysis.views import goat_with_sink
-    from priorattn.priors import Sum
-
     goat = GOAT(2)
     assert goat_with_sink(Sum(ALiBi(2), goat)) is goat
     assert goat_with_sink(GOAT(2, sink=False)) is None

@@ -32,10 +32,6 @@ RESULTS_JSON = "results.json"
 OMEGAS = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 
-def finite_or_none(value: float) -> float | None:
-    return value if math.isfinite(value) else None  # JSON has no inf
-
-
 def head_parameters(prior: Prior, head: int) -> dict[str, float | None]:
     """The learned parameters of head ``head`` of ``prior`` (of each part of a sum), by name."""
     params = {}
@@ -43,8 +39,9 @@ def head_parameters(prior: Prior, head: int) -> dict[str, float | None]:
         if isinstance(part, GGD):  # seed 003 App. C
             beta, theta_alpha = part.theta_beta[head].item(), part.theta_alpha[head].item()
             params["ggd_shape_beta"] = beta
-            width = math.exp(-theta_alpha / beta) if beta else math.inf
-            params["ggd_width_tokens"] = finite_or_none(width)
+            log_width = -theta_alpha / beta if beta else math.inf  # alpha = exp(-theta_alpha / beta)
+            params["ggd_width_tokens"] = math.exp(log_width) if log_width < 700 else None  # beyond float
+
             params["ggd_centre_tokens"] = 2 * math.sinh(part.theta_mu[head].item())
         elif isinstance(part, ALiBi):
             params["alibi_slope"] = part.slopes[head].item()
