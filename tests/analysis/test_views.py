@@ -219,9 +219,18 @@ def test_sink_mass_view_draws_one_curve_per_run_of_a_compare_output(make_run, tm
 # analyze attention
 
 
-def softmax_by_hand(run_dir, tokens, layer, head):
-    """The layer's attention of ``head`` from its own projections, prior and RoPE: the input to the
-    layer is caught by a hook, the rest computed here."""
+def sparsemax_by_hand(z):
+    """Euclidean projection of ``z`` onto the simplex (Martins and Astudillo, 2016, Alg. 1)."""
+    top = z.sort(descending=True).values
+    k = torch.arange(1, len(z) + 1, dtype=z.dtype)
+    support = (1 + k * top > top.cumsum(0)).nonzero().max() + 1
+    threshold = (top[:support].sum() - 1) / support
+    return (z - threshold).clamp_min(0)
+
+
+def weights_by_hand(run_dir, tokens, layer, head):
+    """The layer's attention of ``head`` from its own projections, prior, RoPE and map (softmax or
+    sparsemax): the input to the layer is caught by a hook, the rest computed here."""
     model = load_run(run_dir).model.double()
     attn, inputs = model.blocks[layer].attn, []
     attn.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
@@ -237,14 +246,23 @@ def softmax_by_hand(run_dir, tokens, layer, head):
         logits = q @ k.T / math.sqrt(Dq)
         if attn.prior is not None:
             logits = logits + attn.prior.log_prior(pos, pos)[head if attn.prior.num_heads else 0]
+        if attn.normalizer == "sparsemax":
+            return torch.stack(
+                [
+                    torch.cat([sparsemax_by_hand(row[: i + 1]), row.new_zeros(L - i - 1)])
+                    for i, row in enumerate(logits)
+                ]
+            )
         future = torch.ones(L, L, dtype=torch.bool).triu(1)
         return torch.softmax(logits.masked_fill(future, -math.inf), dim=-1)
 
 
 @pytest.mark.parametrize(
-    "model", [dict(prior="goat"), dict(prior="ggd", encoding="rope")], ids=["goat", "ggd-rope"]
+    "model",
+    [dict(prior="goat"), dict(prior="ggd", encoding="rope"), dict(prior="alibi", normalizer="sparsemax")],
+    ids=["goat", "ggd-rope", "alibi-sparsemax"],
 )
-def test_attention_view_rows_are_the_layers_softmax(make_run, tmp_path, unsaved, model):
+def test_attention_view_rows_are_the_layers_own_map(make_run, tmp_path, unsaved, model):
     run_dir = make_run(**model)
     prompt = "now is the winter"
     analyze(
@@ -258,7 +276,7 @@ def test_attention_view_rows_are_the_layers_softmax(make_run, tmp_path, unsaved,
     assert weights.shape == (len(prompt), len(prompt))
     assert weights.sum(-1) == pytest.approx(torch.ones(len(prompt), dtype=torch.float64), abs=1e-12)
     assert (weights.triu(1) == 0).all()
-    assert weights == pytest.approx(softmax_by_hand(run_dir, tokens, layer=1, head=1), abs=1e-12)
+    assert weights == pytest.approx(weights_by_hand(run_dir, tokens, layer=1, head=1), abs=1e-12)
 
 
 def test_ggd_attention_view_names_the_heads_learned_shape(make_run, tmp_path):
