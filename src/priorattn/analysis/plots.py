@@ -464,7 +464,8 @@ def plot_learned_curves(
     caption = (
         f"One row per attention layer, one line per head, seen from the query at position {query} "
         f"looking back over every key of a {length}-token sequence (the training length); keys after the "
-        "query are masked by causal attention and not drawn. Left: the log-prior the learned prior adds "
+        "query are masked by causal attention and not drawn. Left: the log-prior the run's prior "
+        "(learned; ALiBi's is fixed) adds "
         f"to each key's attention score, shifted so the best key is at 0 and cut off at {CURVE_FLOOR:g}. "
         "Right: the attention weights the prior alone gives (its softmax over the visible keys), i.e. "
         "where the head looks when no key's content stands out.\n\n"
@@ -480,7 +481,7 @@ def plot_learned_curves(
         ax_log.set_title(f"{title}: bonus or penalty each key gets from the prior", fontsize=10)
         ax_prob.set_title(f"{title}: attention the prior alone would give", fontsize=10)
         ax_log.legend(fontsize=8)
-    panel.suptitle("Learned priors: how each head weighs the keys behind the last query")
+    panel.suptitle("The priors of a trained run: how each head weighs the keys behind the last query")
     return save(fig, out / "prior_curves.png")
 
 
@@ -546,7 +547,7 @@ def plot_mask_renormalization(out: Path, rows: list[tuple[str, Prior, int]], len
             panel, ax_causal, causal_prior_probs(K).numpy(), f"{title}\nafter the causal mask", colorbar=False
         )
     panel.colorbar(image, ax=axes, shrink=0.5, label="prior probability (log scale; black: below 1e-8)")
-    panel.suptitle(f"Learned priors before and after the causal mask (L = {length})")
+    panel.suptitle(f"The priors of a trained run before and after the causal mask (L = {length})")
     return save(fig, out / "prior_heatmaps.png")
 
 
