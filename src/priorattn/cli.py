@@ -423,14 +423,8 @@ def analyze_attention(args: argparse.Namespace) -> int:
 
 
 def float_list(text: str) -> list[float]:
-    """An argparse ``type`` for comma-separated numbers ``>= 0``: ``"0,1,4"``."""
-    try:
-        values = [float(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-    if not all(0 <= v < float("inf") for v in values):
-        raise argparse.ArgumentTypeError(f"expected finite numbers >= 0, got {text!r}")
-    return values
+    """An argparse ``type`` for comma-separated finite numbers ``>= 0``: ``"0,1,4"``."""
+    return [non_negative_number(part.strip()) for part in text.split(",")]
 
 
 def build_parser() -> argparse.ArgumentParser:

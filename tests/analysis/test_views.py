@@ -140,7 +140,8 @@ def test_views_name_a_directory_without_a_run(tmp_path, capsys, view):
         (["attention", "--prompt", "to be", "--layer", "2", "--head", "0"], "layer 2 is out of range"),
         (["attention", "--prompt", "to be", "--layer", "0", "--head", "2"], "head 2 is out of range"),
         (["attention", "--prompt", "", "--layer", "0", "--head", "0"], "prompt is empty"),
-        (["sink-mass", "--omegas", "0,-1"], "expected finite numbers >= 0"),
+        (["sink-mass", "--omegas", "0,-1"], "must be a number >= 0, got -1"),
+        (["sink-mass", "--omegas", "0,x"], "expected a number, got 'x'"),
     ],
 )
 def test_views_reject_bad_indices_prompts_and_omegas(make_run, tmp_path, capsys, argv, message):

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..eot.measures import content_range
 from ..files import prepare_out, write_json_atomic
 from ..priors import GGD, GOAT, ALiBi, Prior, Uniform
 from ..scalar.model import prior_heads
@@ -163,8 +164,8 @@ def sink_mass(prior: Prior, length: int, omegas: Sequence[float], samples: int, 
     for _ in range(samples):
         z = torch.randn(length, length, generator=generator, dtype=torch.float64)
         low = z.masked_fill(~visible, math.inf).amin(-1, keepdim=True)
-        high = z.masked_fill(~visible, -math.inf).amax(-1, keepdim=True)
-        unit = (z - low) / (high - low).clamp_min(1e-300)  # each row's visible keys span [0, 1]
+        spread = content_range(z, visible)[:, None].clamp_min(1e-300)  # query 0: one key, range 0
+        unit = (z - low) / spread  # each row's visible keys span [0, 1]
         for n, omega in enumerate(omegas):
             p = plots.causal_prior_probs(K + omega * unit)  # (H, L, L)
             mass[:, n] += p[:, 1:, 0].mean(-1)
