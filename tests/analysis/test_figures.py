@@ -140,9 +140,10 @@ def test_views_of_a_trained_run_read_without_the_papers(caught, make_run, tmp_pa
     views.analyze_priors(goat, tmp_path / "priors", layers=[1])
     views.analyze_sink_mass([goat], tmp_path / "mass", omegas=[0, 1], samples=1)
     views.analyze_attention(goat, tmp_path / "attention", prompt="now is the", layer=0, head=1)
-    assert len(caught) == 5  # curves, heatmaps, sink; sink mass; attention
+    assert len(caught) == 7  # curves, heatmaps, a decomposition per head (2), sink; sink mass; attention
     for fig in caught:
         check_readable(fig)
-    check_future_blank(caught[-1])  # the attention map; the heatmaps' left panels show every key
-    assert "training length (32 tokens)" in words(caught[2])  # the sink figure marks it
+    for fig in (*caught[2:4], caught[-1]):  # the heatmaps' left panels show every key, as they say
+        check_future_blank(fig)
+    assert "training length (32 tokens)" in words(caught[4])  # the sink figure marks it
     assert any("head 0: GOAT recency slope" in text for text in words(caught[0]))

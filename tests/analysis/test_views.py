@@ -13,7 +13,13 @@ from factories import exit_code
 
 from priorattn import cli
 from priorattn.analysis import plots
-from priorattn.analysis.plots import causal_prior_probs, illustrative_goat, spike_sink
+from priorattn.analysis.plots import (
+    causal_prior_probs,
+    goat_components,
+    identified_goat_components,
+    illustrative_goat,
+    spike_sink,
+)
 from priorattn.analysis.trained import attention_weights
 from priorattn.analysis.views import (
     goat_with_sink,
@@ -81,8 +87,11 @@ def test_priors_view_draws_the_goat_sink_far_past_the_training_length(make_run, 
         u = goat.sink(positions)[0]  # u_0(j), seed 000 Eq. 19
     assert torch.tensor(entry["sink"][0], dtype=torch.float64) == pytest.approx(u, abs=1e-12)
     assert entry["heads"][0]["goat_sink_spike"] == pytest.approx((u[0] - u[1]).item(), abs=1e-12)
-    assert result["figures"] == ["prior_curves.png", "prior_heatmaps.png", "sink.png"]
+    decomposition = "goat_decomposition_layer1_head0.png"  # seed 000 Fig. 1 of the learned head
+    assert result["figures"] == ["prior_curves.png", "prior_heatmaps.png", decomposition, "sink.png"]
     assert all((tmp_path / name).stat().st_size > 0 for name in result["figures"])
+    expected = identified_goat_components(*goat_components(goat, 32, head=0))[0]
+    assert entry["identified_sink"][0] == pytest.approx(expected.tolist(), abs=1e-12)
 
 
 @pytest.mark.parametrize("beta", [0.0, 1e-4])

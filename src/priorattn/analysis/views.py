@@ -109,7 +109,7 @@ def analyze_priors(
             f"{run_dir} has no prior to draw (prior={config.prior!r}): its attention is standard"
         )
     positions = plots.sink_positions(extrapolate * config.seq_len)
-    results, curves, rows, sinks = [], [], [], []
+    results, curves, rows, sinks, decompositions = [], [], [], [], []
     for layer, prior in priors.items():
         params = {head: head_parameters(prior, head) for head in heads}
         labels = [head_label(head, params[head]) for head in heads]
@@ -121,11 +121,18 @@ def analyze_priors(
             u = plots.sink_values(goat, torch.from_numpy(positions))[heads]  # (heads, N)
             sinks.append((f"layer {layer}", u, labels))
             entry["sink"] = u.tolist()
+        if isinstance(prior, GOAT):  # a sum's parts do not split into one sink and one relative part
+            components = [
+                plots.identified_goat_components(*plots.goat_components(prior, length, h)) for h in heads
+            ]
+            decompositions += [(layer, head, parts) for head, parts in zip(heads, components)]
+            entry["identified_sink"] = [parts[0].tolist() for parts in components]
         results.append(entry)
     figures = [
         plots.plot_learned_curves(out, curves, length),
         plots.plot_mask_renormalization(out, rows, length),
     ]
+    figures += [draw_learned_decomposition(out, layer, head, parts) for layer, head, parts in decompositions]
     if sinks:
         figures.append(plots.plot_learned_sink(out, sinks, positions, config.seq_len))
     result = dict(
@@ -141,6 +148,27 @@ def analyze_priors(
         result["sink_positions"] = positions.tolist()
     write_json_atomic(out / RESULTS_JSON, result)
     return result
+
+
+def draw_learned_decomposition(out: Path, layer: int, head: int, components) -> Path:
+    """``goat_decomposition_layer{layer}_head{head}.png``: seed 000 Fig. 1 of one learned GOAT head."""
+    caption = (
+        "One GOAT head of the trained run over the training length. Heatmaps have one row per query "
+        "position i and one column per key position j; the blank upper triangle holds keys after the "
+        "query, which causal attention never sees. A sink u(j) and a relative part kappa(i - j) are "
+        "defined only up to a straight line: a sink u(j) = a j is the same prior as a recency term "
+        "-a (i - j) plus a row constant. So the line that best fits u over these positions is moved "
+        "into the relative part before drawing: (a) is the sink without its straight-line part, (b) "
+        "the relative part with it, (c) their sum with each row shifted to mean 0, (d) the attention "
+        "the prior alone gives.\n\n"
+        "Look for: a spike of (a) at key 0 (an attention sink, seed 000 Fig. 2b) and where (b) is "
+        "largest: along the diagonal for recency, at a fixed distance for a head that copies from "
+        "there. Black in (d): weight below 1e-8."
+    )
+    title = f"What a learned GOAT prior is made of (layer {layer}, head {head}, L = {len(components[0])})"
+    return plots.draw_goat_decomposition(
+        out / f"goat_decomposition_layer{layer}_head{head}.png", components, title, caption
+    )
 
 
 @torch.no_grad()
