@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from priorattn.analysis import plots, runs
+from priorattn.analysis import plots, runs, views
 from priorattn.analysis.copy_mixture import CopyMixtureConfig, copy_mixture_job
 from priorattn.eval import plots as eval_plots
 
@@ -133,3 +133,17 @@ def test_evaluation_figures_read_without_the_papers(caught, tmp_path):
     for fig in caught:
         check_readable(fig)
     assert "training length" in words(caught[0])  # the dotted line is named
+
+
+def test_views_of_a_trained_run_read_without_the_papers(caught, make_run, tmp_path):
+    goat = make_run(prior="goat")
+    views.analyze_priors(goat, tmp_path / "priors", layers=[1])
+    views.analyze_sink_mass([goat], tmp_path / "mass", omegas=[0, 1], samples=1)
+    views.analyze_attention(goat, tmp_path / "attention", prompt="now is the", layer=0, head=1)
+    assert len(caught) == 7  # curves, heatmaps, a decomposition per head (2), sink; sink mass; attention
+    for fig in caught:
+        check_readable(fig)
+    for fig in (*caught[2:4], caught[-1]):  # the heatmaps' left panels show every key, as they say
+        check_future_blank(fig)
+    assert "training length (32 tokens)" in words(caught[4])  # the sink figure marks it
+    assert any("head 0: GOAT recency slope" in text for text in words(caught[0]))

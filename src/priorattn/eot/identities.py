@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +33,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ..analysis.trained import capturing, pick_indices
 from .regularizers import Shannon, regularizer
 
 IDENTITIES = {
@@ -73,25 +73,9 @@ class LayerScores:
     visible: Tensor  # (B or 1, 1, L, L) bool
 
 
-@contextmanager
-def capturing(model):
-    """Every attention layer of ``model`` computes softmax through a :class:`ScoreCapture` on the
-    reference route; yields the captures, one per layer."""
-    layers = [block.attn for block in model.blocks]
-    saved = [(layer.normalizer, layer.backend) for layer in layers]
-    captures = [ScoreCapture(math.sqrt(layer.content_dim)) for layer in layers]
-    try:
-        for layer, capture in zip(layers, captures):
-            layer.normalizer, layer.backend = capture, "reference"
-        yield captures
-    finally:
-        for layer, (normalizer, backend) in zip(layers, saved):
-            layer.normalizer, layer.backend = normalizer, backend
-
-
 def capture_scores(model, tokens: Tensor) -> tuple[float, list[LayerScores]]:
     """The loss of ``model`` (float64) on ``tokens: (B, L + 1)`` and each layer's captured attention."""
-    with capturing(model) as captures:
+    with capturing(model, lambda layer: ScoreCapture(math.sqrt(layer.content_dim))) as captures:
         _, loss, _ = model(tokens[:, :-1], targets=tokens[:, 1:])
         loss.backward()
     layers = []
@@ -170,15 +154,6 @@ def check_layers(
     )
 
 
-def _indices(name: str, chosen: Sequence[int] | None, count: int, what: str) -> list[int]:
-    if chosen is None:
-        return list(range(count))
-    bad = [i for i in chosen if not 0 <= i < count]
-    if bad:
-        raise ValueError(f"{name} {bad[0]} is out of range: the model has {count} {what} (0 to {count - 1})")
-    return list(chosen)
-
-
 def check_run(
     run_dir: str | Path,
     *,
@@ -203,8 +178,8 @@ def check_run(
             f"the identities of seed 004 Sec. 5-7 are those of softmax attention; {run_dir} uses "
             f"normalizer={config.normalizer!r}"
         )
-    layers = _indices("layer", layers, config.n_layers, "layers")
-    heads = _indices("head", heads, config.n_heads, "heads")
+    layers = pick_indices("layer", layers, config.n_layers, "layers")
+    heads = pick_indices("head", heads, config.n_heads, "heads")
     length = config.seq_len if length is None else length
     windows = pick_windows(eval_documents(run, Path(run_dir), None), length, sequences, seed)
     tokens = torch.from_numpy(np.stack(windows))  # (sequences, length + 1)
