@@ -652,14 +652,6 @@ def add_analyze_attention_parser(analyses) -> None:
     t.set_defaults(func=analyze_attention, parser=t)
 
 
-def number_list(text: str) -> tuple[float, ...]:
-    """An argparse ``type`` for comma-separated numbers: ``"0.3,0.4,0.3"``."""
-    try:
-        return tuple(float(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
-
-
 def add_copy_mixture_parser(analyses) -> None:
     from .analysis.copy_mixture import MODELS, CopyMixtureConfig
 
@@ -688,7 +680,7 @@ def add_copy_mixture_parser(analyses) -> None:
     weights = ",".join(f"{w:g}" for w in default.weights)
     t.add_argument(
         "--weights",
-        type=number_list,
+        type=float_list,
         default=default.weights,
         help=f"probabilities of copying the first token, the previous token, noise ({weights})",
     )

@@ -150,7 +150,8 @@ def test_command_writes_results_and_figure(tmp_path, capsys):
     "args, message",
     [
         (["--weights", "0.5,0.5,0.5"], "weights must sum to 1"),
-        (["--weights", "a,b"], "argument --weights: expected comma-separated numbers, got 'a,b'"),
+        (["--weights", "a,b"], "argument --weights: expected a number, got 'a'"),
+        (["--weights", "0.5,-0.5,1"], "argument --weights: must be a number >= 0, got -0.5"),
         (["--head", "1"], "head must be in [0, 1), got 1"),
         (["--length", "1"], "argument --length: must be an integer >= 2, got 1"),
     ],
