@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ from factories import exit_code
 
 from priorattn import cli
 from priorattn.dna import DNAConfig, dna, gc_trajectory, match_rate, pearson
-from priorattn.dna.experiment import peak_rss_of
+from priorattn.dna.experiment import peak_memory_mb
 
 
 def test_match_rate_counts_equal_bases():
@@ -69,10 +68,20 @@ def test_each_model_trains_with_its_mechanisms_flags(tmp_path):
     assert (bam.prior, bam.ssmax) == ("ggd", True)
 
 
-def test_peak_rss_of_a_failing_command_is_an_error():
-    assert peak_rss_of([sys.executable, "-c", "x = bytearray(50 * 2**20)"]) > 50
-    with pytest.raises(RuntimeError, match="failed with exit code 3"):
-        peak_rss_of([sys.executable, "-c", "raise SystemExit(3)"])
+def test_peak_memory_is_the_childs_own_not_the_parents():
+    """Linux carries a parent's resident size at fork into the child's ru_maxrss; VmHWM is the
+    child's own: growing this process by 400 MB leaves the measure where it was."""
+    before = peak_memory_mb([])
+    ballast = bytearray(400 * 2**20)
+    ballast[:: 2**12] = b"x" * len(range(0, len(ballast), 2**12))  # one byte per page: resident
+    after = peak_memory_mb([])
+    assert 50 < after < before + 100
+    del ballast
+
+
+def test_peak_memory_of_a_failing_command_is_an_error():
+    with pytest.raises(RuntimeError, match="priorattn train --steps 0 ... failed with exit code 2"):
+        peak_memory_mb(["train", "--steps", "0", "--out", "/nonexistent/run"])
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ with the truth's (Fig. 4c). A re-run reuses every model whose settings did not c
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -106,9 +106,7 @@ def dna(config: DNAConfig, out: str | Path, *, progress: bool = True, log=print)
             models[name] = read_json(saved)
             continue
         log(f"[{i}/{len(config.models)}] {name}: training {config.steps} steps in {run_dir}")
-        peak_rss = peak_rss_of(
-            [sys.executable, "-m", "priorattn", *config.train_argv(name, run_dir, progress)]
-        )
+        peak_rss = peak_memory_mb(config.train_argv(name, run_dir, progress))
         models[name] = measure(config, name, run_dir) | dict(peak_rss_mb=peak_rss, settings=settings)
         write_json_atomic(saved, models[name])
     results = dict(
@@ -116,7 +114,7 @@ def dna(config: DNAConfig, out: str | Path, *, progress: bool = True, log=print)
         settings=settings,
         unigram_bits_per_base=read_data_record(out / "models" / config.models[0])["unigram_loss"]
         / math.log(2),
-        import_rss_mb=peak_rss_of([sys.executable, "-c", "import priorattn.train"]),
+        import_rss_mb=peak_memory_mb([]),
         models={name: {k: v for k, v in m.items() if k != "settings"} for name, m in models.items()},
     )
     from .plots import plot_continuations, plot_efficiency, plot_nll
@@ -128,15 +126,35 @@ def dna(config: DNAConfig, out: str | Path, *, progress: bool = True, log=print)
     return results
 
 
-def peak_rss_of(argv: list[str]) -> float:
-    """Run ``argv`` to its end and return its peak resident memory in MB (the kernel's ``ru_maxrss``
-    of that child alone); a failing command raises with its exit code."""
-    child = subprocess.Popen(argv)
-    _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv[:5])} ... failed with exit code {child.returncode}")
-    return usage.ru_maxrss / 1024  # KiB on Linux
+# What the child runs: the priorattn command line it is given (or, given none, only the imports a
+# training run makes), then it writes its own peak resident memory to the file named first. VmHWM is
+# the high-water mark of the memory map that exec started afresh; the child's ru_maxrss would not
+# do: Linux carries the parent's resident size at fork into it.
+_MEASURED_CHILD = """
+import sys
+from pathlib import Path
+if sys.argv[2:]:
+    from priorattn.cli import main
+    code = main(sys.argv[2:])
+else:
+    import priorattn.train
+    code = 0
+status = Path("/proc/self/status").read_text().splitlines()
+Path(sys.argv[1]).write_text(next(line.split()[1] for line in status if line.startswith("VmHWM:")))
+sys.exit(code)
+"""
+
+
+def peak_memory_mb(argv: list[str]) -> float:
+    """Run ``python -m priorattn *argv`` in a child process to its end and return the child's own
+    peak resident memory in MB; with ``argv=[]`` the child only imports what training imports. A
+    failing command raises with its exit code. Linux only (``/proc``)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "peak_kib"
+        code = subprocess.call([sys.executable, "-c", _MEASURED_CHILD, str(report), *argv])
+        if code != 0:
+            raise RuntimeError(f"priorattn {' '.join(argv[:3])} ... failed with exit code {code}")
+        return int(report.read_text()) / 1024
 
 
 def measure(config: DNAConfig, name: str, run_dir: Path) -> dict:
