@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ...files import prepare_out, write_json_atomic
-from . import hybrid_vs_standard
+from . import goat, hybrid_vs_standard, regularizer_ablation
 from .common import RESULTS_JSON, Settings
 
 
@@ -27,6 +27,11 @@ EXPERIMENTS: dict[int, Experiment] = {
     1: Experiment(
         "pure scalar vs hybrid vs standard attention: validation loss curves", hybrid_vs_standard.run
     ),
+    3: Experiment(
+        "regularizer ablation (none, align, align+tau, align+spread, all): val loss, tau, mass at k",
+        regularizer_ablation.run,
+    ),
+    6: Experiment("GOAT vs the hybrid vs both combined: validation loss curves", goat.run),
 }
 
 
