@@ -320,7 +320,7 @@ def scalar_exp(args: argparse.Namespace) -> int:
     from .scalar.experiments import run_experiment
 
     try:
-        results = run_experiment(args.number, args.out, args.budget, progress=not args.quiet)
+        results = run_experiment(args.number, args.out, args.budget, seed=args.seed, progress=not args.quiet)
     except (
         ValueError,
         FileNotFoundError,

@@ -42,9 +42,14 @@ def token_cache(tmp_path_factory):
     mp.undo()
 
 
-def test_budget_scales_the_steps():
+def test_budget_scales_the_steps_and_seed_makes_a_replicate():
     assert Settings.for_budget().steps == 300 and Settings.for_budget(0.5).steps == 150
     assert Settings.for_budget(1e-9).steps == 2
+    replicate = Settings.for_budget(seed=3)
+    assert replicate.seed == 3 and Settings.for_budget().train_config(HYBRID).seed == 0
+    assert replicate.train_config(HYBRID).seed == 3
+    with pytest.raises(ValueError, match="seed must be an int >= 0"):
+        Settings.for_budget(1.0, seed=-1)
 
 
 @pytest.mark.parametrize("budget", [0, -1.0, math.nan, math.inf, True, "1"])
@@ -73,10 +78,11 @@ def test_results_json_holds_the_experiment_its_settings_and_results(tmp_path, mo
         return dict(figures=[], answer=42)
 
     monkeypatch.setitem(experiments.EXPERIMENTS, 7, Experiment("a test", run))
-    results = run_experiment(7, tmp_path / "out", budget=0.5, progress=False)
+    results = run_experiment(7, tmp_path / "out", budget=0.5, seed=2, progress=False)
     assert json.loads((tmp_path / "out" / "results.json").read_text()) == results
     assert results["experiment"] == 7 and results["description"] == "a test" and results["budget"] == 0.5
     assert results["settings"]["steps"] == 150 == seen["settings"].steps and results["answer"] == 42
+    assert results["settings"]["seed"] == 2
 
 
 def test_a_finished_variant_is_reused_and_other_settings_are_refused(tmp_path):

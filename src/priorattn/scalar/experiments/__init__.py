@@ -36,12 +36,12 @@ EXPERIMENTS: dict[int, Experiment] = {
 
 
 def run_experiment(
-    number: int, out: str | Path, budget: float = 1.0, *, progress: bool = True, log=print
+    number: int, out: str | Path, budget: float = 1.0, *, seed: int = 0, progress: bool = True, log=print
 ) -> dict:
-    """Run experiment ``number`` at ``budget`` into ``out``; write and return its results."""
+    """Run experiment ``number`` at ``budget`` with ``seed`` into ``out``; write and return its results."""
     if number not in EXPERIMENTS:
         raise ValueError(f"no experiment {number!r}: choose one of {sorted(EXPERIMENTS)}")
-    settings = Settings.for_budget(budget)
+    settings = Settings.for_budget(budget, seed)
     out = prepare_out(out)
     experiment = EXPERIMENTS[number]
     results = experiment.run(settings, out, progress=progress, log=log)

@@ -61,12 +61,15 @@ class Settings:
     seed: int = 0
 
     @classmethod
-    def for_budget(cls, budget: float = 1.0) -> Settings:
-        """Training steps scale with ``budget`` (at least 2)."""
+    def for_budget(cls, budget: float = 1.0, seed: int = 0) -> Settings:
+        """Training steps scale with ``budget`` (at least 2); ``seed`` sets initial weights, batches
+        and validation windows (another seed is a replicate)."""
         number = isinstance(budget, (int, float)) and not isinstance(budget, bool)
         if not number or not 0 < budget < math.inf:
             raise ValueError(f"budget must be a positive finite number, got {budget!r}")
-        return cls(steps=max(2, round(STEPS * budget)))
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        return cls(steps=max(2, round(STEPS * budget)), seed=seed)
 
     def model_config(self, variant: Variant) -> GPTConfig:
         fields = dict(seq_len=self.seq_len, vocab_size=vocab_size_of("byte")) | variant.model
