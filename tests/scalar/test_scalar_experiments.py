@@ -182,3 +182,17 @@ def test_each_experiment_command_writes_its_results_and_figures(number, tmp_path
         assert all(len(entry["tau_curve"]["tau"]) == 3 for entry in results["variants"].values())
     assert all((out / figure).stat().st_size > 0 for figure in results["figures"])
     assert "results.json" in capsys.readouterr().out
+
+
+def test_cli_passes_budget_and_seed(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def run(settings, out, *, progress, log):
+        calls.append(settings)
+        return dict(figures=["a.png"])
+
+    monkeypatch.setitem(experiments.EXPERIMENTS, 1, Experiment("a test", run))
+    argv = ["scalar-exp", "1", "--out", str(tmp_path), "--budget", "0.5", "--seed", "3", "--quiet"]
+    assert cli.main(argv) == 0
+    assert (calls[0].steps, calls[0].seed) == (150, 3) and "a.png" in capsys.readouterr().out
+    assert exit_code(["scalar-exp", "1", "--out", str(tmp_path), "--seed", "-1"]) == 2
