@@ -37,10 +37,10 @@ CAPTION = (
     "complementary, hybrid + GOAT ends below both GOAT and the hybrid."
 )
 MASS_CAPTION = (
-    "For the two hybrids: the fraction of attention mass on each query's k nearest keys in scalar "
-    "distance (validation windows of the training length, all layers and heads, queries that see more "
-    "than k keys). With GOAT's prior, position carries part of the score, which may pull mass away "
-    "from the scalar neighbours."
+    "The two hybrids, on validation windows of the training length: the fraction of a query's "
+    "attention mass on k of its keys (mean over layers, heads and the queries that see more than k "
+    "keys). With GOAT's prior, position carries part of the score, which may pull mass away from "
+    "the scalar neighbours."
 )
 
 

@@ -36,11 +36,10 @@ CAPTION = (
 )
 
 MASS_CAPTION = (
-    "For the two models with scalar heads: the fraction of each query's attention mass (all layers "
-    "and heads, validation windows of the training length, queries that see more than k keys) that "
-    "falls on the k keys nearest it in scalar distance |q_s - k_s|: what a sorted cache reading k keys "
-    "would capture. 1 - this is the cache's approximation error. No regularizer trained the scalar "
-    "order here; in the hybrid the dot product may put mass on keys far in scalar distance."
+    "The two models with scalar heads, on validation windows of the training length: the fraction of "
+    "a query's attention mass on k of its keys (mean over layers, heads and the queries that see more "
+    "than k keys). 1 - solid is a sorted cache's approximation error. No regularizer trained the "
+    "scalar order; pure scalar weights fall with scalar distance alone, so its dotted line is its solid one."
 )
 
 

@@ -55,9 +55,9 @@ TAU_CAPTION = (
     "a sorted cache must read (radius sqrt(-tau log eps))."
 )
 MASS_CAPTION = (
-    "The fraction of attention mass on each query's k nearest keys in scalar distance (validation "
-    "windows of the training length, all layers and heads, queries that see more than k keys): what a "
-    "sorted cache reading k keys captures; 1 - this is its approximation error."
+    "The five hybrids, on validation windows of the training length: the fraction of a query's "
+    "attention mass on k of its keys (mean over layers, heads and the queries that see more than k "
+    "keys). 1 - solid is a sorted cache's approximation error, the seed's metric for this ablation."
 )
 
 
