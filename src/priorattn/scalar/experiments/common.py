@@ -222,17 +222,27 @@ def _mass_on_first(maps: Sequence[ScalarAttentionMap], ks: Sequence[int], order)
 def measure_mass(
     run_dir: Path, settings: Settings, ks: Sequence[int] = MASS_KS
 ) -> dict[str, dict[str, float]]:
-    """The mass of the run's scalar heads on ``settings.windows`` validation windows of the
-    training length: on the ``k`` nearest keys in scalar distance (``"nearest"``,
-    :func:`mass_captured`), on the ``k`` heaviest (``"heaviest"``, the ceiling) and on ``k`` random
-    ones (``"chance"``), each keyed by ``str(k)`` as JSON keys are."""
+    """:func:`mass_summary` of the run's scalar heads on its :func:`window_maps`."""
+    return mass_summary(window_maps(run_dir, settings), ks)
+
+
+def window_maps(run_dir: Path, settings: Settings) -> list[ScalarAttentionMap]:
+    """The :func:`attention_maps` of the run's model on ``settings.windows`` validation windows of
+    the training length."""
     run = load_run(run_dir)
     tokens = validation_windows(run, run_dir, settings.seq_len, settings.windows, settings.seed)
-    maps = attention_maps(run.model, tokens)
+    return attention_maps(run.model, tokens)
+
+
+def mass_summary(
+    maps: Sequence[ScalarAttentionMap], ks: Sequence[int] = MASS_KS
+) -> dict[str, dict[str, float]]:
+    """The mass on the ``k`` nearest keys in scalar distance (``"nearest"``, :func:`mass_captured`),
+    on the ``k`` heaviest (``"heaviest"``, the ceiling) and on ``k`` random ones (``"chance"``),
+    each keyed by ``str(k)`` as JSON keys are."""
+    length = maps[0].weights.shape[-1]
     masses = dict(
-        nearest=mass_captured(maps, ks),
-        heaviest=heaviest_mass(maps, ks),
-        chance=chance_mass(tokens.shape[1], ks),
+        nearest=mass_captured(maps, ks), heaviest=heaviest_mass(maps, ks), chance=chance_mass(length, ks)
     )
     return {name: {str(k): mass for k, mass in by_k.items()} for name, by_k in masses.items()}
 
