@@ -26,7 +26,7 @@ from ...train.runs import METRICS_JSONL, read_metrics
 from ..layers import ScalarAttentionMap, ScalarMultiheadAttention
 
 RESULTS_JSON = "results.json"
-#: Optimizer steps at budget 1: about a minute per tiny model on one of two shared CPU cores.
+#: Optimizer steps at budget 1: 3-6 minutes per tiny model on a shared 2-core machine (docs/scalar_experiments.md).
 STEPS = 300
 #: The k of seed 002 experiment 3 ("inference approximation error at k = 8, 16, 32, 64").
 MASS_KS = (8, 16, 32, 64)
