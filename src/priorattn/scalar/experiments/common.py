@@ -26,7 +26,7 @@ from ...train.runs import METRICS_JSONL, read_metrics
 from ..layers import ScalarAttentionMap, ScalarMultiheadAttention
 
 RESULTS_JSON = "results.json"
-#: Optimizer steps at budget 1: 3-6 minutes per tiny model on a shared 2-core machine (docs/scalar_experiments.md).
+#: Optimizer steps at budget 1: 3-6 minutes per tiny model on a shared 2-core machine.
 STEPS = 300
 #: The k of seed 002 experiment 3 ("inference approximation error at k = 8, 16, 32, 64").
 MASS_KS = (8, 16, 32, 64)
@@ -103,6 +103,32 @@ def train_variant(
         resume=True,
         progress=progress,
     )
+
+
+def compare_variants(
+    variants: Sequence[Variant],
+    settings: Settings,
+    out: Path,
+    title: str,
+    captions: tuple[str, str],
+    *,
+    progress: bool = True,
+    log=print,
+) -> dict:
+    """The results of an experiment that compares ``variants``: train each, measure the mass of
+    those with scalar heads (:func:`measure_mass`), draw the validation curves (``val_loss.png``,
+    ``title``, ``captions[0]``) and the masses (``mass.png``, ``captions[1]``)."""
+    results = {}
+    for variant in variants:
+        trained = train_variant(variant, settings, out, progress=progress, log=log)
+        results[variant.name] = summary(variant, trained)
+        if variant.model.get("attention", "standard") != "standard":
+            results[variant.name]["mass_captured"] = measure_mass(trained.run_dir, settings)
+    figures = [
+        plot_val_curves(results, out, "val_loss.png", title, captions[0]),
+        plot_mass(results, out, "mass.png", "Mass on the k nearest scalar keys", captions[1]),
+    ]
+    return dict(variants=results, mass_ks=list(MASS_KS), figures=figures)
 
 
 def run_path(out: Path, variant: Variant) -> Path:
