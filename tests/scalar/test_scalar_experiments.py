@@ -23,6 +23,7 @@ from priorattn.scalar.experiments.common import (
     mass_captured,
     measure_mass,
     metric_curve,
+    recent_mass,
     train_variant,
     val_curve,
 )
@@ -98,7 +99,7 @@ def test_a_finished_variant_is_reused_and_other_settings_are_refused(tmp_path):
     with pytest.raises(ValueError, match="batch_size"):
         train_variant(HYBRID, other, tmp_path, progress=False, log=lambda _: None)
     mass = measure_mass(first.run_dir, TINY, ks=(8, 16))
-    assert set(mass) == {"nearest", "heaviest", "chance"} and set(mass["nearest"]) == {"8", "16"}
+    assert set(mass) == {"nearest", "heaviest", "recent", "chance"} and set(mass["nearest"]) == {"8", "16"}
     assert 0 < mass["nearest"]["8"] < mass["nearest"]["16"] <= 1
     assert all(mass["nearest"][k] <= mass["heaviest"][k] + 1e-12 for k in ("8", "16"))
 
@@ -130,6 +131,9 @@ def test_heaviest_mass_is_the_top_weights_and_chance_the_share_of_keys():
         (0.6 + 0.5) / 2
     )
     assert chance_mass(3, ks=(1, 2)) == pytest.approx({1: (1 / 2 + 1 / 3) / 2, 2: 2 / 3})
+    assert recent_mass([hand_map(weights, [0.0] * 3, [0.0] * 3)], ks=(1, 2)) == pytest.approx(
+        {1: (0.6 + 0.3) / 2, 2: 0.8}
+    )
 
 
 def test_scalar_space_is_the_key_spread_and_the_weighted_scalar_term():

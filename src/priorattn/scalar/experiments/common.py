@@ -214,6 +214,18 @@ def heaviest_mass(maps: Sequence[ScalarAttentionMap], ks: Sequence[int] = MASS_K
     return _mass_on_first(maps, ks, lambda m, h: -m.weights[:, h])
 
 
+def recent_mass(maps: Sequence[ScalarAttentionMap], ks: Sequence[int] = MASS_KS) -> dict[int, float]:
+    """As :func:`mass_captured`, on each query's ``k`` most recent keys (itself included): what a
+    sliding window of ``k`` keys holds, the cache a positional prior such as GOAT's favours."""
+
+    def lag(m: ScalarAttentionMap, h: int) -> Tensor:
+        L = m.weights.shape[-1]
+        lags = torch.arange(L)[:, None] - torch.arange(L)[None, :]  # i - j
+        return lags.to(m.weights.dtype).expand(m.weights.shape[0], L, L)
+
+    return _mass_on_first(maps, ks, lag)
+
+
 def chance_mass(length: int, ks: Sequence[int] = MASS_KS) -> dict[int, float]:
     """As :func:`mass_captured` (without a sink) for ``k`` keys picked at random: query ``i`` of a
     causal window of ``length`` sees ``i + 1`` keys, so it expects ``k / (i + 1)`` of its mass."""
@@ -264,11 +276,14 @@ def mass_summary(
     maps: Sequence[ScalarAttentionMap], ks: Sequence[int] = MASS_KS
 ) -> dict[str, dict[str, float]]:
     """The mass on the ``k`` nearest keys in scalar distance (``"nearest"``, :func:`mass_captured`),
-    on the ``k`` heaviest (``"heaviest"``, the ceiling) and on ``k`` random ones (``"chance"``),
-    each keyed by ``str(k)`` as JSON keys are."""
+    on the ``k`` heaviest (``"heaviest"``, the ceiling), the ``k`` most recent (``"recent"``) and ``k``
+    random ones (``"chance"``), each keyed by ``str(k)`` as JSON keys are."""
     length = maps[0].weights.shape[-1]
     masses = dict(
-        nearest=mass_captured(maps, ks), heaviest=heaviest_mass(maps, ks), chance=chance_mass(length, ks)
+        nearest=mass_captured(maps, ks),
+        heaviest=heaviest_mass(maps, ks),
+        recent=recent_mass(maps, ks),
+        chance=chance_mass(length, ks),
     )
     return {name: {str(k): mass for k, mass in by_k.items()} for name, by_k in masses.items()}
 
