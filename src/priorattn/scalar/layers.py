@@ -120,15 +120,8 @@ class ScalarMultiheadAttention(nn.Module):
         positions = PriorMultiheadAttention._positions(
             positions, B, L, 0 if cache is None else len(cache), x.device
         )
-        H, G, Dq, m = self.num_heads, self.value_groups, self.content_dim, self.num_heads // self.value_groups
-        queries = self.q_proj(x).view(B, L, H, Dq + 1).transpose(1, 2)  # (B, H, L, Dq + 1)
-        keys = self.k_proj(x)
-        k = keys[..., : G * Dq].view(B, L, G, Dq).transpose(1, 2)  # (B, G, L, Dq)
-        k_s = keys[..., G * Dq :].view(B, L, G, m).transpose(1, 2)  # (B, G, L, m): the group's heads
-        q, q_s = queries[..., :Dq], queries[..., Dq]  # (B, H, L, Dq), (B, H, L)
-        v = self.v_proj(x).view(B, L, G, self.head_dim).transpose(1, 2)  # (B, G, L, D)
-        if self.rope is not None:
-            q, k = self.rope(q, positions), self.rope(k, positions)
+        H, Dq = self.num_heads, self.content_dim
+        q, q_s, k, k_s, v = self.project(x, positions)
         new = KVCache(torch.cat([k, k_s], dim=-1), v, positions, doc_ids, key_padding_mask)
         cache = new if cache is None else cache.extend(new)
         Lc = len(cache)
@@ -151,6 +144,23 @@ class ScalarMultiheadAttention(nn.Module):
         if self.training and self.track:
             self.terms = self._regularizers(q_s, cached_k_s, tau, content, call)
         return self.out_proj(y.transpose(1, 2).reshape(B, L, H * self.head_dim)), cache
+
+    def project(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """The projections of ``x: (B, L, d_model)``: ``q (B, H, L, Dq)``, ``q_s (B, H, L)``, ``k (B, G,
+        L, Dq)``, ``k_s (B, G, L, m)`` (the scalar keys of each group's ``m = H / G`` heads, as the
+        cache holds them) and ``v (B, G, L, D)``; ``Dq = 0`` unless hybrid, whose q and k are rotated
+        by RoPE at ``positions`` if the layer has it."""
+        B, L, _ = x.shape
+        H, G, Dq, m = self.num_heads, self.value_groups, self.content_dim, self.num_heads // self.value_groups
+        queries = self.q_proj(x).view(B, L, H, Dq + 1).transpose(1, 2)  # (B, H, L, Dq + 1)
+        keys = self.k_proj(x)
+        k = keys[..., : G * Dq].view(B, L, G, Dq).transpose(1, 2)  # (B, G, L, Dq)
+        k_s = keys[..., G * Dq :].view(B, L, G, m).transpose(1, 2)  # (B, G, L, m): the group's heads
+        q, q_s = queries[..., :Dq], queries[..., Dq]  # (B, H, L, Dq), (B, H, L)
+        v = self.v_proj(x).view(B, L, G, self.head_dim).transpose(1, 2)  # (B, G, L, D)
+        if self.rope is not None:
+            q, k = self.rope(q, positions), self.rope(k, positions)
+        return q, q_s, k, k_s, v
 
     def _regularizers(self, q_s: Tensor, k_s: Tensor, tau: Tensor, content: dict, call: dict) -> dict:
         """The unweighted seed 002 terms named in ``self.track`` for this forward pass."""

@@ -41,6 +41,28 @@ def scalar_reference(
 ) -> Tensor:
     """Dense scalar/hybrid attention ``(B, H, Lq, Dv)``; memory grows as ``Lq * Lk``."""
     dtype = compute_dtype(v.dtype)
+    probs = scalar_weights(q_s, k_s, tau, q, k, scale, prior, masking, sink, dtype)
+    out = grouped_values(probs[..., -k_s.shape[-1] :], v.to(dtype))
+    if sink is not None:
+        per_head = sink.value.to(dtype).repeat_interleave(q_s.shape[1] // v.shape[1], dim=0)  # (H, Dv)
+        out = out + probs[..., :1] * per_head[:, None, :]
+    return out.to(v.dtype)
+
+
+def scalar_weights(
+    q_s: Tensor,
+    k_s: Tensor,
+    tau: Tensor,
+    q: Tensor | None,
+    k: Tensor | None,
+    scale: float,
+    prior: Prior | None,
+    masking: Masking,
+    sink: Sink | None,
+    dtype: torch.dtype,
+) -> Tensor:
+    """The attention weights ``(B, H, Lq, Lk)`` in ``dtype``, with the sink's weight prepended as
+    column 0 (``(B, H, Lq, 1 + Lk)``) when there is a sink; a query that sees nothing has zeros."""
     q_s, k_s, tau = q_s.to(dtype), k_s.to(dtype), tau.to(dtype)
     logits = -((q_s[..., :, None] - k_s[..., None, :]) ** 2) / tau[..., None]  # (B, H, Lq, Lk)
     if q is not None:
@@ -52,9 +74,4 @@ def scalar_reference(
         sink_logit = -((q_s - sink.key) ** 2) / tau  # (B, H, Lq)
         logits = torch.cat([sink_logit[..., None], logits], dim=-1)
         visible = torch.cat([visible.new_ones(*visible.shape[:-1], 1), visible], dim=-1)
-    probs = masked_softmax(logits, visible)
-    out = grouped_values(probs[..., -k_s.shape[-1] :], v.to(dtype))
-    if sink is not None:
-        per_head = sink.value.to(dtype).repeat_interleave(q_s.shape[1] // v.shape[1], dim=0)  # (H, Dv)
-        out = out + probs[..., :1] * per_head[:, None, :]
-    return out.to(v.dtype)
+    return masked_softmax(logits, visible)
