@@ -1,0 +1,166 @@
+"""Seed 002 experiment 2: scalar distance ``|q_s - k_s|`` against attention weight, with and without
+``L_align`` ("For each (q,k) pair sorted by combined attention weight, plot |qs - ks|. If alignment
+regularizer is working, high-weight pairs should have small scalar distance.").
+
+Distances are measured in standard deviations of the head's keys over the windows: ``L_align``
+alone is also lowered by shrinking every scalar (seed 002 "Term 2": "minimized trivially if all
+scalar keys collapse"), which a raw distance would count as alignment. Locality is summarized by
+two numbers that no rescaling of the scalars changes:
+
+- ``rank_correlation``: Spearman's correlation between a query's weights and its keys' scalar
+  distances, over the keys it sees, averaged over queries; -1 when weight falls with distance
+  alone (pure scalar heads without a sink: the weight is ``exp(-d^2 / tau)`` up to the row's
+  normalizer), 0 when the scalar term says nothing about where the weight goes.
+- ``nearest_mass[k]``: the mass on each query's ``k`` nearest keys in scalar distance (what a
+  sorted cache's window of ``k`` reads), averaged over queries that see more than ``k`` keys (for
+  ``k`` below the window length).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ...analysis.plots import captioned_figure, save
+from .capture import ScalarLayerCapture, nearest_mass
+
+#: Window sizes at which the nearest-key mass is reported.
+NEAREST_KS = (1, 2, 4, 8, 16, 32, 64)
+#: A query enters the rank correlation only if it sees at least this many keys.
+MIN_KEYS = 8
+#: Weights below this are drawn at it in the scatter (log scale).
+WEIGHT_FLOOR = 1e-8
+
+
+def rank_correlation(weights: Tensor, distances: Tensor) -> Tensor:
+    """Spearman's correlation of weight and distance over each row's visible keys (``distances`` is
+    ``inf`` where a key is not visible): ``(...)`` for ``(..., L)`` inputs, NaN for rows with fewer
+    than 2 visible keys. Ties are ranked in index order."""
+    visible = torch.isfinite(distances)
+    n = visible.sum(-1, keepdim=True).double()
+    # Hidden keys rank last in both orders, so the visible keys of a row hold ranks 0 .. n - 1.
+    rank_w = weights.masked_fill(~visible, torch.inf).argsort(dim=-1, stable=True).argsort(-1).double()
+    rank_d = distances.argsort(dim=-1, stable=True).argsort(-1).double()
+    centre = (n - 1) / 2
+    covariance = ((rank_w - centre) * (rank_d - centre) * visible).sum(-1, keepdim=True) / n
+    variance = (n * n - 1) / 12
+    return (covariance / variance).squeeze(-1)
+
+
+def layer_alignment(capture: ScalarLayerCapture, ks: Sequence[int] = NEAREST_KS) -> dict:
+    """The locality numbers of one layer (mean over windows, heads and queries), with ``L_align``
+    as the regularizer computes it (``mean_queries sum_j w_ij d_ij^2``, key mass only), the keys'
+    standard deviation and tau."""
+    weights, _ = capture.weights()
+    distances = capture.distances()
+    seen = torch.isfinite(distances).sum(-1)  # (B, H, L) keys each query sees
+    correlation = rank_correlation(weights, distances)[seen >= MIN_KEYS]
+    finite = torch.where(torch.isfinite(distances), distances, 0.0)
+    return dict(
+        block=capture.block,
+        rank_correlation=float(correlation.mean()),
+        nearest_mass={
+            str(k): float(nearest_mass(weights, distances, k)[seen > k].mean())
+            for k in ks
+            if k < capture.length
+        },
+        l_align=float((weights * finite**2).sum(-1).mean()),
+        key_std=float(capture.k_s.double().std(dim=(0, 2)).mean()),
+        tau=float(capture.tau.double().mean()),
+    )
+
+
+def alignment_summary(captures: Sequence[ScalarLayerCapture], ks: Sequence[int] = NEAREST_KS) -> dict:
+    """``{"layers": [layer_alignment, ...]}`` and their means over layers under the same names."""
+    layers = [layer_alignment(c, ks) for c in captures]
+    mean = {
+        name: float(np.mean([layer[name] for layer in layers]))
+        for name in ("rank_correlation", "l_align", "key_std", "tau")
+    }
+    mean["nearest_mass"] = {
+        k: float(np.mean([layer["nearest_mass"][k] for layer in layers])) for k in layers[0]["nearest_mass"]
+    }
+    return dict(mean, layers=layers)
+
+
+def weight_distance_pairs(captures: Sequence[ScalarLayerCapture]) -> tuple[np.ndarray, np.ndarray]:
+    """Every visible (query, key) pair of every layer and head: ``(weight, |q_s - k_s| / key std)``."""
+    weights, distances = [], []
+    for capture in captures:
+        w, _ = capture.weights()
+        d = capture.distances()
+        std = capture.k_s.double().std(dim=(0, 2))[None, :, None, None]  # per head
+        visible = torch.isfinite(d)
+        weights.append(w[visible].numpy())
+        distances.append((d / std)[visible].numpy())
+    return np.concatenate(weights), np.concatenate(distances)
+
+
+def binned_median(x: np.ndarray, y: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Centres of the ``edges`` bins of ``x`` that hold points, and the median ``y`` in each."""
+    which = np.digitize(x, edges) - 1
+    centres, medians = [], []
+    for b in range(len(edges) - 1):
+        inside = which == b
+        if inside.any():
+            centres.append((edges[b] + edges[b + 1]) / 2)
+            medians.append(float(np.median(y[inside])))
+    return np.array(centres), np.array(medians)
+
+
+def plot_alignment(settings: dict[str, tuple[np.ndarray, np.ndarray, dict]], out: Path) -> Path:
+    """``alignment.png``: per setting (name -> ``(weights, distances, summary)``), a 2D histogram of
+    scalar distance against attention weight with its binned median, and the nearest-key mass
+    against the window size for every setting."""
+    from matplotlib.colors import LogNorm
+
+    caption = (
+        "Left panels, one per training setting: every (query, key) pair a query sees, in every scalar "
+        "layer and head, on validation windows at the training length. Across: the pair's attention "
+        f"weight (log scale; below {WEIGHT_FLOOR:g} drawn at it). Up: the scalar distance |q_s - k_s| "
+        "in standard deviations of the head's keys (so shrinking every scalar does not count as "
+        "alignment). Colour: how many pairs fall in the cell. White line: the median distance at each "
+        "weight. Right: the attention mass that the k keys nearest the query in scalar distance hold "
+        "(what a sorted cache's window of k keys reads), averaged over queries that see more than k "
+        "keys.\n\n"
+        "Look for (seed 002 experiment 2): with the alignment regularizer L_align working, "
+        "high-weight pairs sit at small scalar distance (the median line falls to the right) and the "
+        "nearest keys hold more of the mass. rho is Spearman's rank correlation between weight and "
+        "distance (-1: weight falls with distance alone)."
+    )
+    fig, panel = captioned_figure((5.2 * len(settings) + 5.5, 5.2), caption)
+    axes = panel.subplots(1, len(settings) + 1)
+    x_edges = np.linspace(np.log10(WEIGHT_FLOOR), 0.0, 61)
+    top = max(np.quantile(d, 0.999) for _, d, _ in settings.values())
+    y_edges = np.linspace(0.0, top, 61)
+    for ax, (name, (weights, distances, summary)) in zip(axes, settings.items()):
+        x = np.log10(np.maximum(weights, WEIGHT_FLOOR))
+        counts, _, _ = np.histogram2d(x, distances, bins=(x_edges, y_edges))
+        image = ax.pcolormesh(x_edges, y_edges, counts.T, norm=LogNorm(vmin=1), cmap="viridis")
+        centres, medians = binned_median(x, distances, x_edges)
+        ax.plot(centres, medians, color="white", lw=2, label="median distance")
+        ax.set_xlabel("attention weight of the pair (log10)")
+        ax.set_ylabel("scalar distance |q_s - k_s| (key standard deviations)")
+        ax.set_title(
+            f"{name}\nrho = {summary['rank_correlation']:.3f}, L_align = {summary['l_align']:.3g}",
+            fontsize=10,
+        )
+        ax.legend(loc="upper right", fontsize=8)
+        panel.colorbar(image, ax=ax, label="pairs in the cell")
+    ax = axes[-1]
+    for name, (_, _, summary) in settings.items():
+        ks = [int(k) for k in summary["nearest_mass"]]
+        ax.plot(ks, [summary["nearest_mass"][str(k)] for k in ks], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("k: keys nearest the query in scalar distance")
+    ax.set_ylabel("attention mass on those k keys")
+    ax.set_title("Mass a sorted-cache window of k keys would read", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    panel.suptitle("Do high-weight pairs sit close in scalar space? (seed 002 experiment 2)")
+    return save(fig, out / "alignment.png")
