@@ -65,31 +65,34 @@ def decode_errors(capture: ScalarLayerCapture, queries: int, ks: Sequence[int] =
     bandwidth_keys = (distances < tau.sqrt()[..., None]).sum(-1).double()
     errors = torch.zeros(len(ks), *exact.shape[:3], dtype=torch.float64)
     bounds = torch.zeros_like(errors)
-    B, H, G = capture.q_s.shape[0], layer.num_heads, capture.v.shape[1]
     hybrid = capture.q is not None
-    for b in range(B):
-        cache = SortedScalarCache(
-            H,
-            G,
-            capture.v.shape[-1],
-            vector_key_dim=capture.k.shape[-1] if hybrid else None,
-            buffer_size=1,  # every token merged at once: the window is exactly the k nearest keys
-            dtype=torch.float64,
-        )
-
-        def add(tokens: slice):
-            k_vec = capture.k[b, :, tokens].transpose(0, 1) if hybrid else None
-            cache.append(capture.k_s[b, :, tokens].T, capture.v[b, :, tokens].transpose(0, 1), k_vec)
-
-        add(slice(0, L - queries))
+    for b in range(capture.q_s.shape[0]):
+        cache = empty_cache(capture)
+        append_tokens(cache, capture, b, slice(0, L - queries))
         for r, t in enumerate(rows.tolist()):
-            add(slice(t, t + 1))
+            append_tokens(cache, capture, b, slice(t, t + 1))
             q_vec = capture.q[b, :, t] if hybrid else None
             for i, k in enumerate(ks):
                 step = cache.decode(capture.q_s[b, :, t].contiguous(), capture.tau[b, :, t], k, q_vec=q_vec)
                 errors[i, b, :, r] = (step.output - exact[b, :, r]).norm(dim=-1) / exact[b, :, r].norm(dim=-1)
                 bounds[i, b, :, r] = step.mass_outside_bound
     return dict(missed=missed, output_error=errors, bound=bounds, bandwidth_keys=bandwidth_keys)
+
+
+def empty_cache(capture: ScalarLayerCapture) -> SortedScalarCache:
+    """A float64 sorted cache for the layer's heads, every head sorting by its own key, that merges
+    each token at once: the window is then exactly the ``k`` nearest keys."""
+    G, D = capture.v.shape[1], capture.v.shape[-1]
+    vector_key_dim = None if capture.k is None else capture.k.shape[-1]
+    return SortedScalarCache(
+        capture.layer.num_heads, G, D, vector_key_dim=vector_key_dim, buffer_size=1, dtype=torch.float64
+    )
+
+
+def append_tokens(cache: SortedScalarCache, capture: ScalarLayerCapture, b: int, tokens: slice) -> None:
+    """Add the ``tokens`` of window ``b`` of ``capture`` to ``cache``."""
+    k_vec = None if capture.k is None else capture.k[b, :, tokens].transpose(0, 1)
+    cache.append(capture.k_s[b, :, tokens].T, capture.v[b, :, tokens].transpose(0, 1), k_vec)
 
 
 def summarize(values: Tensor) -> dict[str, float]:
