@@ -315,6 +315,23 @@ def compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def scalar_exp(args: argparse.Namespace) -> int:
+    """Run one of seed 002's experiments; write DIR/results.json and its figures."""
+    from .scalar.experiments import run_experiment
+
+    try:
+        results = run_experiment(args.number, args.out, args.budget, progress=not args.quiet)
+    except (
+        ValueError,
+        FileNotFoundError,
+        FileExistsError,
+    ) as e:  # a run with other settings, a file as --out
+        fail(args, e)
+    figures = ", ".join(results["figures"])
+    print(f"experiment {args.number}: {args.out / 'results.json'}; figures in {args.out}: {figures}")
+    return 0
+
+
 def analyze_identities(args: argparse.Namespace) -> int:
     """Check seed 004's policy-gradient identities on a run's attention; print and save the residuals."""
     from .eot.identities import check_run
@@ -372,6 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_eval_parser(commands)
     add_compare_parser(commands)
+    add_scalar_exp_parser(commands)
     add_analyze_parser(commands)
 
     curves = commands.add_parser(
@@ -485,6 +503,30 @@ def add_compare_parser(commands) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=compare, parser=p)
+
+
+def add_scalar_exp_parser(commands) -> None:
+    from .scalar.experiments import EXPERIMENTS
+
+    listing = "; ".join(f"{n}: {e.description}" for n, e in sorted(EXPERIMENTS.items()))
+    p = commands.add_parser(
+        "scalar-exp",
+        help="run one of seed 002's proposed experiments (scalar sort attention)",
+        description=(
+            "Train the tiny models experiment N needs on the embedded corpus into DIR/runs (a "
+            f"re-run reuses finished ones) and write DIR/results.json and figures. {listing}."
+        ),
+    )
+    p.add_argument("number", type=int, choices=sorted(EXPERIMENTS), metavar="N", help="experiment number")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument(
+        "--budget",
+        type=positive_number,
+        default=1.0,
+        help="training steps scale: 0.1 smoke run (1: 300 steps)",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=scalar_exp, parser=p)
 
 
 def add_train_parser(commands) -> None:

@@ -15,7 +15,7 @@ from priorattn.scalar.experiments.alignment import (
     rank_correlation,
     weight_distance_pairs,
 )
-from priorattn.scalar.experiments.capture import capture_scalar_layers
+from priorattn.scalar.experiments.common import attention_maps
 
 
 def spearman(x: np.ndarray, y: np.ndarray) -> float:
@@ -40,8 +40,8 @@ def test_pure_scalar_heads_are_perfectly_local():
     tokens, so no two keys of the first layer tie; a wide tau, so no weight underflows to a tie at 0)."""
     model = tiny_gpt("scalar", scalar_tau_init=20.0)
     tokens = torch.stack([torch.randperm(32)[:16] for _ in range(2)])
-    summary = layer_alignment(capture_scalar_layers(model, tokens)[0])
-    assert summary["rank_correlation"] == pytest.approx(-1.0)
+    assert layer_alignment(attention_maps(model, tokens)[0])["rank_correlation"] == pytest.approx(-1.0)
+    summary = alignment_summary(attention_maps(model, tokens))
     assert list(summary["nearest_mass"]) == ["1", "2", "4", "8"]  # k below the window length
     masses = list(summary["nearest_mass"].values())
     assert masses == sorted(masses) and 0 < masses[0] < masses[-1] < 1
@@ -51,19 +51,20 @@ def test_pure_scalar_heads_are_perfectly_local():
 def test_l_align_is_the_regularizers_own_term(attention):
     model = tiny_gpt(attention)
     tokens = torch.randint(0, 32, (2, 16))
-    captures = capture_scalar_layers(model, tokens)
+    captures = attention_maps(model, tokens)
     model.train()
-    for c in captures:
-        c.layer.track = ("align",)
+    layers = [block.attn for block in model.blocks]
+    for layer in layers:
+        layer.track = ("align",)
     with torch.no_grad():
         model(tokens)
-    for c in captures:
-        assert layer_alignment(c)["l_align"] == pytest.approx(float(c.layer.terms["align"]), rel=1e-9)
+    for layer, attention in zip(layers, captures):
+        assert layer_alignment(attention)["l_align"] == pytest.approx(float(layer.terms["align"]), rel=1e-9)
 
 
 def test_pairs_are_every_visible_pair_with_distance_in_key_deviations():
     model = tiny_gpt("hybrid")
-    captures = capture_scalar_layers(model, torch.randint(0, 32, (2, 6)))
+    captures = attention_maps(model, torch.randint(0, 32, (2, 6)))
     weights, distances = weight_distance_pairs(captures)
     assert weights.shape == distances.shape == (2 * 2 * 4 * 21,)  # layers x windows x heads x pairs
     c = captures[0]
@@ -81,7 +82,7 @@ def test_binned_median_skips_empty_bins():
 
 
 def test_alignment_figure_is_written(tmp_path):
-    captures = capture_scalar_layers(tiny_gpt("hybrid"), torch.randint(0, 32, (1, 10)))
+    captures = attention_maps(tiny_gpt("hybrid"), torch.randint(0, 32, (1, 10)))
     summary = alignment_summary(captures)
     assert len(summary["layers"]) == 2 and list(summary["nearest_mass"]) == ["1", "2", "4", "8"]
     weights, distances = weight_distance_pairs(captures)

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from priorattn.scalar import scalar_attention
+from priorattn.scalar.functional import scalar_attention_weights
 
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-5}
 #: bf16 inputs run in float32 (see scalar_attention); what is left is rounding the output and each
@@ -116,6 +117,23 @@ def test_folded_route_matches_definition(backend, dtype, o):
     assert_close(out, ref_out, tol, "output")
     for i, (g, r) in enumerate(zip(grads, ref_grads, strict=True)):
         assert_close(g, r, tol if dtype == torch.bfloat16 else 20 * tol, f"gradient {i}")
+
+
+@settings(max_examples=25, deadline=None)
+@given(o=problems())
+def test_weights_times_values_are_the_output(o):
+    """scalar_attention_weights: the weights of the same call, the sink's first."""
+    tensors, prior, kwargs = build(o, torch.float64)
+    weights = scalar_attention_weights(**tensors, prior=prior, **kwargs)
+    H, G = o["H"], o["G"]
+    values = tensors["v"].repeat_interleave(H // G, dim=1)  # (B, H, Lk, Dv): each head's group
+    if o["sink"]:
+        sink = tensors["sink_value"].repeat_interleave(H // G, dim=0)[None, :, None]  # (1, H, 1, Dv)
+        values = torch.cat([sink.expand(o["B"], H, 1, o["Dv"]), values], dim=2)
+    assert weights.shape == (o["B"], H, o["Lq"], o["Lk"] + o["sink"])
+    expected = scalar_attention(**tensors, prior=prior, backend="reference", **kwargs)
+    torch.testing.assert_close(weights @ values, expected)
+    assert ((weights.sum(-1) - 1).abs() < 1e-9).logical_or(weights.sum(-1) == 0).all()
 
 
 def test_definition_is_the_gaussian_kernel_written_out():

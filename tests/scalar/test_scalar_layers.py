@@ -103,3 +103,23 @@ def test_cache_of_another_layout_is_refused():
     _, cache = ScalarMultiheadAttention(16, 4, hybrid=True)(torch.randn(1, 3, 16))
     with pytest.raises(ValueError, match="cache keys are"):
         module(torch.randn(1, 1, 16), cache=cache)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_attention_map_gives_the_layer_its_output(name):
+    """The map's weights (and the sink's) times the values, projected, are the layer's output."""
+    module = layer(name)
+    x = torch.randn(2, 9, 16)
+    doc_ids = torch.tensor([[0] * 4 + [1] * 5, [2] * 9])
+    expected, _ = module(x, doc_ids=doc_ids)
+    attention = module.attention_map(x, doc_ids=doc_ids)
+    H, G, D = module.num_heads, module.value_groups, module.head_dim
+    v = module.v_proj(x).view(2, 9, G, D).transpose(1, 2).repeat_interleave(H // G, dim=1)  # (B, H, L, D)
+    y = attention.weights @ v
+    if module.sink_value is not None:
+        y = y + attention.sink_weight[..., None] * module.sink_value.repeat_interleave(H // G, 0)[:, None]
+    with torch.no_grad():
+        torch.testing.assert_close(module.out_proj(y.transpose(1, 2).reshape(2, 9, H * D)), expected)
+    assert attention.weights.shape == attention.distance().shape == (2, H, 9, 9)
+    assert attention.tau.shape == attention.q_s.shape == (2, H, 9)
+    assert not attention.weights[0, :, 4:, :4].any()  # the second document does not see the first

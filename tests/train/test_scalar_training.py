@@ -69,3 +69,14 @@ def test_cli_trains_samples_and_reloads_a_mixed_model(corpus, tmp_path, capsys):
     assert capsys.readouterr().out.startswith("the quick")
     assert exit_code([*argv[:-8], "--attention", "scalar", "--encoding", "rope"]) == 2
     assert "attention='scalar' has none" in capsys.readouterr().err
+
+
+def test_the_mean_bandwidth_is_logged_for_scalar_heads(corpus, tmp_path):
+    """metrics.jsonl's ``tau``: the bandwidth of the step's forward pass (seed 002 experiment 3)."""
+    config = settings(corpus, steps=2, log_every=1)
+    train(small_model(attention="scalar", scalar_tau_init=0.3), config, tmp_path / "scalar", progress=False)
+    records = metrics(tmp_path / "scalar")
+    assert records[0]["tau"] == pytest.approx(0.3, rel=1e-5)  # step 1's forward pass: the start
+    assert records[1]["tau"] != records[0]["tau"]
+    train(small_model(), config, tmp_path / "standard", progress=False)
+    assert not any("tau" in r for r in metrics(tmp_path / "standard"))

@@ -25,7 +25,7 @@ from ..functional.masks import Masking
 from ..functional.reference import compute_dtype
 from ..priors import Prior, Uniform
 from .fold import key_lanes, query_lanes
-from .reference import Sink, scalar_reference
+from .reference import Sink, scalar_reference, scalar_weights
 
 
 def scalar_attention(
@@ -70,18 +70,10 @@ def scalar_attention(
     Returns:
         ``(B, H, Lq, Dv)``; a query that sees no key (and no sink) returns zeros.
     """
-    B, H, Lq, G, Lk = _check_scalar_inputs(q_s, k_s, v)
-    tau = check_tau(tau, B, H, Lq, v.dtype)
-    hybrid = _check_content(q, k, B, H, Lq, G, Lk)
-    check_options(prior, H, window, backend, heads=f"q_s has {H}")
-    if prior is not None:
-        prior.check_finite()
-    if isinstance(prior, Uniform):
-        prior = None
-    sink = _check_sink(sink_value, sink_key, G, v, prior, window)
-    if scale is None:
-        scale = 1.0 / math.sqrt(q.shape[-1]) if hybrid else 1.0
-    masking = _masking(B, Lq, Lk, q_pos, k_pos, q_s.device, causal, doc_ids, key_padding_mask, window)
+    masks = (causal, q_pos, k_pos, doc_ids, key_padding_mask, window)
+    call = _check_call(q_s, k_s, v, tau, q, k, scale, prior, masks, sink_value, sink_key, backend)
+    tau, hybrid, scale, prior, sink, masking = call
+    G = v.shape[1]
     if backend == "reference":
         return scalar_reference(q_s, k_s, v, tau, q, k, scale, prior, masking, sink)
     dtype = compute_dtype(v.dtype)  # the expanded square cancels in the logits: float32 at least
@@ -112,6 +104,56 @@ def scalar_attention(
         backend=backend,
     )
     return out.to(v.dtype)
+
+
+def scalar_attention_weights(
+    q_s: Tensor,
+    k_s: Tensor,
+    v: Tensor,
+    tau: Tensor | float,
+    *,
+    q: Tensor | None = None,
+    k: Tensor | None = None,
+    scale: float | None = None,
+    prior: Prior | None = None,
+    causal: bool = True,
+    q_pos: Tensor | None = None,
+    k_pos: Tensor | None = None,
+    doc_ids: Tensor | tuple[Tensor, Tensor] | None = None,
+    key_padding_mask: Tensor | None = None,
+    window: int | None = None,
+    sink_value: Tensor | None = None,
+    sink_key: float = 0.0,
+    backend: str = "auto",
+) -> Tensor:
+    """The attention weights of the :func:`scalar_attention` call with the same arguments, from the
+    dense definition: ``(B, H, Lq, Lk)`` in at least float32, or ``(B, H, Lq, 1 + Lk)`` with the
+    sink's weight first when ``sink_value`` is given. For analysis (seed 002 experiments 2-5): it
+    builds the ``Lq x Lk`` matrix, whatever ``backend`` says (checked all the same)."""
+    masks = (causal, q_pos, k_pos, doc_ids, key_padding_mask, window)
+    call = _check_call(q_s, k_s, v, tau, q, k, scale, prior, masks, sink_value, sink_key, backend)
+    tau, _, scale, prior, sink, masking = call
+    return scalar_weights(q_s, k_s, tau, q, k, scale, prior, masking, sink, compute_dtype(v.dtype))
+
+
+def _check_call(q_s, k_s, v, tau, q, k, scale, prior, masks: tuple, sink_value, sink_key, backend):
+    """The checked inputs of a call: ``(tau, hybrid, scale, prior, sink, masking)``, with a uniform
+    prior dropped (it adds a constant) and the default scale resolved. ``masks``: ``(causal, q_pos,
+    k_pos, doc_ids, key_padding_mask, window)``."""
+    causal, q_pos, k_pos, doc_ids, key_padding_mask, window = masks
+    B, H, Lq, G, Lk = _check_scalar_inputs(q_s, k_s, v)
+    tau = check_tau(tau, B, H, Lq, v.dtype)
+    hybrid = _check_content(q, k, B, H, Lq, G, Lk)
+    check_options(prior, H, window, backend, heads=f"q_s has {H}")
+    if prior is not None:
+        prior.check_finite()
+    if isinstance(prior, Uniform):
+        prior = None
+    sink = _check_sink(sink_value, sink_key, G, v, prior, window)
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1]) if hybrid else 1.0
+    masking = _masking(B, Lq, Lk, q_pos, k_pos, q_s.device, causal, doc_ids, key_padding_mask, window)
+    return tau, hybrid, scale, prior, sink, masking
 
 
 def check_tau(tau: Tensor | float, B: int, H: int, Lq: int, dtype: torch.dtype) -> Tensor:
@@ -234,4 +276,4 @@ def _positions(name: str, pos: Tensor | None, B: int, L: int, default: Tensor) -
     return default[None] if pos is None else check_positions(name, pos, B, L)
 
 
-__all__ = ["BACKENDS", "check_tau", "scalar_attention"]
+__all__ = ["BACKENDS", "check_tau", "scalar_attention", "scalar_attention_weights"]

@@ -9,6 +9,7 @@ it costs ``G n d_v + H n`` floats (+ ``G n d_k`` in the hybrid), seed 002 "Group
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -16,9 +17,25 @@ from torch import Tensor, nn
 from ..checks import describe
 from ..layers import KVCache, PriorMultiheadAttention, _rope
 from ..priors import Prior
-from .functional import scalar_attention
+from .functional import check_tau, scalar_attention, scalar_attention_weights
 from .regularizers import align_from_moments, align_values, spread_loss, tau_loss
 from .temperature import Temperature
+
+
+class ScalarAttentionMap(NamedTuple):
+    """A scalar layer's dense attention over a window (:meth:`ScalarMultiheadAttention.attention_map`):
+    ``weights (B, H, Lq, Lk)`` over the window's keys, ``sink_weight (B, H, Lq)`` (None without a
+    sink), and the scalar queries ``q_s (B, H, Lq)``, keys ``k_s (B, H, Lk)`` and ``tau (B, H, Lq)``."""
+
+    weights: Tensor
+    sink_weight: Tensor | None
+    q_s: Tensor
+    k_s: Tensor
+    tau: Tensor
+
+    def distance(self) -> Tensor:
+        """``|q_s,i - k_s,j|``: ``(B, H, Lq, Lk)``."""
+        return (self.q_s[..., :, None] - self.k_s[..., None, :]).abs()
 
 
 class ScalarMultiheadAttention(nn.Module):
@@ -99,6 +116,7 @@ class ScalarMultiheadAttention(nn.Module):
         self.track: tuple[str, ...] = ()  # regularizer terms to compute (set by the training loop)
         self.spread_range: tuple[float, float] | None = (-3.0, 3.0)
         self.terms: dict[str, Tensor] = {}
+        self.last_tau: Tensor | None = None  # tau of the latest training forward pass
 
     def cache_floats(self, n: int) -> int:
         """Floats a cache of ``n`` tokens holds per sequence: ``G n d_v + H n`` (+ ``G n d_k``)."""
@@ -117,6 +135,39 @@ class ScalarMultiheadAttention(nn.Module):
         """Attend ``x: (B, L, d_model)`` to itself and ``cache``; return ``(y, cache)`` (as
         ``PriorMultiheadAttention.forward``; cached and full passes give the same outputs)."""
         B, L = self._check_input(x, cache)
+        q_s, k_s, tau, call, content, cache = self._call_inputs(
+            x, positions, doc_ids, key_padding_mask, cache
+        )
+        y = scalar_attention(q_s, k_s, cache.v, tau, sink_value=self.sink_value, **call, **content)
+        if self.training:
+            self.last_tau = tau.detach()  # what the training loop logs (Regularizer.logged)
+            if self.track:
+                self.terms = self._regularizers(q_s, k_s, tau, content, call)
+        return self.out_proj(y.transpose(1, 2).reshape(B, L, self.num_heads * self.head_dim)), cache
+
+    @torch.no_grad()
+    def attention_map(
+        self, x: Tensor, *, positions: Tensor | None = None, doc_ids: Tensor | None = None
+    ) -> ScalarAttentionMap:
+        """The dense attention weights of this layer's heads over ``x: (B, L, d_model)`` (no cache),
+        with the scalar queries, keys and tau they came from: what seed 002's experiments measure."""
+        self._check_input(x, None)
+        q_s, k_s, tau, call, content, cache = self._call_inputs(x, positions, doc_ids, None, None)
+        weights = scalar_attention_weights(
+            q_s, k_s, cache.v, tau, sink_value=self.sink_value, **call, **content
+        )
+        sink_weight = None
+        if self.sink_value is not None:
+            sink_weight, weights = weights[..., 0], weights[..., 1:]
+        tau = check_tau(tau, *q_s.shape, q_s.dtype).expand_as(q_s)  # (B, H, L) whatever its kind
+        return ScalarAttentionMap(weights, sink_weight, q_s, k_s, tau)
+
+    def _call_inputs(self, x, positions, doc_ids, key_padding_mask, cache):
+        """``(q_s, k_s, tau, call, content, cache)``: the scalar queries ``(B, H, L)``, the cached
+        scalar keys ``(B, H, Lc)`` and tau of ``x``, the masks and prior of the attention call, the
+        hybrid's vector ``q`` and cached ``k`` (``content``, empty for pure scalar heads), and the
+        cache extended by ``x``."""
+        B, L, _ = x.shape
         positions = PriorMultiheadAttention._positions(
             positions, B, L, 0 if cache is None else len(cache), x.device
         )
@@ -125,9 +176,7 @@ class ScalarMultiheadAttention(nn.Module):
         new = KVCache(torch.cat([k, k_s], dim=-1), v, positions, doc_ids, key_padding_mask)
         cache = new if cache is None else cache.extend(new)
         Lc = len(cache)
-        cached_k = cache.k[..., :Dq] if Dq else None
         cached_k_s = cache.k[..., Dq:].transpose(2, 3).reshape(B, H, Lc)  # (B, H, Lc)
-        tau = self.temperature(x)
         call = dict(
             prior=self.prior,
             causal=self.causal,
@@ -139,11 +188,8 @@ class ScalarMultiheadAttention(nn.Module):
             sink_key=self.sink_key,
             backend=self.backend,
         )
-        content = dict(q=q, k=cached_k) if Dq else {}
-        y = scalar_attention(q_s, cached_k_s, cache.v, tau, sink_value=self.sink_value, **call, **content)
-        if self.training and self.track:
-            self.terms = self._regularizers(q_s, cached_k_s, tau, content, call)
-        return self.out_proj(y.transpose(1, 2).reshape(B, L, H * self.head_dim)), cache
+        content = dict(q=q, k=cache.k[..., :Dq]) if Dq else {}
+        return q_s, cached_k_s, self.temperature(x), call, content, cache
 
     def project(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """The projections of ``x: (B, L, d_model)``: ``q (B, H, L, Dq)``, ``q_s (B, H, L)``, ``k (B, G,
@@ -281,4 +327,4 @@ class MixedMultiheadAttention(nn.Module):
         return y_dot + y_scalar, MixedCache(dot, scalar)
 
 
-__all__ = ["MixedCache", "MixedMultiheadAttention", "ScalarMultiheadAttention"]
+__all__ = ["MixedCache", "MixedMultiheadAttention", "ScalarAttentionMap", "ScalarMultiheadAttention"]

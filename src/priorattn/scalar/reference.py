@@ -61,8 +61,8 @@ def scalar_weights(
     sink: Sink | None,
     dtype: torch.dtype,
 ) -> Tensor:
-    """The attention weights ``(B, H, Lq, Lk)`` in ``dtype``, with the sink's weight prepended as
-    column 0 (``(B, H, Lq, 1 + Lk)``) when there is a sink; a query that sees nothing has zeros."""
+    """The attention weights ``(B, H, Lq, Lk)`` in ``dtype``, with the sink's weight first
+    (``(B, H, Lq, 1 + Lk)``) when there is a sink; a query that sees nothing has zero weights."""
     q_s, k_s, tau = q_s.to(dtype), k_s.to(dtype), tau.to(dtype)
     logits = -((q_s[..., :, None] - k_s[..., None, :]) ** 2) / tau[..., None]  # (B, H, Lq, Lk)
     if q is not None:

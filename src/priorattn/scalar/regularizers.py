@@ -115,7 +115,8 @@ class Regularizer:
     terms to compute in its training forward passes (those with a weight at this step), and after each
     forward pass :meth:`loss` returns ``sum_t weight_t * mean_over_layers(term_t)``: the mean over
     layers keeps a weight's meaning independent of depth. :meth:`logged` gives the step's unweighted
-    terms (averaged over its forward passes) as ``reg_align``, ``reg_spread``, ``reg_tau``.
+    terms (averaged over its forward passes) as ``reg_align``, ``reg_spread``, ``reg_tau``, and the
+    mean bandwidth as ``tau``.
     """
 
     def __init__(self, model, regularization: Regularization):
@@ -154,4 +155,10 @@ class Regularizer:
         return total
 
     def logged(self) -> dict[str, float]:
-        return {f"reg_{name}": value / max(self.passes, 1) for name, value in self.sums.items()}
+        """The step's unweighted terms, and ``tau``: the mean bandwidth over the scalar layers, heads
+        (and tokens) of the last forward pass (seed 002 experiment 3's "tau trajectory")."""
+        logged = {f"reg_{name}": value / max(self.passes, 1) for name, value in self.sums.items()}
+        seen = [layer.last_tau.mean() for layer in self.layers if layer.last_tau is not None]
+        if seen:
+            logged["tau"] = float(torch.stack(seen).mean())
+        return logged

@@ -26,7 +26,8 @@ import torch
 from torch import Tensor
 
 from ...analysis.plots import captioned_figure, save
-from .capture import ScalarLayerCapture, nearest_mass
+from ..layers import ScalarAttentionMap
+from .common import mass_captured
 
 #: Window sizes at which the nearest-key mass is reported.
 NEAREST_KS = (1, 2, 4, 8, 16, 32, 64)
@@ -51,51 +52,47 @@ def rank_correlation(weights: Tensor, distances: Tensor) -> Tensor:
     return (covariance / variance).squeeze(-1)
 
 
-def layer_alignment(capture: ScalarLayerCapture, ks: Sequence[int] = NEAREST_KS) -> dict:
-    """The locality numbers of one layer (mean over windows, heads and queries), with ``L_align``
-    as the regularizer computes it (``mean_queries sum_j w_ij d_ij^2``, key mass only), the keys'
-    standard deviation and tau."""
-    weights, _ = capture.weights()
-    distances = capture.distances()
+def causal_distances(attention: ScalarAttentionMap) -> Tensor:
+    """``|q_s,i - k_s,j|`` ``(B, H, L, L)`` float64 of a map of causal windows from position 0 (as
+    :func:`~.common.attention_maps` makes them), ``inf`` for the keys after each query."""
+    distance = attention.distance().double()
+    L = distance.shape[-1]
+    return distance.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), torch.inf)
+
+
+def layer_alignment(attention: ScalarAttentionMap) -> dict:
+    """The rank correlation of one layer (mean over windows, heads and queries that see at least
+    :data:`MIN_KEYS` keys), ``L_align`` as the regularizer computes it (``mean_queries sum_j w_ij
+    d_ij^2``, key mass only), the keys' standard deviation and the mean tau."""
+    weights, distances = attention.weights.double(), causal_distances(attention)
     seen = torch.isfinite(distances).sum(-1)  # (B, H, L) keys each query sees
-    correlation = rank_correlation(weights, distances)[seen >= MIN_KEYS]
     finite = torch.where(torch.isfinite(distances), distances, 0.0)
     return dict(
-        block=capture.block,
-        rank_correlation=float(correlation.mean()),
-        nearest_mass={
-            str(k): float(nearest_mass(weights, distances, k)[seen > k].mean())
-            for k in ks
-            if k < capture.length
-        },
+        rank_correlation=float(rank_correlation(weights, distances)[seen >= MIN_KEYS].mean()),
         l_align=float((weights * finite**2).sum(-1).mean()),
-        key_std=float(capture.k_s.double().std(dim=(0, 2)).mean()),
-        tau=float(capture.tau.double().mean()),
+        key_std=float(attention.k_s.double().std(dim=(0, 2)).mean()),
+        tau=float(attention.tau.double().mean()),
     )
 
 
-def alignment_summary(captures: Sequence[ScalarLayerCapture], ks: Sequence[int] = NEAREST_KS) -> dict:
-    """``{"layers": [layer_alignment, ...]}`` and their means over layers under the same names."""
-    layers = [layer_alignment(c, ks) for c in captures]
-    mean = {
-        name: float(np.mean([layer[name] for layer in layers]))
-        for name in ("rank_correlation", "l_align", "key_std", "tau")
-    }
-    mean["nearest_mass"] = {
-        k: float(np.mean([layer["nearest_mass"][k] for layer in layers])) for k in layers[0]["nearest_mass"]
-    }
-    return dict(mean, layers=layers)
+def alignment_summary(maps: Sequence[ScalarAttentionMap], ks: Sequence[int] = NEAREST_KS) -> dict:
+    """``{"layers": [layer_alignment, ...]}``, their means over layers under the same names, and
+    ``nearest_mass`` (:func:`~.common.mass_captured`) for the ``ks`` below the window length."""
+    layers = [layer_alignment(m) for m in maps]
+    mean = {name: float(np.mean([layer[name] for layer in layers])) for name in layers[0]}
+    length = maps[0].weights.shape[-1]
+    masses = mass_captured(maps, [k for k in ks if k < length])
+    return dict(mean, nearest_mass={str(k): mass for k, mass in masses.items()}, layers=layers)
 
 
-def weight_distance_pairs(captures: Sequence[ScalarLayerCapture]) -> tuple[np.ndarray, np.ndarray]:
+def weight_distance_pairs(maps: Sequence[ScalarAttentionMap]) -> tuple[np.ndarray, np.ndarray]:
     """Every visible (query, key) pair of every layer and head: ``(weight, |q_s - k_s| / key std)``."""
     weights, distances = [], []
-    for capture in captures:
-        w, _ = capture.weights()
-        d = capture.distances()
-        std = capture.k_s.double().std(dim=(0, 2))[None, :, None, None]  # per head
+    for attention in maps:
+        d = causal_distances(attention)
+        std = attention.k_s.double().std(dim=(0, 2))[None, :, None, None]  # per head
         visible = torch.isfinite(d)
-        weights.append(w[visible].numpy())
+        weights.append(attention.weights.double()[visible].numpy())
         distances.append((d / std)[visible].numpy())
     return np.concatenate(weights), np.concatenate(distances)
 

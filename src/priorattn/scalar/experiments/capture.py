@@ -1,11 +1,11 @@
-"""What the scalar layers of a trained GPT compute on token windows, for the seed 002 experiments.
+"""A trained GPT's scalar layers kept as their inputs, for measurements on long windows.
 
-:func:`capture_scalar_layers` runs the model once on ``tokens (B, L)`` and keeps, for every
-:class:`~priorattn.scalar.ScalarMultiheadAttention`, the layer's scalar queries and keys, its tau,
-the hybrid's vector queries and keys and the values. :meth:`ScalarLayerCapture.weights` then gives
-the exact attention weights of any query rows in float64 (the dense definition,
-:func:`priorattn.scalar.reference.scalar_weights`), with the sink's weight apart, so a window of 4096
-tokens is analysed a block of rows at a time instead of as one ``L x L`` matrix per head.
+:func:`~.common.attention_maps` builds every layer's whole ``L x L`` weights: at 4096 tokens that
+is 67M floats per head. :func:`capture_scalar_layers` instead keeps what each layer's attention call
+receives (scalar queries and keys, tau, the hybrid's vector queries and keys, the values, the masks)
+in float64, and :meth:`ScalarLayerCapture.weights` gives the exact weights of any block of query
+rows (:func:`~priorattn.scalar.functional.scalar_attention_weights`), with the sink's apart. The
+values also let experiment 4 fill a sorted cache with the very tokens the model attends over.
 """
 
 from __future__ import annotations
@@ -17,18 +17,17 @@ from torch import Tensor
 
 from ...functional.grouped import grouped_values
 from ...functional.masks import Masking
-from ...layers import PriorMultiheadAttention
+from ..functional import check_tau, scalar_attention_weights
 from ..layers import ScalarMultiheadAttention
-from ..reference import Sink, scalar_weights
+from .common import scalar_layer_inputs
 
 
 @dataclass
 class ScalarLayerCapture:
-    """One scalar layer on a batch of windows: ``q_s, k_s, tau (B, H, L)``, hybrid ``q (B, H, L, Dq)``
-    and ``k (B, G, L, Dq)`` (``None`` for pure scalar heads), ``v (B, G, L, D)``, ``positions (B or
-    1, L)``; ``block`` is the layer's block index in the model."""
+    """One scalar layer on a batch of windows, in float64: ``q_s, k_s, tau (B, H, L)``, hybrid ``q
+    (B, H, L, Dq)`` and ``k (B, G, L, Dq)`` (``None`` for pure scalar heads), ``v (B, G, L, D)``, and
+    ``call``: the masks and prior of the layer's attention call (positions ``(B or 1, L)``)."""
 
-    block: int
     layer: ScalarMultiheadAttention
     q_s: Tensor
     k_s: Tensor
@@ -36,7 +35,7 @@ class ScalarLayerCapture:
     q: Tensor | None
     k: Tensor | None
     v: Tensor
-    positions: Tensor
+    call: dict
 
     @property
     def length(self) -> int:
@@ -44,108 +43,66 @@ class ScalarLayerCapture:
 
     def weights(self, rows: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Exact attention weights of the query ``rows`` (default all): ``(B, H, R, L)`` over the
-        keys (zero where masked) and the sink's ``(B, H, R)`` (``None`` without a sink), float64."""
+        keys (zero where masked) and the sink's ``(B, H, R)`` (``None`` without a sink)."""
         rows = torch.arange(self.length) if rows is None else rows
-        layer = self.layer
-        masking = Masking(layer.causal, self.positions[:, rows], self.positions, window=layer.window)
-        sink = None if layer.sink_value is None else Sink(layer.sink_key, layer.sink_value)
-        q = None if self.q is None else self.q[:, :, rows]
-        scale = 1.0 if q is None else q.shape[-1] ** -0.5  # scalar_attention's default
-        probs = scalar_weights(
+        call = dict(self.call, q_pos=self.call["q_pos"][:, rows])
+        content = {} if self.q is None else dict(q=self.q[:, :, rows], k=self.k)
+        sink_value = self.layer.sink_value
+        weights = scalar_attention_weights(
             self.q_s[..., rows],
             self.k_s,
+            self.v,
             self.tau[..., rows],
-            q,
-            self.k,
-            scale,
-            layer.prior,
-            masking,
-            sink,
-            torch.float64,
+            sink_value=None if sink_value is None else sink_value.double(),
+            **call,
+            **content,
         )
-        if sink is None:
-            return probs, None
-        return probs[..., 1:], probs[..., 0]
+        if sink_value is None:
+            return weights, None
+        return weights[..., 1:], weights[..., 0]
 
     def output(self, weights: Tensor, sink_weight: Tensor | None) -> Tensor:
-        """The attention output ``(B, H, R, D)`` float64 of weights as :meth:`weights` returns them."""
-        out = grouped_values(weights, self.v.double())
+        """The attention output ``(B, H, R, D)`` of weights as :meth:`weights` returns them."""
+        out = grouped_values(weights, self.v)
         if sink_weight is not None:
             per_head = self.layer.sink_value.double().repeat_interleave(
-                self.layer.num_heads // self.v.shape[1], 0
+                self.q_s.shape[1] // self.v.shape[1], 0
             )
             out = out + sink_weight[..., None] * per_head[:, None, :]
         return out
 
     def distances(self, rows: Tensor | None = None) -> Tensor:
-        """``|q_s,i - k_s,j|`` of the query ``rows`` against every key, ``(B, H, R, L)`` float64, with
-        ``inf`` for keys the query does not see (later positions, or outside the layer's window)."""
+        """``|q_s,i - k_s,j|`` of the query ``rows`` against every key, ``(B, H, R, L)``, with ``inf``
+        for keys the query does not see (later positions, or outside the layer's window)."""
         rows = torch.arange(self.length) if rows is None else rows
-        masking = Masking(
-            self.layer.causal, self.positions[:, rows], self.positions, window=self.layer.window
-        )
-        distance = (self.q_s[..., rows, None].double() - self.k_s[..., None, :].double()).abs()
-        return distance.masked_fill(~masking.visible(), torch.inf)
-
-
-def scalar_layers(model) -> list[tuple[int, ScalarMultiheadAttention]]:
-    """``(block index, layer)`` of every scalar layer of a GPT (the scalar half of a mixed block too)."""
-    found = [(i, m) for i, block in enumerate(model.blocks) for m in block.attn.modules()]
-    layers = [(i, m) for i, m in found if isinstance(m, ScalarMultiheadAttention)]
-    if not layers:
-        raise ValueError(
-            "the model has no scalar heads: train it with attention 'scalar', 'hybrid' or 'mixed'"
-        )
-    return layers
+        q_pos, k_pos = self.call["q_pos"][:, rows], self.call["k_pos"]
+        visible = Masking(self.call["causal"], q_pos, k_pos, window=self.call["window"]).visible()
+        distance = (self.q_s[..., rows, None] - self.k_s[..., None, :]).abs()
+        return distance.masked_fill(~visible, torch.inf)
 
 
 @torch.no_grad()
 def capture_scalar_layers(model, tokens: Tensor) -> list[ScalarLayerCapture]:
-    """Run ``model`` (a GPT, put in eval mode) on ``tokens (B, L)`` and capture every scalar layer."""
-    layers = scalar_layers(model)
-    inputs: dict[int, tuple[Tensor, Tensor | None]] = {}
-
-    def remember(key: int):
-        def hook(module, args, kwargs):
-            inputs[key] = (args[0], kwargs.get("positions"))
-
-        return hook
-
-    model.eval()
-    handles = [
-        layer.register_forward_pre_hook(remember(i), with_kwargs=True) for i, (_, layer) in enumerate(layers)
-    ]
-    try:
-        model(tokens)
-    finally:
-        for handle in handles:
-            handle.remove()
+    """Run ``model`` (a GPT, put in eval mode) on ``tokens (B, L)`` and capture every scalar layer,
+    first block first."""
     captures = []
-    for i, (block, layer) in enumerate(layers):
-        x, positions = inputs[i]
-        B, L, _ = x.shape
-        positions = PriorMultiheadAttention._positions(positions, B, L, 0, x.device)
-        q, q_s, k, k_s, v = layer.project(x, positions)
-        k_s = k_s.transpose(2, 3).reshape(B, layer.num_heads, L)  # (B, G, L, m) -> (B, H, L)
-        tau = layer.temperature(x)
-        tau = tau.view(1, -1, 1) if tau.dim() < 3 else tau  # () or (H,) -> broadcast over B and L
-        tau = tau.expand(B, layer.num_heads, L)
-        hybrid = layer.content_dim > 0
+    for layer, x, positions in scalar_layer_inputs(model, tokens):
+        q_s, k_s, tau, call, content, cache = layer._call_inputs(x, positions, None, None, None)
+        tau = check_tau(tau, *q_s.shape, q_s.dtype).expand_as(q_s)  # (B, H, L) whatever its kind
+        q, k = (content["q"].double(), content["k"].double()) if content else (None, None)
         captures.append(
-            ScalarLayerCapture(
-                block, layer, q_s, k_s, tau, q if hybrid else None, k if hybrid else None, v, positions
-            )
+            ScalarLayerCapture(layer, q_s.double(), k_s.double(), tau.double(), q, k, cache.v.double(), call)
         )
     return captures
 
 
 def nearest_mass(weights: Tensor, distances: Tensor, k: int) -> Tensor:
     """The attention mass on each query's ``k`` nearest keys in scalar distance (the keys a sorted
-    cache's window of ``k`` reads, seed 002 "Binary Search at Inference"): ``weights`` and
-    ``distances`` ``(..., L)`` as :meth:`ScalarLayerCapture.weights` and ``.distances`` give them;
-    returns ``(...)``. A query seeing at most ``k`` keys gets all of its key mass."""
+    cache's window of ``k`` reads, seed 002 "Binary Search at Inference"), per query: ``weights``
+    and ``distances`` ``(..., L)`` as :meth:`ScalarLayerCapture.weights` and ``.distances`` give them
+    (hidden keys at infinite distance); returns ``(...)``. A query seeing at most ``k`` keys gets all
+    of its key mass. (:func:`~.common.mass_captured` averages the same over whole maps.)"""
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an int >= 1 (keys in the window), got {k!r}")
-    k = min(k, distances.shape[-1])
-    nearest = distances.topk(k, dim=-1, largest=False).indices
+    nearest = distances.topk(min(k, distances.shape[-1]), dim=-1, largest=False).indices
     return weights.gather(-1, nearest).sum(-1)

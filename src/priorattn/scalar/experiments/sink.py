@@ -83,7 +83,6 @@ def sink_summary(captures: Sequence[ScalarLayerCapture]) -> dict:
         mean=float(all_mass.mean()),
         layers=[
             dict(
-                block=c.block,
                 mean=float(m.mean()),
                 heads=m.mean(dim=(0, 2)).tolist(),
                 queries_near_sink=queries_near_sink(c),

@@ -1,0 +1,51 @@
+"""Seed 002's proposed experiments as commands: ``priorattn scalar-exp N --out DIR [--budget B]``.
+
+:data:`EXPERIMENTS` maps each experiment's number to its description and its ``run(settings, out,
+*, progress, log) -> dict`` (a module of this package each); :func:`run_experiment` trains what it
+needs into ``DIR/runs`` (reused on a re-run) and writes ``DIR/results.json`` and its figures.
+See ``docs/scalar_experiments.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ...files import prepare_out, write_json_atomic
+from . import hybrid_vs_standard
+from .common import RESULTS_JSON, Settings
+
+
+@dataclass(frozen=True)
+class Experiment:
+    description: str
+    run: Callable[..., dict]
+
+
+EXPERIMENTS: dict[int, Experiment] = {
+    1: Experiment(
+        "pure scalar vs hybrid vs standard attention: validation loss curves", hybrid_vs_standard.run
+    ),
+}
+
+
+def run_experiment(
+    number: int, out: str | Path, budget: float = 1.0, *, progress: bool = True, log=print
+) -> dict:
+    """Run experiment ``number`` at ``budget`` into ``out``; write and return its results."""
+    if number not in EXPERIMENTS:
+        raise ValueError(f"no experiment {number!r}: choose one of {sorted(EXPERIMENTS)}")
+    settings = Settings.for_budget(budget)
+    out = prepare_out(out)
+    experiment = EXPERIMENTS[number]
+    results = experiment.run(settings, out, progress=progress, log=log)
+    results = (
+        dict(experiment=number, description=experiment.description, budget=budget, settings=asdict(settings))
+        | results
+    )
+    write_json_atomic(out / RESULTS_JSON, results)
+    return results
+
+
+__all__ = ["EXPERIMENTS", "Experiment", "Settings", "run_experiment"]
