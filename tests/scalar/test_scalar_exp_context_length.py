@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 from test_scalar_exp_capture import tiny_gpt
@@ -15,7 +14,7 @@ from priorattn.scalar.experiments.context_length import decode_errors, length_sw
 def test_a_window_holding_every_key_is_exact(attention):
     c = capture_scalar_layers(tiny_gpt(attention), torch.randint(0, 32, (2, 12)))[1]
     errors = decode_errors(c, queries=4, ks=(12,))
-    assert errors["missed"].abs().max() < 1e-12
+    assert errors["missed"].max() < 1e-12
     assert errors["output_error"].max() < 1e-12
     assert (errors["bound"] == 0).all()
 
@@ -65,9 +64,11 @@ def test_a_sink_is_refused_and_queries_are_checked():
 
 
 def test_length_sweep_records_and_figure(tmp_path):
-    documents = [np.random.default_rng(0).integers(0, 32, 200)]
+    def windows_at(length):
+        return torch.randint(0, 32, (2, length))
+
     records = length_sweep(
-        tiny_gpt("hybrid"), documents, lengths=(8, 32), ks=(2, 4), queries=3, progress=False
+        tiny_gpt("hybrid"), windows_at, lengths=(8, 32), ks=(2, 4), queries=3, progress=False
     )
     assert [r["length"] for r in records] == [8, 32]
     assert set(records[0]["k"]) == {"2", "4"} and len(records[0]["layers"]) == 2

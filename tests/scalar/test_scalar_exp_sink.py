@@ -7,6 +7,7 @@ import pytest
 import torch
 from test_scalar_exp_capture import tiny_gpt
 
+from priorattn.eval.ppl import pick_windows
 from priorattn.scalar.experiments import sink
 from priorattn.scalar.experiments.capture import capture_scalar_layers
 
@@ -51,12 +52,12 @@ def test_binned_means_leaves_empty_bins_empty():
 def test_summary_by_position_and_length(tmp_path):
     model = tiny_gpt("scalar", scalar_sink=True)
     documents = [np.random.default_rng(0).integers(0, 32, 100)]
-    records = sink.sink_by_length(model, documents, lengths=(8, 16))
+    windows = {n: torch.from_numpy(np.stack(pick_windows(documents, n, 2, 0)))[:, :n] for n in (8, 16)}
+    records = sink.sink_by_length(model, windows.get, lengths=(8, 16))
     first = records[0]
     assert [r["length"] for r in records] == [8, 16]
     assert first["position_edges"] == [1, 2, 4, 9] and len(first["by_position"]) == 3
-    tokens = torch.from_numpy(np.stack(sink.pick_windows(documents, 8, 2, 0)))[:, :8]
-    captures = capture_scalar_layers(model, tokens)
+    captures = capture_scalar_layers(model, windows[8])
     masses = torch.stack([sink.sink_mass(c) for c in captures])  # (layers, B, H, L)
     assert first["by_position"][0] == pytest.approx(float(masses[..., 0].mean()))
     assert first["by_position"][2] == pytest.approx(float(masses[..., 3:8].mean()))

@@ -21,24 +21,24 @@ and query:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from ...analysis.plots import captioned_figure, save
-from ...eval.ppl import pick_windows
 from ..sorted_cache import SortedScalarCache
+from .alignment import ALIGN_WEIGHT, HYBRID
 from .capture import ScalarLayerCapture, capture_scalar_layers, nearest_mass
+from .common import Settings, Variant, load_run, summary, train_variant, validation_windows
 
 LENGTHS = (128, 256, 512, 1024, 2048, 4096)
+#: Decoded positions at the end of each window, and windows per length.
+QUERIES, WINDOWS = 16, 2
 #: Window sizes k (keys read per head and step).
 KS = (8, 32)
-#: The measures of :func:`decode_errors`, each summarized over layers, heads, windows and queries.
-MEASURES = ("missed", "output_error", "bound", "bandwidth_keys")
 #: Values below this are drawn at it on the log scales.
 ERROR_FLOOR = 1e-12
 
@@ -61,7 +61,8 @@ def decode_errors(capture: ScalarLayerCapture, queries: int, ks: Sequence[int] =
     distances = capture.distances(rows)
     exact = capture.output(weights, None)  # (B, H, Q, D)
     tau = capture.tau[..., rows].double()
-    missed = torch.stack([1 - nearest_mass(weights, distances, k) for k in ks])
+    # 1 - mass, clamped at 0: a window holding all of it leaves a rounding error of either sign
+    missed = torch.stack([(1 - nearest_mass(weights, distances, k)).clamp(min=0) for k in ks])
     bandwidth_keys = (distances < tau.sqrt()[..., None]).sum(-1).double()
     errors = torch.zeros(len(ks), *exact.shape[:3], dtype=torch.float64)
     bounds = torch.zeros_like(errors)
@@ -103,22 +104,20 @@ def summarize(values: Tensor) -> dict[str, float]:
 @torch.no_grad()
 def length_sweep(
     model,
-    documents: Sequence[np.ndarray],
+    windows_at: Callable[[int], Tensor],
     *,
     lengths: Sequence[int] = LENGTHS,
     ks: Sequence[int] = KS,
-    windows: int = 2,
-    queries: int = 16,
-    seed: int = 0,
+    queries: int = QUERIES,
     progress: bool = True,
 ) -> list[dict]:
-    """:func:`decode_errors` of every scalar layer of ``model`` on ``windows`` windows of each length
-    from ``documents`` (token arrays); one record per length: ``{"length", "k": {k: {measure:
+    """:func:`decode_errors` of every scalar layer of ``model`` on the windows ``windows_at(length)``
+    (tokens ``(B, length)``) of each length; one record per length: ``{"length", "k": {k: {measure:
     {"mean", "median", "max"}}}, "bandwidth_keys": {...}, "layers": [per-layer means]}``."""
     records = []
     for length in tqdm(lengths, disable=not progress, unit="length", desc="context lengths"):
-        tokens = torch.from_numpy(np.stack(pick_windows(documents, length, windows, seed)))[:, :length]
-        per_layer = [decode_errors(c, min(queries, length), ks) for c in capture_scalar_layers(model, tokens)]
+        captures = capture_scalar_layers(model, windows_at(length))
+        per_layer = [decode_errors(c, min(queries, length), ks) for c in captures]
         record = dict(length=length, k={}, layers=[])
         for i, k in enumerate(ks):
             record["k"][str(k)] = {
@@ -189,3 +188,30 @@ def plot_context_length(sweeps: dict[str, list[dict]], out: Path) -> Path:
         "Does a fixed window still hold the attention as the context grows? (seed 002 experiment 4)"
     )
     return save(fig, out / "context_length.png")
+
+
+def regularized(settings: Settings) -> Variant:
+    """The hybrid with all three regularizers, ``L_spread`` from a third of training (seed 002 tuning
+    notes: "introduce lambda_spread after initial convergence")."""
+    train = dict(reg_align=ALIGN_WEIGHT, reg_spread=0.01, reg_spread_start=settings.steps // 3, reg_tau=0.01)
+    return Variant("hybrid-all", "hybrid + L_align + L_spread + L_tau", dict(attention="hybrid"), train)
+
+
+def run(settings: Settings, out: Path, *, progress: bool = True, log=print) -> dict:
+    """Train the hybrid without and with the regularizers at the training length; sweep lengths from
+    it to 32 times it (128 to 4096 at budget 1)."""
+    lengths = [settings.seq_len * 2**i for i in range(6)]
+    variants, sweeps = {}, {}
+    for variant in (HYBRID, regularized(settings)):
+        trained = train_variant(variant, settings, out, progress=progress, log=log)
+        model_run = load_run(trained.run_dir)
+
+        def windows_at(length: int, model_run=model_run, run_dir=trained.run_dir) -> Tensor:
+            return validation_windows(model_run, run_dir, length, WINDOWS, settings.seed)
+
+        log(f"{variant.label}: decoding at lengths {lengths}")
+        records = length_sweep(model_run.model, windows_at, lengths=lengths, progress=progress)
+        variants[variant.name] = summary(variant, trained) | dict(lengths=records)
+        sweeps[variant.label] = records
+    figure = plot_context_length(sweeps, out)
+    return dict(variants=variants, ks=list(KS), queries=QUERIES, windows=WINDOWS, figures=[figure.name])

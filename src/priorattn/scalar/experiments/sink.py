@@ -17,7 +17,7 @@ unfocused queries toward qs ~ 0". Measured on validation windows:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +25,21 @@ import torch
 from torch import Tensor
 
 from ...analysis.plots import captioned_figure, save
-from ...eval.ppl import pick_windows, position_bins
+from ...eval.ppl import position_bins
+from .alignment import HYBRID
 from .capture import ScalarLayerCapture, capture_scalar_layers
+from .common import Settings, Variant, load_run, metric_curve, summary, train_variant, validation_windows
+from .hybrid_vs_standard import VARIANTS as EXPERIMENT_1
+
+SCALAR = next(v for v in EXPERIMENT_1 if v.name == "scalar")  # pure scalar, no sink
+VARIANTS = (
+    SCALAR,
+    Variant("scalar-sink", "pure scalar + sink", dict(attention="scalar", scalar_sink=True)),
+    HYBRID,
+    Variant("hybrid-sink", "hybrid + sink", dict(attention="hybrid", scalar_sink=True)),
+)
+#: Validation windows per length.
+WINDOWS = 2
 
 #: Query rows per block when weights are computed for long windows.
 ROWS_PER_BLOCK = 256
@@ -98,15 +111,13 @@ def sink_summary(captures: Sequence[ScalarLayerCapture]) -> dict:
 
 
 @torch.no_grad()
-def sink_by_length(
-    model, documents: Sequence[np.ndarray], lengths: Sequence[int], windows: int = 2, seed: int = 0
-) -> list[dict]:
-    """:func:`sink_summary` on ``windows`` validation windows of each length: ``[{"length", ...}]``."""
-    records = []
-    for length in lengths:
-        tokens = torch.from_numpy(np.stack(pick_windows(documents, length, windows, seed)))[:, :length]
-        records.append(dict(length=length) | sink_summary(capture_scalar_layers(model, tokens)))
-    return records
+def sink_by_length(model, windows_at: Callable[[int], Tensor], lengths: Sequence[int]) -> list[dict]:
+    """:func:`sink_summary` on the windows ``windows_at(length)`` (tokens ``(B, length)``) of each
+    length: ``[{"length", ...}]``."""
+    return [
+        dict(length=length) | sink_summary(capture_scalar_layers(model, windows_at(length)))
+        for length in lengths
+    ]
 
 
 def plot_sink(
@@ -174,3 +185,28 @@ def plot_sink(
         ax.legend(fontsize=8)
     panel.suptitle("Where the scalar sink's attention comes from (seed 002 experiment 5)")
     return save(fig, out / "sink.png")
+
+
+def run(settings: Settings, out: Path, *, progress: bool = True, log=print) -> dict:
+    """Train pure scalar and hybrid models without and with a sink; measure the sinks at the training
+    length and at 4 and 16 times it, and every model's tau over training."""
+    lengths = [settings.seq_len * f for f in (1, 4, 16)]
+    variants, by_length, tau_curves = {}, {}, {}
+    for variant in VARIANTS:
+        trained = train_variant(variant, settings, out, progress=progress, log=log)
+        model_run = load_run(trained.run_dir)
+
+        def windows_at(length: int, model_run=model_run, run_dir=trained.run_dir) -> Tensor:
+            return validation_windows(model_run, run_dir, length, WINDOWS, settings.seed)
+
+        tau = metric_curve(trained.run_dir, "tau")
+        captures = capture_scalar_layers(model_run.model, windows_at(settings.seq_len))
+        result = summary(variant, trained) | dict(
+            tau_curve=tau, queries_near_sink=float(np.mean([queries_near_sink(c) for c in captures]))
+        )
+        if variant.model.get("scalar_sink"):
+            result["sink"] = by_length[variant.label] = sink_by_length(model_run.model, windows_at, lengths)
+        variants[variant.name] = result
+        tau_curves[variant.label] = (tau["steps"], tau["tau"])
+    figure = plot_sink(by_length, tau_curves, out)
+    return dict(variants=variants, lengths=lengths, windows=WINDOWS, figures=[figure.name])
