@@ -320,7 +320,7 @@ def scalar_exp(args: argparse.Namespace) -> int:
     from .scalar.experiments import run_experiment
 
     try:
-        results = run_experiment(args.number, args.out, args.budget, progress=not args.quiet)
+        results = run_experiment(args.number, args.out, args.budget, seed=args.seed, progress=not args.quiet)
     except (
         ValueError,
         FileNotFoundError,
@@ -524,6 +524,9 @@ def add_scalar_exp_parser(commands) -> None:
         type=positive_number,
         default=1.0,
         help="training steps scale: 0.1 smoke run (1: 300 steps)",
+    )
+    p.add_argument(
+        "--seed", type=int_at_least(0), default=0, help="weights, batches, windows: a replicate (0)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=scalar_exp, parser=p)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from factories import exit_code
 
+from priorattn import cli
 from priorattn.models import GPT, GPTConfig
 from priorattn.scalar import experiments
 from priorattn.scalar.experiments import Experiment, run_experiment
@@ -17,6 +18,8 @@ from priorattn.scalar.experiments.common import (
     Settings,
     Variant,
     attention_maps,
+    chance_mass,
+    heaviest_mass,
     mass_captured,
     measure_mass,
     metric_curve,
@@ -39,9 +42,14 @@ def token_cache(tmp_path_factory):
     mp.undo()
 
 
-def test_budget_scales_the_steps():
+def test_budget_scales_the_steps_and_seed_makes_a_replicate():
     assert Settings.for_budget().steps == 300 and Settings.for_budget(0.5).steps == 150
     assert Settings.for_budget(1e-9).steps == 2
+    replicate = Settings.for_budget(seed=3)
+    assert replicate.seed == 3 and Settings.for_budget().train_config(HYBRID).seed == 0
+    assert replicate.train_config(HYBRID).seed == 3
+    with pytest.raises(ValueError, match="seed must be an int >= 0"):
+        Settings.for_budget(1.0, seed=-1)
 
 
 @pytest.mark.parametrize("budget", [0, -1.0, math.nan, math.inf, True, "1"])
@@ -70,10 +78,11 @@ def test_results_json_holds_the_experiment_its_settings_and_results(tmp_path, mo
         return dict(figures=[], answer=42)
 
     monkeypatch.setitem(experiments.EXPERIMENTS, 7, Experiment("a test", run))
-    results = run_experiment(7, tmp_path / "out", budget=0.5, progress=False)
+    results = run_experiment(7, tmp_path / "out", budget=0.5, seed=2, progress=False)
     assert json.loads((tmp_path / "out" / "results.json").read_text()) == results
     assert results["experiment"] == 7 and results["description"] == "a test" and results["budget"] == 0.5
     assert results["settings"]["steps"] == 150 == seen["settings"].steps and results["answer"] == 42
+    assert results["settings"]["seed"] == 2
 
 
 def test_a_finished_variant_is_reused_and_other_settings_are_refused(tmp_path):
@@ -89,7 +98,9 @@ def test_a_finished_variant_is_reused_and_other_settings_are_refused(tmp_path):
     with pytest.raises(ValueError, match="batch_size"):
         train_variant(HYBRID, other, tmp_path, progress=False, log=lambda _: None)
     mass = measure_mass(first.run_dir, TINY, ks=(8, 16))
-    assert set(mass) == {"8", "16"} and 0 < mass["8"] < mass["16"] <= 1
+    assert set(mass) == {"nearest", "heaviest", "chance"} and set(mass["nearest"]) == {"8", "16"}
+    assert 0 < mass["nearest"]["8"] < mass["nearest"]["16"] <= 1
+    assert all(mass["nearest"][k] <= mass["heaviest"][k] + 1e-12 for k in ("8", "16"))
 
 
 def hand_map(weights, q_s, k_s, sink_weight=None) -> ScalarAttentionMap:
@@ -113,6 +124,14 @@ def test_mass_captured_is_the_weight_of_the_nearest_keys_by_scalar_distance():
     assert mass_captured([plain, sink], ks=(2,))[2] == pytest.approx((0.8 + 0.9) / 2)  # over layers too
 
 
+def test_heaviest_mass_is_the_top_weights_and_chance_the_share_of_keys():
+    weights = [[1.0, 0.0, 0.0], [0.4, 0.6, 0.0], [0.2, 0.5, 0.3]]
+    assert heaviest_mass([hand_map(weights, [0.0] * 3, [0.0] * 3)], ks=(1,))[1] == pytest.approx(
+        (0.6 + 0.5) / 2
+    )
+    assert chance_mass(3, ks=(1, 2)) == pytest.approx({1: (1 / 2 + 1 / 3) / 2, 2: 2 / 3})
+
+
 def test_mass_captured_needs_positive_k():
     with pytest.raises(ValueError, match="ks must be positive"):
         mass_captured([], ks=(0, 8))
@@ -132,3 +151,48 @@ def test_cli_refuses_an_unknown_experiment_and_a_bad_budget(tmp_path, capsys):
     assert "invalid choice: 99" in capsys.readouterr().err
     assert exit_code(["scalar-exp", "1", "--out", str(tmp_path), "--budget", "0"]) == 2
     assert "must be a positive number" in capsys.readouterr().err
+
+
+#: What each experiment trains, and which of them have scalar heads to measure.
+TRAINED = {
+    1: ({"standard", "scalar", "hybrid"}, {"scalar", "hybrid"}),
+    3: (
+        {"none", "align", "align_tau", "align_spread", "all"},
+        {"none", "align", "align_tau", "align_spread", "all"},
+    ),
+    6: ({"standard", "goat", "hybrid", "hybrid_goat"}, {"hybrid", "hybrid_goat"}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("number", sorted(TRAINED))
+def test_each_experiment_command_writes_its_results_and_figures(number, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli.main(["scalar-exp", str(number), "--out", str(out), "--budget", "0.01", "--quiet"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    trained, measured = TRAINED[number]
+    assert results["experiment"] == number and results["settings"]["steps"] == 3
+    assert set(results["variants"]) == trained
+    for name, entry in results["variants"].items():
+        assert entry["val_curve"]["steps"][-1] == 3 and entry["val_loss"] < 6
+        assert ("mass_captured" in entry) == (name in measured)
+        if name in measured:
+            assert 0 < entry["mass_captured"]["nearest"]["8"] <= entry["mass_captured"]["heaviest"]["8"] <= 1
+    if number == 3:
+        assert all(len(entry["tau_curve"]["tau"]) == 3 for entry in results["variants"].values())
+    assert all((out / figure).stat().st_size > 0 for figure in results["figures"])
+    assert "results.json" in capsys.readouterr().out
+
+
+def test_cli_passes_budget_and_seed(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def run(settings, out, *, progress, log):
+        calls.append(settings)
+        return dict(figures=["a.png"])
+
+    monkeypatch.setitem(experiments.EXPERIMENTS, 1, Experiment("a test", run))
+    argv = ["scalar-exp", "1", "--out", str(tmp_path), "--budget", "0.5", "--seed", "3", "--quiet"]
+    assert cli.main(argv) == 0
+    assert (calls[0].steps, calls[0].seed) == (150, 3) and "a.png" in capsys.readouterr().out
+    assert exit_code(["scalar-exp", "1", "--out", str(tmp_path), "--seed", "-1"]) == 2

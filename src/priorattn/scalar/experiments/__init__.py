@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ...files import prepare_out, write_json_atomic
-from . import alignment, context_length, hybrid_vs_standard, sink
+from . import alignment, context_length, goat, hybrid_vs_standard, regularizer_ablation, sink
 from .common import RESULTS_JSON, Settings
 
 
@@ -30,22 +30,27 @@ EXPERIMENTS: dict[int, Experiment] = {
     2: Experiment(
         "|q_s - k_s| against attention weight in the hybrid, without and with L_align", alignment.run
     ),
+    3: Experiment(
+        "regularizer ablation (none, align, align+tau, align+spread, all): val loss, tau, mass at k",
+        regularizer_ablation.run,
+    ),
     4: Experiment(
         "sorted-cache decode error against context length (128 to 4096) at fixed k, hybrid without "
         "and with the regularizers",
         context_length.run,
     ),
     5: Experiment("the scalar sink: the mass it absorbs and tau over training", sink.run),
+    6: Experiment("GOAT vs the hybrid vs both combined: validation loss curves", goat.run),
 }
 
 
 def run_experiment(
-    number: int, out: str | Path, budget: float = 1.0, *, progress: bool = True, log=print
+    number: int, out: str | Path, budget: float = 1.0, *, seed: int = 0, progress: bool = True, log=print
 ) -> dict:
-    """Run experiment ``number`` at ``budget`` into ``out``; write and return its results."""
+    """Run experiment ``number`` at ``budget`` with ``seed`` into ``out``; write and return its results."""
     if number not in EXPERIMENTS:
         raise ValueError(f"no experiment {number!r}: choose one of {sorted(EXPERIMENTS)}")
-    settings = Settings.for_budget(budget)
+    settings = Settings.for_budget(budget, seed)
     out = prepare_out(out)
     experiment = EXPERIMENTS[number]
     results = experiment.run(settings, out, progress=progress, log=log)

@@ -19,6 +19,7 @@ two numbers that no rescaling of the scalars changes:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ from torch import Tensor
 
 from ...analysis.plots import captioned_figure, save
 from ..layers import ScalarAttentionMap
+from . import regularizer_ablation
 from .common import (
     Settings,
     Variant,
@@ -39,19 +41,22 @@ from .common import (
 )
 from .hybrid_vs_standard import VARIANTS as EXPERIMENT_1
 
-#: L_align's weight: the seed gives none; with the term normalized per query (docs/scalar.md), 1
-#: makes it a few percent of the cross-entropy at initialization.
-ALIGN_WEIGHT = 1.0
 HYBRID = next(v for v in EXPERIMENT_1 if v.name == "hybrid")  # no regularizer
-VARIANTS = (
-    HYBRID,
-    Variant(
-        "hybrid-align",
-        f"hybrid + L_align (weight {ALIGN_WEIGHT:g})",
-        dict(attention="hybrid"),
-        dict(reg_align=ALIGN_WEIGHT),
-    ),
-)
+#: A ten times stronger L_align than experiment 3's: does locality keep improving with the weight?
+STRONG_ALIGN = 10 * regularizer_ablation.ALIGN
+
+
+def variants(settings: Settings) -> list[Variant]:
+    """The hybrid without a regularizer, with experiment 3's ``L_align`` and with it ten times stronger."""
+    align = next(v for v in regularizer_ablation.variants(settings) if v.name == "align")
+    strong = dict(reg_align=STRONG_ALIGN)
+    return [
+        HYBRID,
+        replace(align, label=f"hybrid + L_align (weight {regularizer_ablation.ALIGN:g})"),
+        Variant("align_x10", f"hybrid + L_align (weight {STRONG_ALIGN:g})", dict(attention="hybrid"), strong),
+    ]
+
+
 #: Window sizes at which the nearest-key mass is reported.
 NEAREST_KS = (1, 2, 4, 8, 16, 32, 64)
 #: A query enters the rank correlation only if it sees at least this many keys.
@@ -187,16 +192,16 @@ def plot_alignment(settings: dict[str, tuple[np.ndarray, np.ndarray, dict]], out
 
 
 def run(settings: Settings, out: Path, *, progress: bool = True, log=print) -> dict:
-    """Train the hybrid without and with ``L_align``; measure and draw both on validation windows."""
-    variants, drawn = {}, {}
-    for variant in VARIANTS:
+    """Train the hybrid without and with ``L_align``; measure and draw each on validation windows."""
+    measured, drawn = {}, {}
+    for variant in variants(settings):
         trained = train_variant(variant, settings, out, progress=progress, log=log)
         model_run = load_run(trained.run_dir)
         tokens = validation_windows(
             model_run, trained.run_dir, settings.seq_len, settings.windows, settings.seed
         )
         maps = attention_maps(model_run.model, tokens)
-        variants[variant.name] = summary(variant, trained) | dict(alignment=alignment_summary(maps))
-        drawn[variant.label] = (*weight_distance_pairs(maps), variants[variant.name]["alignment"])
+        measured[variant.name] = summary(variant, trained) | dict(alignment=alignment_summary(maps))
+        drawn[variant.label] = (*weight_distance_pairs(maps), measured[variant.name]["alignment"])
     figure = plot_alignment(drawn, out)
-    return dict(variants=variants, figures=[figure.name])
+    return dict(variants=measured, figures=[figure.name])

@@ -61,12 +61,15 @@ class Settings:
     seed: int = 0
 
     @classmethod
-    def for_budget(cls, budget: float = 1.0) -> Settings:
-        """Training steps scale with ``budget`` (at least 2)."""
+    def for_budget(cls, budget: float = 1.0, seed: int = 0) -> Settings:
+        """Training steps scale with ``budget`` (at least 2); ``seed`` sets initial weights, batches
+        and validation windows (another seed is a replicate)."""
         number = isinstance(budget, (int, float)) and not isinstance(budget, bool)
         if not number or not 0 < budget < math.inf:
             raise ValueError(f"budget must be a positive finite number, got {budget!r}")
-        return cls(steps=max(2, round(STEPS * budget)))
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        return cls(steps=max(2, round(STEPS * budget)), seed=seed)
 
     def model_config(self, variant: Variant) -> GPTConfig:
         fields = dict(seq_len=self.seq_len, vocab_size=vocab_size_of("byte")) | variant.model
@@ -188,6 +191,26 @@ def mass_captured(maps: Sequence[ScalarAttentionMap], ks: Sequence[int] = MASS_K
     approximation error. The mean is over layers, heads and the queries that see more than ``k``
     keys (a query that sees fewer is read whole). ``maps`` are of causal windows from position 0,
     as :func:`attention_maps` makes them. A ``k`` no query exceeds gives NaN."""
+    return _mass_on_first(maps, ks, lambda m, h: m.distance()[:, h])
+
+
+def heaviest_mass(maps: Sequence[ScalarAttentionMap], ks: Sequence[int] = MASS_KS) -> dict[int, float]:
+    """As :func:`mass_captured`, on each query's ``k`` heaviest keys: the most any ``k`` keys
+    capture, the ceiling of a sorted cache's window of ``k``."""
+    return _mass_on_first(maps, ks, lambda m, h: -m.weights[:, h])
+
+
+def chance_mass(length: int, ks: Sequence[int] = MASS_KS) -> dict[int, float]:
+    """As :func:`mass_captured` (without a sink) for ``k`` keys picked at random: query ``i`` of a
+    causal window of ``length`` sees ``i + 1`` keys, so it expects ``k / (i + 1)`` of its mass."""
+    return {
+        k: sum(k / (i + 1) for i in range(k, length)) / (length - k) if k < length else math.nan for k in ks
+    }
+
+
+def _mass_on_first(maps: Sequence[ScalarAttentionMap], ks: Sequence[int], order) -> dict[int, float]:
+    """The mean mass on the first ``k`` visible keys of each query by ``order(map, head) -> (B, L, L)``
+    (ascending), plus the sink's, over layers, heads and the queries that see more than ``k`` keys."""
     ks = sorted(set(ks))
     if not ks or ks[0] < 1:
         raise ValueError(f"ks must be positive key counts, got {ks}")
@@ -196,10 +219,9 @@ def mass_captured(maps: Sequence[ScalarAttentionMap], ks: Sequence[int] = MASS_K
         B, H, L, _ = m.weights.shape
         future = torch.ones(L, L, dtype=torch.bool).triu(1)  # key j > query i
         k_max = min(ks[-1], L)
-        for h in range(H):  # one head at a time: the distances are L x L per window
-            distance = m.distance()[:, h].masked_fill(future, math.inf)  # (B, L, L)
-            nearest = distance.topk(k_max, dim=-1, largest=False).indices  # (B, L, k_max)
-            captured = m.weights[:, h].gather(-1, nearest).cumsum(-1)  # (B, L, k_max)
+        for h in range(H):  # one head at a time: L x L per window
+            first = order(m, h).masked_fill(future, math.inf).topk(k_max, dim=-1, largest=False).indices
+            captured = m.weights[:, h].gather(-1, first).cumsum(-1)  # (B, L, k_max)
             if m.sink_weight is not None:
                 captured = captured + m.sink_weight[:, h, :, None]
             for k in ks:
@@ -209,27 +231,72 @@ def mass_captured(maps: Sequence[ScalarAttentionMap], ks: Sequence[int] = MASS_K
     return {k: sums[k] / counts[k] if counts[k] else math.nan for k in ks}
 
 
-def measure_mass(run_dir: Path, settings: Settings, ks: Sequence[int] = MASS_KS) -> dict[str, float]:
-    """:func:`mass_captured` of the run's scalar heads on ``settings.windows`` validation windows of
-    the training length, keyed by ``str(k)`` as JSON keys are."""
+def measure_mass(
+    run_dir: Path, settings: Settings, ks: Sequence[int] = MASS_KS
+) -> dict[str, dict[str, float]]:
+    """The mass of the run's scalar heads on ``settings.windows`` validation windows of the
+    training length: on the ``k`` nearest keys in scalar distance (``"nearest"``,
+    :func:`mass_captured`), on the ``k`` heaviest (``"heaviest"``, the ceiling) and on ``k`` random
+    ones (``"chance"``), each keyed by ``str(k)`` as JSON keys are."""
     run = load_run(run_dir)
     tokens = validation_windows(run, run_dir, settings.seq_len, settings.windows, settings.seed)
-    return {str(k): mass for k, mass in mass_captured(attention_maps(run.model, tokens), ks).items()}
+    maps = attention_maps(run.model, tokens)
+    masses = dict(
+        nearest=mass_captured(maps, ks),
+        heaviest=heaviest_mass(maps, ks),
+        chance=chance_mass(tokens.shape[1], ks),
+    )
+    return {name: {str(k): mass for k, mass in by_k.items()} for name, by_k in masses.items()}
 
 
 def plot_val_curves(variants: dict[str, dict], out: Path, name: str, title: str, caption: str) -> str:
-    """The validation curves of :func:`summary` entries in one figure ``out/NAME``, with the unigram
-    baseline; its name."""
+    """The validation curves of :func:`summary` entries as ``out/NAME``: every evaluation (left,
+    with the unigram baseline) and the second half of training, zoomed (right); its name."""
     from ...analysis.plots import captioned_figure
 
-    fig, panel = captioned_figure((7.5, 4.4), caption)
+    fig, panel = captioned_figure((11, 4.4), caption)
+    whole, late = panel.subplots(1, 2)
+    for entry in variants.values():
+        steps, losses = entry["val_curve"]["steps"], entry["val_curve"]["val_loss"]
+        whole.plot(steps, losses, marker="o", markersize=3, label=entry["label"])
+        half = len(steps) // 2
+        late.plot(steps[half:], losses[half:], marker="o", markersize=3, label=entry["label"])
+    baseline = next(iter(variants.values()))["unigram_loss"]
+    whole.axhline(
+        baseline, color="0.4", linestyle="--", linewidth=1, label=f"unigram baseline ({baseline:.3f})"
+    )
+    for ax, part in ((whole, "every evaluation"), (late, "second half, zoomed")):
+        ax.set(xlabel="training step", ylabel="validation loss (nats per byte)", title=part)
+        ax.grid(alpha=0.3)
+    whole.legend(fontsize=8)
+    panel.suptitle(title)
+    return save_figure(fig, out, name)
+
+
+def plot_mass(variants: dict[str, dict], out: Path, name: str, title: str, caption: str) -> str:
+    """The :func:`measure_mass` (``"mass_captured"``) of the entries that have it against k, as
+    ``out/NAME``: nearest keys solid, heaviest dotted in the same colour, random keys grey; its name."""
+    from ...analysis.plots import captioned_figure
+
+    lines = (
+        "Solid: the k keys nearest each query in scalar distance |q_s - k_s|, what a sorted cache "
+        "reading k keys holds. Dotted, same colour: the k heaviest keys, the most any k keys hold. "
+        "Grey: k keys at random."
+    )
+    fig, panel = captioned_figure((6.5, 4.4), f"{caption} {lines}")
     ax = panel.subplots()
     for entry in variants.values():
-        curve = entry["val_curve"]
-        ax.plot(curve["steps"], curve["val_loss"], marker="o", markersize=3, label=entry["label"])
-    baseline = next(iter(variants.values()))["unigram_loss"]
-    ax.axhline(baseline, color="0.4", linestyle="--", linewidth=1, label=f"unigram baseline ({baseline:.3f})")
-    ax.set(xlabel="training step", ylabel="validation loss (nats per byte)", title=title)
+        if "mass_captured" in entry:
+            mass = entry["mass_captured"]
+            ks = [int(k) for k in mass["nearest"]]
+            (line,) = ax.plot(ks, list(mass["nearest"].values()), marker="o", label=entry["label"])
+            ax.plot(ks, list(mass["heaviest"].values()), linestyle=":", color=line.get_color())
+    ax.plot(ks, list(mass["chance"].values()), linestyle="--", color="0.5", label="k keys at random")
+    ax.plot([], [], linestyle=":", color="0.3", label="k heaviest keys (the ceiling)")
+    ax.set_xscale("log", base=2)
+    ax.set(xlabel="k: keys read", ylabel="attention mass captured", title=title)
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, out, name)

@@ -22,6 +22,7 @@ and query:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,9 +31,10 @@ from tqdm.auto import tqdm
 
 from ...analysis.plots import captioned_figure, save
 from ..sorted_cache import SortedScalarCache
-from .alignment import ALIGN_WEIGHT, HYBRID
+from . import regularizer_ablation
+from .alignment import HYBRID
 from .capture import ScalarLayerCapture, capture_scalar_layers, nearest_mass
-from .common import Settings, Variant, load_run, summary, train_variant, validation_windows
+from .common import Settings, load_run, summary, train_variant, validation_windows
 
 LENGTHS = (128, 256, 512, 1024, 2048, 4096)
 #: Decoded positions at the end of each window, and windows per length.
@@ -190,19 +192,13 @@ def plot_context_length(sweeps: dict[str, list[dict]], out: Path) -> Path:
     return save(fig, out / "context_length.png")
 
 
-def regularized(settings: Settings) -> Variant:
-    """The hybrid with all three regularizers, ``L_spread`` from a third of training (seed 002 tuning
-    notes: "introduce lambda_spread after initial convergence")."""
-    train = dict(reg_align=ALIGN_WEIGHT, reg_spread=0.01, reg_spread_start=settings.steps // 3, reg_tau=0.01)
-    return Variant("hybrid-all", "hybrid + L_align + L_spread + L_tau", dict(attention="hybrid"), train)
-
-
 def run(settings: Settings, out: Path, *, progress: bool = True, log=print) -> dict:
-    """Train the hybrid without and with the regularizers at the training length; sweep lengths from
-    it to 32 times it (128 to 4096 at budget 1)."""
+    """Train the hybrid without and with all three regularizers (experiment 3's "all") at the training
+    length; sweep lengths from it to 32 times it (128 to 4096 at budget 1)."""
     lengths = [settings.seq_len * 2**i for i in range(6)]
     variants, sweeps = {}, {}
-    for variant in (HYBRID, regularized(settings)):
+    regularized = next(v for v in regularizer_ablation.variants(settings) if v.name == "all")
+    for variant in (HYBRID, replace(regularized, label="hybrid + L_align + L_spread + L_tau")):
         trained = train_variant(variant, settings, out, progress=progress, log=log)
         model_run = load_run(trained.run_dir)
 
