@@ -137,7 +137,7 @@ def binned_median(x: np.ndarray, y: np.ndarray, edges: np.ndarray) -> tuple[np.n
     return np.array(centres), np.array(medians)
 
 
-def plot_alignment(settings: dict[str, tuple[np.ndarray, np.ndarray, dict]], out: Path) -> Path:
+def plot_alignment(drawn: dict[str, tuple[np.ndarray, np.ndarray, dict]], out: Path) -> Path:
     """``alignment.png``: per setting (name -> ``(weights, distances, summary)``), a 2D histogram of
     scalar distance against attention weight with its binned median, and the nearest-key mass
     against the window size for every setting."""
@@ -157,12 +157,12 @@ def plot_alignment(settings: dict[str, tuple[np.ndarray, np.ndarray, dict]], out
         "nearest keys hold more of the mass. rho is Spearman's rank correlation between weight and "
         "distance (-1: weight falls with distance alone)."
     )
-    fig, panel = captioned_figure((5.2 * len(settings) + 5.5, 5.2), caption)
-    axes = panel.subplots(1, len(settings) + 1)
+    fig, panel = captioned_figure((5.2 * len(drawn) + 5.5, 5.2), caption)
+    axes = panel.subplots(1, len(drawn) + 1)
     x_edges = np.linspace(np.log10(WEIGHT_FLOOR), 0.0, 61)
-    top = max(np.quantile(d, 0.999) for _, d, _ in settings.values())
+    top = max(np.quantile(d, 0.999) for _, d, _ in drawn.values())
     y_edges = np.linspace(0.0, top, 61)
-    for ax, (name, (weights, distances, measured)) in zip(axes, settings.items()):
+    for ax, (name, (weights, distances, measured)) in zip(axes, drawn.items()):
         x = np.log10(np.maximum(weights, WEIGHT_FLOOR))
         counts, _, _ = np.histogram2d(x, distances, bins=(x_edges, y_edges))
         image = ax.pcolormesh(x_edges, y_edges, counts.T, norm=LogNorm(vmin=1), cmap="viridis")
@@ -177,7 +177,7 @@ def plot_alignment(settings: dict[str, tuple[np.ndarray, np.ndarray, dict]], out
         ax.legend(loc="upper right", fontsize=8)
         panel.colorbar(image, ax=ax, label="pairs in the cell")
     ax = axes[-1]
-    for name, (_, _, measured) in settings.items():
+    for name, (_, _, measured) in drawn.items():
         ks = [int(k) for k in measured["nearest_mass"]]
         ax.plot(ks, [measured["nearest_mass"][str(k)] for k in ks], marker="o", label=name)
     ax.set_xscale("log", base=2)
