@@ -32,7 +32,7 @@ def run(number: int, out) -> dict:
 @pytest.mark.slow
 def test_experiment_2_measures_the_hybrid_without_and_with_l_align(tmp_path):
     results = run(2, tmp_path / "out")
-    assert list(results["variants"]) == ["hybrid", "align", "align_x10"]
+    assert list(results["variants"]) == ["hybrid", "align", "align_x10", "all"]
     for variant in results["variants"].values():
         alignment = variant["alignment"]
         assert -1 <= alignment["rank_correlation"] <= 1 and alignment["l_align"] > 0

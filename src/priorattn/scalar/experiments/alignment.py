@@ -47,13 +47,15 @@ STRONG_ALIGN = 10 * regularizer_ablation.ALIGN
 
 
 def variants(settings: Settings) -> list[Variant]:
-    """The hybrid without a regularizer, with experiment 3's ``L_align`` and with it ten times stronger."""
-    align = next(v for v in regularizer_ablation.variants(settings) if v.name == "align")
+    """The hybrid without a regularizer, with experiment 3's ``L_align``, with it ten times stronger,
+    and with experiment 3's three terms (``L_spread`` keeps the keys from collapsing)."""
+    ablation = {v.name: v for v in regularizer_ablation.variants(settings)}
     strong = dict(reg_align=STRONG_ALIGN)
     return [
         HYBRID,
-        replace(align, label=f"hybrid + L_align (weight {regularizer_ablation.ALIGN:g})"),
+        replace(ablation["align"], label=f"hybrid + L_align (weight {regularizer_ablation.ALIGN:g})"),
         Variant("align_x10", f"hybrid + L_align (weight {STRONG_ALIGN:g})", dict(attention="hybrid"), strong),
+        replace(ablation["all"], label="hybrid + L_align + L_spread + L_tau"),
     ]
 
 
@@ -157,8 +159,12 @@ def plot_alignment(drawn: dict[str, tuple[np.ndarray, np.ndarray, dict]], out: P
         "nearest keys hold more of the mass. rho is Spearman's rank correlation between weight and "
         "distance (-1: weight falls with distance alone)."
     )
-    fig, panel = captioned_figure((5.2 * len(drawn) + 5.5, 5.2), caption)
-    axes = panel.subplots(1, len(drawn) + 1)
+    columns = 3
+    rows = -(-(len(drawn) + 1) // columns)  # the histograms, then the mass panel
+    fig, panel = captioned_figure((6.0 * columns, 5.0 * rows), caption)
+    axes = panel.subplots(rows, columns, squeeze=False).flatten()
+    for spare in axes[len(drawn) + 1 :]:
+        spare.set_visible(False)
     x_edges = np.linspace(np.log10(WEIGHT_FLOOR), 0.0, 61)
     top = max(np.quantile(d, 0.999) for _, d, _ in drawn.values())
     y_edges = np.linspace(0.0, top, 61)
@@ -176,7 +182,7 @@ def plot_alignment(drawn: dict[str, tuple[np.ndarray, np.ndarray, dict]], out: P
         )
         ax.legend(loc="upper right", fontsize=8)
         panel.colorbar(image, ax=ax, label="pairs in the cell")
-    ax = axes[-1]
+    ax = axes[len(drawn)]
     for name, (_, _, measured) in drawn.items():
         ks = [int(k) for k in measured["nearest_mass"]]
         ax.plot(ks, [measured["nearest_mass"][str(k)] for k in ks], marker="o", label=name)
