@@ -149,9 +149,10 @@ def plot_context_length(sweeps: dict[str, list[dict]], out: Path) -> Path:
         "sorted scalar-key cache that reads only the k keys nearest the query's scalar (seed 002 "
         "'Binary Search at Inference'), and compared with exact attention over every key, for every "
         "scalar layer and head. Left: the exact attention mass outside the window (mean over layers, "
-        "heads and queries; the shaded band reaches the largest). Middle: the relative error of the "
-        "attention output. Right: how many keys lie within one bandwidth sqrt(tau) of the query: when "
-        "it grows with the context, a fixed window holds less of the mass.\n\n"
+        "heads and queries; results.json also holds the median and the largest). Middle: the relative "
+        "error of the attention output, same mean. Right: how many keys lie within one bandwidth "
+        "sqrt(tau) of the query: when it grows with the context, a fixed window holds less of the "
+        "mass.\n\n"
         "Look for (seed 002 experiment 4): flat lines mean a fixed k suffices at any length (the "
         f"seed's hypothesis); rising lines mean k must grow with the context. Values below "
         f"{ERROR_FLOOR:g} are drawn at it."
@@ -165,10 +166,7 @@ def plot_context_length(sweeps: dict[str, list[dict]], out: Path) -> Path:
                 color=f"C{c}", ls=("-", "--", ":", "-.")[s % 4], marker="o", label=f"{name}, k = {k}"
             )
             for ax, measure in ((ax_missed, "missed"), (ax_error, "output_error")):
-                mean = [max(r["k"][k][measure]["mean"], ERROR_FLOOR) for r in records]
-                top = [max(r["k"][k][measure]["max"], ERROR_FLOOR) for r in records]
-                ax.plot(lengths, mean, **style)
-                ax.fill_between(lengths, mean, top, color=f"C{c}", alpha=0.08)
+                ax.plot(lengths, [max(r["k"][k][measure]["mean"], ERROR_FLOOR) for r in records], **style)
         ax_keys.plot(
             lengths, [r["bandwidth_keys"]["mean"] for r in records], color=f"C{c}", marker="o", label=name
         )
