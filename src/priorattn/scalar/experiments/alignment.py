@@ -146,12 +146,12 @@ def plot_alignment(drawn: dict[str, tuple[np.ndarray, np.ndarray, dict]], out: P
     from matplotlib.colors import LogNorm
 
     caption = (
-        "Left panels, one per training setting: every (query, key) pair a query sees, in every scalar "
+        "Histograms, one per training setting: every (query, key) pair a query sees, in every scalar "
         "layer and head, on validation windows at the training length. Across: the pair's attention "
         f"weight (log scale; below {WEIGHT_FLOOR:g} drawn at it). Up: the scalar distance |q_s - k_s| "
         "in standard deviations of the head's keys (so shrinking every scalar does not count as "
         "alignment). Colour: how many pairs fall in the cell. White line: the median distance at each "
-        "weight. Right: the attention mass that the k keys nearest the query in scalar distance hold "
+        "weight. Last panel: the attention mass that the k keys nearest the query in scalar distance hold "
         "(what a sorted cache's window of k keys reads), averaged over queries that see more than k "
         "keys.\n\n"
         "Look for (seed 002 experiment 2): with the alignment regularizer L_align working, "
@@ -180,7 +180,7 @@ def plot_alignment(drawn: dict[str, tuple[np.ndarray, np.ndarray, dict]], out: P
             f"{name}\nrho = {measured['rank_correlation']:.3f}, L_align = {measured['l_align']:.3g}",
             fontsize=10,
         )
-        ax.legend(loc="upper right", fontsize=8)
+        ax.legend(loc="upper right", fontsize=8, facecolor="0.7")
         panel.colorbar(image, ax=ax, label="pairs in the cell")
     ax = axes[len(drawn)]
     for name, (_, _, measured) in drawn.items():
