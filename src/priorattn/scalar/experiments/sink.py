@@ -143,10 +143,11 @@ def plot_sink(
     (ax_heads, ax_position), (ax_distance, ax_tau) = panel.subplots(2, 2)
     names = list(by_length)
     width = 0.8 / max(len(names), 1)
+    colour = {name: f"C{i}" for i, name in enumerate(dict.fromkeys([*tau_curves, *names]))}  # one per model
     for c, name in enumerate(names):
         records = by_length[name]
         heads = [h for layer in records[0]["layers"] for h in layer["heads"]]
-        ax_heads.bar(np.arange(len(heads)) + c * width, heads, width, color=f"C{c}", label=name)
+        ax_heads.bar(np.arange(len(heads)) + c * width, heads, width, color=colour[name], label=name)
         for s, record in enumerate(records):
             edges = record["position_edges"]
             centres = [
@@ -154,7 +155,7 @@ def plot_sink(
                 for low, high in zip(edges[:-1], edges[1:])
             ]
             kept = [(x, y) for x, y in zip(centres, record["by_position"]) if y is not None]
-            style = dict(color=f"C{c}", ls=("-", "--", ":", "-.")[s % 4], marker="o", ms=3)
+            style = dict(color=colour[name], ls=("-", "--", ":", "-.")[s % 4], marker="o", ms=3)
             ax_position.plot(*zip(*kept), label=f"{name}, windows of {record['length']}", **style)
         edges = records[0]["distance_edges"]
         labels = [
@@ -162,7 +163,7 @@ def plot_sink(
             for low, high in zip(edges[:-1], edges[1:])
         ]
         values = [np.nan if v is None else v for v in records[0]["by_nearest_distance"]]
-        ax_distance.bar(np.arange(len(labels)) + c * width, values, width, color=f"C{c}", label=name)
+        ax_distance.bar(np.arange(len(labels)) + c * width, values, width, color=colour[name], label=name)
         ax_distance.set_xticks(np.arange(len(labels)) + width * (len(names) - 1) / 2, labels)
     heads_per_layer = len(by_length[names[0]][0]["layers"][0]["heads"]) if names else 1
     ax_heads.set_xlabel(f"head (layer by layer, {heads_per_layer} heads each)")
@@ -175,8 +176,8 @@ def plot_sink(
     ax_distance.set_xlabel("distance from the query to its nearest real key (bandwidths sqrt(tau))")
     ax_distance.set_ylabel("sink's share of the attention")
     ax_distance.set_title("(c) Does the sink take the mass of queries with no key near?", fontsize=10)
-    for c, (name, (steps, tau)) in enumerate(tau_curves.items()):
-        ax_tau.plot(steps, tau, color=f"C{c}", label=name)
+    for name, (steps, tau) in tau_curves.items():
+        ax_tau.plot(steps, tau, color=colour[name], label=name)
     ax_tau.set_xlabel("training step")
     ax_tau.set_ylabel("mean tau over scalar layers and heads")
     ax_tau.set_title("(d) Bandwidth over training", fontsize=10)
