@@ -1,5 +1,5 @@
 """``priorattn scalar-exp 2|4|5`` at a tiny budget: each writes a sensible results.json and its figure
-(25-90 s each on the shared 2-core machine: ``-m slow``)."""
+(10-60 s each on the shared 2-core machine: ``-m slow``)."""
 
 from __future__ import annotations
 
