@@ -13,7 +13,7 @@ from factories import exit_code
 from priorattn import cli
 from priorattn.models import GPT, GPTConfig
 from priorattn.scalar import experiments
-from priorattn.scalar.experiments import Experiment, run_experiment
+from priorattn.scalar.experiments import Experiment, regularizer_ablation, run_experiment
 from priorattn.scalar.experiments.common import (
     Settings,
     Variant,
@@ -23,6 +23,7 @@ from priorattn.scalar.experiments.common import (
     mass_captured,
     measure_mass,
     metric_curve,
+    recent_mass,
     train_variant,
     val_curve,
 )
@@ -98,7 +99,7 @@ def test_a_finished_variant_is_reused_and_other_settings_are_refused(tmp_path):
     with pytest.raises(ValueError, match="batch_size"):
         train_variant(HYBRID, other, tmp_path, progress=False, log=lambda _: None)
     mass = measure_mass(first.run_dir, TINY, ks=(8, 16))
-    assert set(mass) == {"nearest", "heaviest", "chance"} and set(mass["nearest"]) == {"8", "16"}
+    assert set(mass) == {"nearest", "heaviest", "recent", "chance"} and set(mass["nearest"]) == {"8", "16"}
     assert 0 < mass["nearest"]["8"] < mass["nearest"]["16"] <= 1
     assert all(mass["nearest"][k] <= mass["heaviest"][k] + 1e-12 for k in ("8", "16"))
 
@@ -130,6 +131,17 @@ def test_heaviest_mass_is_the_top_weights_and_chance_the_share_of_keys():
         (0.6 + 0.5) / 2
     )
     assert chance_mass(3, ks=(1, 2)) == pytest.approx({1: (1 / 2 + 1 / 3) / 2, 2: 2 / 3})
+    assert recent_mass([hand_map(weights, [0.0] * 3, [0.0] * 3)], ks=(1, 2)) == pytest.approx(
+        {1: (0.6 + 0.3) / 2, 2: 0.8}
+    )
+
+
+def test_scalar_space_is_the_key_spread_and_the_weighted_scalar_term():
+    """Keys 0, 1, 2 (std 1); query 2 at 0 with weights 0.5, 0.25, 0.25 and tau 1: 0.25 + 1."""
+    weights = [[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [0.5, 0.25, 0.25]]
+    space = regularizer_ablation.scalar_space([hand_map(weights, [0.0, 1.0, 0.0], [0.0, 1.0, 2.0])])
+    assert space["key_std"] == pytest.approx(1.0)
+    assert space["scaled_align"] == pytest.approx((0 + 0.5 + 1.25) / 3)
 
 
 def test_mass_captured_needs_positive_k():
@@ -179,7 +191,8 @@ def test_each_experiment_command_writes_its_results_and_figures(number, tmp_path
         if name in measured:
             assert 0 < entry["mass_captured"]["nearest"]["8"] <= entry["mass_captured"]["heaviest"]["8"] <= 1
     if number == 3:
-        assert all(len(entry["tau_curve"]["tau"]) == 3 for entry in results["variants"].values())
+        for entry in results["variants"].values():
+            assert len(entry["tau_curve"]["tau"]) == 3 and entry["scalar_space"]["key_std"] > 0
     assert all((out / figure).stat().st_size > 0 for figure in results["figures"])
     assert "results.json" in capsys.readouterr().out
 

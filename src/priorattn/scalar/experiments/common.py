@@ -26,7 +26,7 @@ from ...train.runs import METRICS_JSONL, read_metrics
 from ..layers import ScalarAttentionMap, ScalarMultiheadAttention
 
 RESULTS_JSON = "results.json"
-#: Optimizer steps at budget 1: about a minute per tiny model on one of two shared CPU cores.
+#: Optimizer steps at budget 1: 3-6 minutes per tiny model on a shared 2-core machine.
 STEPS = 300
 #: The k of seed 002 experiment 3 ("inference approximation error at k = 8, 16, 32, 64").
 MASS_KS = (8, 16, 32, 64)
@@ -103,6 +103,32 @@ def train_variant(
         resume=True,
         progress=progress,
     )
+
+
+def compare_variants(
+    variants: Sequence[Variant],
+    settings: Settings,
+    out: Path,
+    title: str,
+    captions: tuple[str, str],
+    *,
+    progress: bool = True,
+    log=print,
+) -> dict:
+    """The results of an experiment that compares ``variants``: train each, measure the mass of
+    those with scalar heads (:func:`measure_mass`), draw the validation curves (``val_loss.png``,
+    ``title``, ``captions[0]``) and the masses (``mass.png``, ``captions[1]``)."""
+    results = {}
+    for variant in variants:
+        trained = train_variant(variant, settings, out, progress=progress, log=log)
+        results[variant.name] = summary(variant, trained)
+        if variant.model.get("attention", "standard") != "standard":
+            results[variant.name]["mass_captured"] = measure_mass(trained.run_dir, settings)
+    figures = [
+        plot_val_curves(results, out, "val_loss.png", title, captions[0]),
+        plot_mass(results, out, "mass.png", "Mass on the k nearest scalar keys", captions[1]),
+    ]
+    return dict(variants=results, mass_ks=list(MASS_KS), figures=figures)
 
 
 def run_path(out: Path, variant: Variant) -> Path:
@@ -200,6 +226,18 @@ def heaviest_mass(maps: Sequence[ScalarAttentionMap], ks: Sequence[int] = MASS_K
     return _mass_on_first(maps, ks, lambda m, h: -m.weights[:, h])
 
 
+def recent_mass(maps: Sequence[ScalarAttentionMap], ks: Sequence[int] = MASS_KS) -> dict[int, float]:
+    """As :func:`mass_captured`, on each query's ``k`` most recent keys (itself included): what a
+    sliding window of ``k`` keys holds, the cache a positional prior such as GOAT's favours."""
+
+    def lag(m: ScalarAttentionMap, h: int) -> Tensor:
+        L = m.weights.shape[-1]
+        lags = torch.arange(L)[:, None] - torch.arange(L)[None, :]  # i - j
+        return lags.to(m.weights.dtype).expand(m.weights.shape[0], L, L)
+
+    return _mass_on_first(maps, ks, lag)
+
+
 def chance_mass(length: int, ks: Sequence[int] = MASS_KS) -> dict[int, float]:
     """As :func:`mass_captured` (without a sink) for ``k`` keys picked at random: query ``i`` of a
     causal window of ``length`` sees ``i + 1`` keys, so it expects ``k / (i + 1)`` of its mass."""
@@ -234,17 +272,30 @@ def _mass_on_first(maps: Sequence[ScalarAttentionMap], ks: Sequence[int], order)
 def measure_mass(
     run_dir: Path, settings: Settings, ks: Sequence[int] = MASS_KS
 ) -> dict[str, dict[str, float]]:
-    """The mass of the run's scalar heads on ``settings.windows`` validation windows of the
-    training length: on the ``k`` nearest keys in scalar distance (``"nearest"``,
-    :func:`mass_captured`), on the ``k`` heaviest (``"heaviest"``, the ceiling) and on ``k`` random
-    ones (``"chance"``), each keyed by ``str(k)`` as JSON keys are."""
+    """:func:`mass_summary` of the run's scalar heads on its :func:`window_maps`."""
+    return mass_summary(window_maps(run_dir, settings), ks)
+
+
+def window_maps(run_dir: Path, settings: Settings) -> list[ScalarAttentionMap]:
+    """The :func:`attention_maps` of the run's model on ``settings.windows`` validation windows of
+    the training length."""
     run = load_run(run_dir)
     tokens = validation_windows(run, run_dir, settings.seq_len, settings.windows, settings.seed)
-    maps = attention_maps(run.model, tokens)
+    return attention_maps(run.model, tokens)
+
+
+def mass_summary(
+    maps: Sequence[ScalarAttentionMap], ks: Sequence[int] = MASS_KS
+) -> dict[str, dict[str, float]]:
+    """The mass on the ``k`` nearest keys in scalar distance (``"nearest"``, :func:`mass_captured`),
+    on the ``k`` heaviest (``"heaviest"``, the ceiling), the ``k`` most recent (``"recent"``) and ``k``
+    random ones (``"chance"``), each keyed by ``str(k)`` as JSON keys are."""
+    length = maps[0].weights.shape[-1]
     masses = dict(
         nearest=mass_captured(maps, ks),
         heaviest=heaviest_mass(maps, ks),
-        chance=chance_mass(tokens.shape[1], ks),
+        recent=recent_mass(maps, ks),
+        chance=chance_mass(length, ks),
     )
     return {name: {str(k): mass for k, mass in by_k.items()} for name, by_k in masses.items()}
 

@@ -12,16 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import (
-    MASS_KS,
-    Settings,
-    Variant,
-    measure_mass,
-    plot_mass,
-    plot_val_curves,
-    summary,
-    train_variant,
-)
+from .common import Settings, Variant, compare_variants
 
 VARIANTS = (
     Variant("standard", "standard (no positions)", dict(attention="standard")),
@@ -45,14 +36,6 @@ MASS_CAPTION = (
 
 
 def run(settings: Settings, out: Path, *, progress: bool = True, log=print) -> dict:
-    variants = {}
-    for variant in VARIANTS:
-        trained = train_variant(variant, settings, out, progress=progress, log=log)
-        variants[variant.name] = summary(variant, trained)
-        if variant.model["attention"] == "hybrid":
-            variants[variant.name]["mass_captured"] = measure_mass(trained.run_dir, settings)
-    figures = [
-        plot_val_curves(variants, out, "val_loss.png", "Experiment 6: GOAT and the scalar term", CAPTION),
-        plot_mass(variants, out, "mass.png", "Mass on the k nearest scalar keys", MASS_CAPTION),
-    ]
-    return dict(variants=variants, mass_ks=list(MASS_KS), figures=figures)
+    title = "Experiment 6: GOAT and the scalar term"
+    captions = (CAPTION, MASS_CAPTION)
+    return compare_variants(VARIANTS, settings, out, title, captions, progress=progress, log=log)

@@ -11,19 +11,24 @@ make the nearest scalar keys carry the attention mass.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
+from ..layers import ScalarAttentionMap
 from .common import (
     MASS_KS,
     Settings,
     Variant,
-    measure_mass,
+    mass_summary,
     metric_curve,
     plot_mass,
     plot_val_curves,
     save_figure,
     summary,
     train_variant,
+    window_maps,
 )
 
 #: The weights of the terms when on (those of docs/scalar.md's example run).
@@ -67,7 +72,9 @@ def run(settings: Settings, out: Path, *, progress: bool = True, log=print) -> d
         trained = train_variant(variant, settings, out, progress=progress, log=log)
         results[variant.name] = summary(variant, trained)
         results[variant.name]["tau_curve"] = metric_curve(trained.run_dir, "tau")
-        results[variant.name]["mass_captured"] = measure_mass(trained.run_dir, settings)
+        maps = window_maps(trained.run_dir, settings)
+        results[variant.name]["mass_captured"] = mass_summary(maps)
+        results[variant.name]["scalar_space"] = scalar_space(maps)
     figures = [
         plot_val_curves(results, out, "val_loss.png", "Experiment 3: regularizer ablation", CAPTION),
         plot_tau(results, out, "tau.png"),
@@ -75,6 +82,16 @@ def run(settings: Settings, out: Path, *, progress: bool = True, log=print) -> d
     ]
     weights = dict(align=ALIGN, spread=SPREAD, tau=TAU, spread_start=settings.steps // 3)
     return dict(variants=results, weights=weights, mass_ks=list(MASS_KS), figures=figures)
+
+
+def scalar_space(maps: Sequence[ScalarAttentionMap]) -> dict[str, float]:
+    """How spread the scalar keys are and how much the scalar term moves the weights, as means over
+    layers, heads and windows: ``key_std``, the standard deviation of a window's ``k_s`` (``L_align``
+    alone is minimized by collapsing it, seed 002 Term 2), and ``scaled_align``, ``sum_j w_ij (q_s,i -
+    k_s,j)^2 / tau`` (the attention-weighted scalar term; near 0, the term hardly moves the weights)."""
+    key_std = torch.stack([m.k_s.std(-1).mean() for m in maps]).mean()
+    scaled = torch.stack([(m.weights * m.distance() ** 2 / m.tau[..., None]).sum(-1).mean() for m in maps])
+    return dict(key_std=float(key_std), scaled_align=float(scaled.mean()))
 
 
 def plot_tau(results: dict[str, dict], out: Path, name: str) -> str:
