@@ -198,10 +198,11 @@ class ScalarMultiheadAttention(nn.Module):
         content = dict(q=q, k=cache.k[..., :Dq]) if Dq else {}
         return q_s, cached_k_s, self.temperature(x), call, content, cache
 
-    def project(self, x: Tensor, positions: Tensor) -> tuple[Tensor, ...]:
-        """The queries, keys and values of ``x (B, L, d_model)``: vector ``q (B, H, L, Dq)`` (RoPE
-        applied; ``Dq = 0`` for pure scalar heads), scalar ``q_s (B, H, L)``, vector ``k (B, G, L, Dq)``,
-        scalar ``k_s (B, G, L, m)`` (the keys of the group's ``m = H / G`` heads), ``v (B, G, L, D)``."""
+    def project(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """The projections of ``x: (B, L, d_model)``: ``q (B, H, L, Dq)``, ``q_s (B, H, L)``, ``k (B, G,
+        L, Dq)``, ``k_s (B, G, L, m)`` (the scalar keys of each group's ``m = H / G`` heads, as the
+        cache holds them) and ``v (B, G, L, D)``; ``Dq = 0`` unless hybrid, whose q and k are rotated
+        by RoPE at ``positions`` if the layer has it."""
         B, L, _ = x.shape
         H, G, Dq, m = self.num_heads, self.value_groups, self.content_dim, self.num_heads // self.value_groups
         queries = self.q_proj(x).view(B, L, H, Dq + 1).transpose(1, 2)  # (B, H, L, Dq + 1)

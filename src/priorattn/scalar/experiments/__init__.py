@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ...files import prepare_out, write_json_atomic
-from . import goat, hybrid_vs_standard, regularizer_ablation
+from . import alignment, context_length, goat, hybrid_vs_standard, regularizer_ablation, sink
 from .common import RESULTS_JSON, Settings
 
 
@@ -27,10 +27,19 @@ EXPERIMENTS: dict[int, Experiment] = {
     1: Experiment(
         "pure scalar vs hybrid vs standard attention: validation loss curves", hybrid_vs_standard.run
     ),
+    2: Experiment(
+        "|q_s - k_s| against attention weight in the hybrid, without and with L_align", alignment.run
+    ),
     3: Experiment(
         "regularizer ablation (none, align, align+tau, align+spread, all): val loss, tau, mass at k",
         regularizer_ablation.run,
     ),
+    4: Experiment(
+        "sorted-cache decode error against context length (128 to 4096) at fixed k, hybrid without "
+        "and with the regularizers",
+        context_length.run,
+    ),
+    5: Experiment("the scalar sink: the mass it absorbs and tau over training", sink.run),
     6: Experiment("GOAT vs the hybrid vs both combined: validation loss curves", goat.run),
 }
 

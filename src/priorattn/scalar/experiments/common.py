@@ -175,9 +175,11 @@ def scalar_layers(model: GPT) -> list[ScalarMultiheadAttention]:
 
 
 @torch.no_grad()
-def attention_maps(model: GPT, tokens: Tensor) -> list[ScalarAttentionMap]:
-    """The dense attention of every scalar layer of ``model`` over the windows ``tokens (B, L)``
-    (positions from 0, no documents), first block first."""
+def scalar_layer_inputs(
+    model: GPT, tokens: Tensor
+) -> list[tuple[ScalarMultiheadAttention, Tensor, Tensor | None]]:
+    """Run ``model`` on the windows ``tokens (B, L)`` (positions from 0, no documents); every scalar
+    layer, first block first, with its input ``x (B, L, d_model)`` and the positions it was given."""
     layers = scalar_layers(model)
     if not layers:
         raise ValueError(
@@ -195,7 +197,17 @@ def attention_maps(model: GPT, tokens: Tensor) -> list[ScalarAttentionMap]:
     finally:
         for hook in hooks:
             hook.remove()
-    return [layer.attention_map(inputs[layer][0], positions=inputs[layer][1]) for layer in layers]
+    return [(layer, *inputs[layer]) for layer in layers]
+
+
+@torch.no_grad()
+def attention_maps(model: GPT, tokens: Tensor) -> list[ScalarAttentionMap]:
+    """The dense attention of every scalar layer of ``model`` over the windows ``tokens (B, L)``
+    (positions from 0, no documents), first block first."""
+    return [
+        layer.attention_map(x, positions=positions)
+        for layer, x, positions in scalar_layer_inputs(model, tokens)
+    ]
 
 
 def mass_captured(maps: Sequence[ScalarAttentionMap], ks: Sequence[int] = MASS_KS) -> dict[int, float]:
