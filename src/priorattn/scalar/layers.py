@@ -136,6 +136,13 @@ class ScalarMultiheadAttention(nn.Module):
         """Attend ``x: (B, L, d_model)`` to itself and ``cache``; return ``(y, cache)`` (as
         ``PriorMultiheadAttention.forward``; cached and full passes give the same outputs)."""
         B, L = self._check_input(x, cache)
+        if isinstance(cache, SortedLayerCache):
+            if doc_ids is not None or key_padding_mask is not None:
+                raise ValueError(
+                    "a sorted cache holds one unpadded sequence: pass no doc_ids nor key_padding_mask"
+                )
+            positions = PriorMultiheadAttention._positions(positions, B, L, len(cache), x.device)
+            return self._decode_sorted(x, positions, cache)
         q_s, k_s, tau, call, content, cache = self._call_inputs(
             x, positions, doc_ids, key_padding_mask, cache
         )
@@ -172,12 +179,6 @@ class ScalarMultiheadAttention(nn.Module):
         positions = PriorMultiheadAttention._positions(
             positions, B, L, 0 if cache is None else len(cache), x.device
         )
-        if isinstance(cache, SortedLayerCache):
-            if doc_ids is not None or key_padding_mask is not None:
-                raise ValueError(
-                    "a sorted cache holds one unpadded sequence: pass no doc_ids nor key_padding_mask"
-                )
-            return self._decode_sorted(x, positions, cache)
         H, Dq = self.num_heads, self.content_dim
         q, q_s, k, k_s, v = self.project(x, positions)
         new = KVCache(torch.cat([k, k_s], dim=-1), v, positions, doc_ids, key_padding_mask)
