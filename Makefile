@@ -14,8 +14,9 @@ TORCH ?= torch==2.13.0
 OUT ?= $(HOME)/.cache/priorattn/compare
 PRIORS ?=
 BUDGET ?= 1
+DATA ?= $(HOME)/.cache/priorattn/fashion-mnist
 
-.PHONY: demo test lint bench
+.PHONY: demo test lint bench fashion-mnist
 
 $(VENV)/.demo-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -46,3 +47,12 @@ lint: $(VENV)/.test-installed
 bench: $(VENV)/.demo-installed
 	$(PY) benchmarks/attention.py
 	$(PY) benchmarks/train_throughput.py
+
+# Fashion-MNIST's original IDX files (gzipped) into $(DATA), for `python -m priorattn vision`: the
+# Debian package dataset-fashion-mnist, fetched and unpacked without root.
+fashion-mnist:
+	mkdir -p $(DATA)/deb
+	cd $(DATA)/deb && apt-get download dataset-fashion-mnist
+	dpkg-deb -x $(DATA)/deb/dataset-fashion-mnist_*.deb $(DATA)/deb
+	mv $(DATA)/deb/usr/share/datasets/fashion-mnist/*-ubyte.gz $(DATA)/
+	rm -r $(DATA)/deb
