@@ -506,7 +506,7 @@ def add_compare_parser(commands) -> None:
 
 def add_vision_parser(commands) -> None:
     from .vision.data import DEFAULT_DATA
-    from .vision.model import POSITIONS
+    from .vision.experiment import DEFAULT_MODELS, MODELS
 
     p = commands.add_parser(
         "vision",
@@ -514,7 +514,8 @@ def add_vision_parser(commands) -> None:
         description=(
             "Train one small ViT per 2D position mechanism on Fashion-MNIST at 28x28, evaluate each "
             "zero-shot on test images upsampled to 42, 56 and 84 pixels (seed 000 Fig. 5), and write "
-            "DIR/results.json, DIR/accuracy.png and DIR/goat_prior.png (the learned 2D log-prior)."
+            "DIR/results.json, DIR/accuracy.png and DIR/goat_prior.png (the learned 2D log-prior). "
+            "goat_nosink, GOAT without its key sink, is an ablation trained when named."
         ),
     )
     p.add_argument("--out", type=Path, required=True, help="output directory")
@@ -526,8 +527,8 @@ def add_vision_parser(commands) -> None:
     )
     p.add_argument(
         "--models",
-        type=name_list(POSITIONS, "model"),
-        help=f"comma-separated subset of {','.join(POSITIONS)} (all)",
+        type=name_list(list(MODELS), "model"),
+        help=f"comma-separated, of {','.join(MODELS)} ({','.join(DEFAULT_MODELS)})",
     )
     p.add_argument(
         "--budget", type=positive_number, default=1.0, help="training budget scale: 0.1 smoke run (1)"

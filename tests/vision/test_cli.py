@@ -58,6 +58,12 @@ def test_vision_refuses_unknown_models_and_budgets(capsys):
     assert exit_code(["vision", "--out", "x", "--budget", "0"]) == 2
 
 
+def test_goat_nosink_is_goat_without_its_key_sink():
+    config = VisionConfig(models=["goat_nosink"]).model_config("goat_nosink")
+    assert config.position == "goat" and not config.goat_sink
+    assert VisionConfig().models == ["goat", "rope", "alibi", "learned"]
+
+
 def test_budget_scales_steps_and_images():
     small, large = VisionConfig.for_budget(0.1), VisionConfig.for_budget(10)
     assert (small.steps, small.train_images, small.test_images) == (50, 2_000, 200)

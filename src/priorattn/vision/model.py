@@ -34,7 +34,8 @@ POSITIONS = ("goat", "rope", "alibi", "learned")
 @dataclass
 class ViTConfig:
     """Everything that defines a :class:`ViT`. ``image_size`` is the training resolution: it sets
-    the grid of the learned embeddings and the grid side GOAT's sink normalises by."""
+    the grid of the learned embeddings and the grid side GOAT's sink normalises by. ``goat_*``:
+    :class:`~.priors.GOAT2D`'s frequencies per axis, their base, and whether it has the key sink."""
 
     position: str
     image_size: int = 28
@@ -47,6 +48,7 @@ class ViTConfig:
     mlp_hidden: int = 256
     goat_freqs: int = 3
     goat_freq_base: float = 16.0
+    goat_sink: bool = True
     rope_base: float = 100.0
     norm_eps: float = 1e-5
 
@@ -81,7 +83,13 @@ def attention_layer(config: ViTConfig) -> PriorMultiheadAttention:
     H, head_dim = config.n_heads, config.d_model // config.n_heads
     prior = encoding = None
     if config.position == "goat":
-        prior = GOAT2D(H, config.goat_freqs, freq_base=config.goat_freq_base, grid_size=config.grid_size)
+        prior = GOAT2D(
+            H,
+            config.goat_freqs,
+            sink=config.goat_sink,
+            freq_base=config.goat_freq_base,
+            grid_size=config.grid_size,
+        )
     elif config.position == "alibi":
         prior = ALiBi2D(H)
     elif config.position == "rope":
