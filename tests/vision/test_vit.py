@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from priorattn.vision import GOAT2D, POSITIONS, RoPE2D, ViT, ViTConfig, grid_positions
+from priorattn.vision.experiment import centre_log_priors
 
 SMALL = dict(d_model=48, n_layers=2, n_heads=2, mlp_hidden=32, goat_freqs=2)
 
@@ -85,3 +87,17 @@ def test_learned_embeddings_are_resampled_bicubically_to_other_grids():
     with torch.no_grad():
         model.pos_embed.fill_(0.25)
     assert torch.allclose(model.position_embedding(6, 6), torch.full((1, 36, 48), 0.25))
+
+
+def test_centre_log_priors_are_each_layers_prior_from_the_centre_patch():
+    model = ViT(ViTConfig("goat", **SMALL))
+    with torch.no_grad():
+        for prior in model.priors():
+            for p in prior.parameters():
+                p.uniform_(-0.5, 0.5)
+    maps = centre_log_priors(model, 5)
+    assert maps.shape == (2, 2, 5, 5) and np.all(maps[:, :, 2, 2] == 0.0)
+    pos = grid_positions(5, 5)
+    centre, key = pos[1 + 2 * 5 + 2], pos[1 + 4 * 5 + 1]  # patches (2, 2) and (4, 1)
+    K = model.priors()[1].log_prior(centre[None], torch.stack([centre, key]))[:, 0].detach()
+    assert np.allclose(maps[1, :, 4, 1], (K[:, 1] - K[:, 0]).numpy(), atol=1e-6)

@@ -112,10 +112,6 @@ def load_data(data: Path, config: VisionConfig) -> tuple[Tensor, Tensor, Tensor,
     )
 
 
-def standardise(images: Tensor, mean: float, std: float) -> Tensor:
-    return (images - mean) / std
-
-
 def train_model(
     model: ViT, images: Tensor, labels: Tensor, train: TrainConfig, progress: bool, name: str
 ) -> float:
@@ -221,7 +217,7 @@ def run_vision(config: VisionConfig, out: Path, data: Path = DEFAULT_DATA, progr
     out = prepare_out(out)
     train_x, train_y, test_x, test_y = load_data(data, config)
     mean, std = float(train_x.mean()), float(train_x.std())
-    train_x, test_x = standardise(train_x, mean, std), standardise(test_x, mean, std)
+    train_x, test_x = (train_x - mean) / std, (test_x - mean) / std
     results = {}
     for name in config.models:
         torch.manual_seed(config.seed)
