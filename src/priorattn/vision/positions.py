@@ -7,8 +7,8 @@ class token or a patch at (row, column) of the patch grid; both fit one integer:
 - the patch at ``(row, col)`` is ``row * GRID_STRIDE + col``.
 
 The packing does not depend on the grid's size, so one prior reads the positions of every
-resolution the same way (a patch keeps its row and column when the image grows). The 2D priors and
-2D RoPE unpack them with :func:`unpack_positions`.
+resolution the same way: a larger image only adds rows and columns. The 2D priors and 2D RoPE
+unpack them with :func:`unpack_positions`.
 """
 
 from __future__ import annotations
