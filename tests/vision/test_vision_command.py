@@ -43,6 +43,7 @@ def test_vision_says_how_to_fetch_missing_data(tmp_path, capsys):
     missing = tmp_path / "no-data"
     assert exit_code(["vision", "--out", str(tmp_path / "out"), "--data", str(missing)]) == 2
     assert f"make fashion-mnist DATA={missing}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_vision_names_a_corrupt_idx_file(fashion_dir, tmp_path, capsys):

@@ -214,8 +214,8 @@ def plot_goat_prior(maps: np.ndarray, train_grid: int, path: Path) -> Path:
 
 def run_vision(config: VisionConfig, out: Path, data: Path = DEFAULT_DATA, progress: bool = True) -> dict:
     """Train and evaluate every model of ``config``; write results.json and the plots into ``out``."""
+    train_x, train_y, test_x, test_y = load_data(data, config)  # before making out: data may be missing
     out = prepare_out(out)
-    train_x, train_y, test_x, test_y = load_data(data, config)
     mean, std = float(train_x.mean()), float(train_x.std())
     train_x, test_x = (train_x - mean) / std, (test_x - mean) / std
     results = {}
