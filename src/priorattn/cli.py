@@ -339,7 +339,7 @@ def vision(args: argparse.Namespace) -> int:
     from .vision.experiment import RESULTS_JSON, VisionConfig, run_vision
 
     try:
-        config = VisionConfig.for_budget(args.budget, args.models)
+        config = VisionConfig.for_budget(args.budget, args.models, seed=args.seed)
         summary = run_vision(config, args.out, args.data, progress=not args.quiet)
     except (ValueError, FileNotFoundError, FileExistsError) as e:  # no data, corrupt IDX, out a file
         fail(args, e)
@@ -532,6 +532,9 @@ def add_vision_parser(commands) -> None:
     )
     p.add_argument(
         "--budget", type=positive_number, default=1.0, help="training budget scale: 0.1 smoke run (1)"
+    )
+    p.add_argument(
+        "--seed", type=int_at_least(0), default=0, help="training and test subsets, init, batches (0)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=vision, parser=p)

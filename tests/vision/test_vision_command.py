@@ -13,9 +13,9 @@ from priorattn import cli
 from priorattn.vision.experiment import VisionConfig
 
 
-def run_vision(out, data, *models: str) -> dict:
-    argv = ["vision", "--out", str(out), "--data", str(data), "--budget", "0.005", "--quiet"]
-    assert cli.main([*argv, "--models", ",".join(models)] if models else argv) == 0
+def run_vision(out, data, *models: str, seed: int = 0) -> dict:
+    argv = ["vision", "--out", str(out), "--data", str(data), "--budget", "0.005", "--seed", str(seed)]
+    assert cli.main([*argv, "--quiet", *(["--models", ",".join(models)] if models else [])]) == 0
     return json.loads((out / "results.json").read_text())
 
 
@@ -63,6 +63,14 @@ def test_goat_nosink_is_goat_without_its_key_sink():
     config = VisionConfig(models=["goat_nosink"]).model_config("goat_nosink")
     assert config.position == "goat" and not config.goat_sink
     assert VisionConfig().models == ["goat", "rope", "alibi", "learned"]
+
+
+def test_vision_is_reproducible_and_takes_a_seed(fashion_dir, tmp_path):
+    first = run_vision(tmp_path / "a", fashion_dir, "learned")
+    again = run_vision(tmp_path / "b", fashion_dir, "learned")
+    assert again["models"]["learned"]["accuracy"] == first["models"]["learned"]["accuracy"]
+    other = run_vision(tmp_path / "c", fashion_dir, "learned", seed=1)
+    assert (first["config"]["seed"], other["config"]["seed"]) == (0, 1)
 
 
 def test_budget_scales_steps_and_images():

@@ -66,7 +66,7 @@ class VisionConfig:
             raise ValueError(f"unknown model {unknown[0] if unknown else None!r}: use some of {list(MODELS)}")
 
     @classmethod
-    def for_budget(cls, budget: float = 1.0, models: list[str] | None = None) -> VisionConfig:
+    def for_budget(cls, budget: float = 1.0, models: list[str] | None = None, seed: int = 0) -> VisionConfig:
         """Steps, training and test images scale with ``budget`` (the test set tops out at 10k)."""
         if not budget > 0 or not math.isfinite(budget):
             raise ValueError(f"budget must be a positive number, got {budget!r}")
@@ -75,6 +75,7 @@ class VisionConfig:
             train_images=min(60_000, max(64, round(20_000 * budget))),
             test_images=min(10_000, max(32, round(2_000 * budget))),
             steps=max(5, round(500 * budget)),
+            seed=seed,
         )
 
     def model_config(self, name: str) -> ViTConfig:
