@@ -14,10 +14,11 @@ TORCH ?= torch==2.13.0
 OUT ?= $(HOME)/.cache/priorattn/compare
 PRIORS ?=
 BUDGET ?= 1
+DATA ?= $(HOME)/.cache/priorattn/fashion-mnist
 
 GENOMES ?= $(HOME)/.cache/priorattn/genomes
 
-.PHONY: demo test lint bench genomes
+.PHONY: demo test lint bench genomes fashion-mnist
 
 $(VENV)/.demo-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,3 +62,12 @@ $(GENOMES)/.fetched:
 	cp -r $(GENOMES)/.deb/root/usr/share/doc/ragout/examples/. $(GENOMES)/
 	rm -rf $(GENOMES)/.deb
 	touch $@
+
+# Fashion-MNIST's original IDX files (gzipped) into $(DATA), for `python -m priorattn vision`: the
+# Debian package dataset-fashion-mnist, fetched and unpacked without root.
+fashion-mnist:
+	mkdir -p $(DATA)/deb
+	cd $(DATA)/deb && apt-get download dataset-fashion-mnist
+	dpkg-deb -x $(DATA)/deb/dataset-fashion-mnist_*.deb $(DATA)/deb
+	mv $(DATA)/deb/usr/share/datasets/fashion-mnist/*-ubyte.gz $(DATA)/
+	rm -r $(DATA)/deb
