@@ -1,0 +1,91 @@
+"""hf-extend: a transformers model fine-tuned with a prior at a longer length, then save_pretrained."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from factories import exit_code
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+import priorattn.hf as phf
+from priorattn import cli
+from priorattn.data import load_corpus
+from priorattn.data.tokenizer import BPETokenizer
+from priorattn.hf.extend import load_model
+
+CONFIG = dict(
+    model_type="llama",
+    vocab_size=256,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=32,
+)
+
+
+@pytest.fixture
+def corpus_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("PRIORATTN_CACHE", str(tmp_path / "cache"))
+    words = "to be or not to be that is the question whether tis nobler in the mind".split()
+    gen = torch.Generator().manual_seed(0)
+    root = tmp_path / "corpus"
+    root.mkdir()
+    for i in range(4):
+        picks = torch.randint(0, len(words), (400,), generator=gen).tolist()
+        (root / f"doc{i}.txt").write_text(" ".join(words[j] for j in picks))
+    return root
+
+
+def test_hf_extend_from_a_config_trains_the_prior_and_saves_a_loadable_model(tmp_path, corpus_dir, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(CONFIG))
+    out = tmp_path / "extended"
+    argv = ["hf-extend", "--model", str(config), "--prior", "ggd", "--seq-len", "64", "--steps", "6"]
+    argv += ["--data", str(corpus_dir), "--out", str(out), "--batch-size", "2", "--eval-sequences", "2"]
+    argv += ["--prior-lr", "0.1", "--warmup", "1", "--quiet"]
+    assert cli.main(argv) == 0
+    assert "val loss at 64" in capsys.readouterr().out
+    result = json.loads((out / "results.json").read_text())
+    assert result["val_loss_after"] < result["val_loss_before"]
+    model = phf.from_pretrained(out)
+    assert model.config.priorattn["prior"] == "ggd" and model.config.priorattn["seq_len"] == 64
+    alphas = torch.stack([layer.prior.theta_alpha for layer in phf.attention_layers(model)])
+    assert alphas.abs().min() > 0  # started at 0 (uniform), moved by training
+    assert (out / "data.json").is_file()
+
+
+def test_load_model_reads_a_saved_model_and_its_tokenizer(tmp_path, corpus_dir):
+    torch.manual_seed(0)
+    for name, vocab in (("small", 256), ("large", 320)):
+        config = LlamaConfig(
+            **{k: v for k, v in CONFIG.items() if k != "model_type"} | dict(vocab_size=vocab)
+        )
+        AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / name)
+    model, tokenizer = load_model(tmp_path / "small")
+    assert tokenizer.kind == "byte"
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "small")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), saved.state_dict().values()))
+    bpe = BPETokenizer.train(load_corpus(str(corpus_dir)), 300)  # more than 256 tokens
+    for name in ("small", "large"):
+        bpe.save(tmp_path / name)
+    assert load_model(tmp_path / "large")[1].to_dict() == bpe.to_dict()
+    with pytest.raises(ValueError, match="tokenizer has 2.. tokens but the model's vocab_size is 256"):
+        load_model(tmp_path / "small")
+
+
+def test_hf_extend_refuses_a_missing_model_directory(tmp_path, capsys):
+    argv = [
+        "hf-extend",
+        "--model",
+        str(tmp_path / "missing"),
+        "--seq-len",
+        "64",
+        "--out",
+        str(tmp_path / "o"),
+    ]
+    assert exit_code(argv) == 2
+    assert "no transformers model at" in capsys.readouterr().err
