@@ -493,7 +493,9 @@ def add_eval_parser(commands) -> None:
     )
     for task, text in helps.items():
         t = tasks.add_parser(task, help=text, description=text)
-        t.add_argument("--run", type=Path, required=True, help="a run directory of priorattn train")
+        t.add_argument(
+            "--run", type=Path, required=True, help="a run directory of priorattn train, or of hf-extend"
+        )
         t.add_argument(
             "--data", help="text file, folder, glob or hf:PATH to score (the run's validation split)"
         )

@@ -13,6 +13,7 @@ import priorattn.hf as phf
 from priorattn import cli
 from priorattn.data import load_corpus
 from priorattn.data.tokenizer import BPETokenizer
+from priorattn.eval.scoring import token_losses
 from priorattn.hf.extend import load_model
 
 CONFIG = dict(
@@ -56,6 +57,29 @@ def test_hf_extend_from_a_config_trains_the_prior_and_saves_a_loadable_model(tmp
     alphas = torch.stack([layer.prior.theta_alpha for layer in phf.attention_layers(model)])
     assert alphas.abs().min() > 0  # started at 0 (uniform), moved by training
     assert (out / "data.json").is_file()
+    # priorattn eval scores the directory as it scores a run (a passkey prompt needs 88 bytes)
+    for task, options in (("ppl", ["--windows", "1"]), ("passkey", ["--depths", "2", "--trials", "1"])):
+        argv = ["eval", task, "--run", str(out), "--lengths", "128", "--quiet", *options]
+        assert cli.main(argv) == 0
+        evaluated = json.loads((out / "eval" / task / "results.json").read_text())
+        assert evaluated["lengths"] == [128]
+
+
+def test_cached_lm_scores_as_one_pass_and_keeps_its_caches(tmp_path):
+    torch.manual_seed(0)
+    config = LlamaConfig(**{k: v for k, v in CONFIG.items() if k != "model_type"})
+    model = phf.add_prior(AutoModelForCausalLM.from_config(config).eval(), "goat", prior_init="alibi")
+    lm = phf.CachedLM(model)
+    tokens = torch.randint(0, 256, (2, 12))
+    with torch.no_grad():
+        full = model(tokens[:, :-1]).logits
+        expected = torch.nn.functional.cross_entropy(full.transpose(1, 2), tokens[:, 1:], reduction="none")
+        torch.testing.assert_close(token_losses(lm, tokens, chunk=4), expected, atol=1e-5, rtol=1e-5)
+        _, _, caches = lm(tokens[:, :6])
+        first, _, _ = lm(tokens[:, 6:8], caches=caches)
+        again, _, _ = lm(tokens[:, 6:8], caches=caches)  # the same prefix, not one extended twice
+    assert torch.equal(first, again)
+    torch.testing.assert_close(first, full[:, 6:8], atol=1e-5, rtol=1e-5)
 
 
 def test_load_model_reads_a_saved_model_and_its_tokenizer(tmp_path, corpus_dir):

@@ -14,11 +14,12 @@ except ModuleNotFoundError as error:  # pragma: no cover - the message is the po
     ) from error
 
 from .attention import NAME, key_mask, prior_attention, register
-from .model import PRIOR_OPTIONS, WithoutRotation, add_prior, attention_layers, from_pretrained
+from .model import PRIOR_OPTIONS, CachedLM, WithoutRotation, add_prior, attention_layers, from_pretrained
 
 register()
 
 __all__ = [
+    "CachedLM",
     "NAME",
     "PRIOR_OPTIONS",
     "WithoutRotation",

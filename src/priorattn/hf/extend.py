@@ -20,13 +20,13 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from ..data import Batches, ByteTokenizer, PackedSequences, Tokenizer, document_positions, eval_batches
 from ..data.packing import IGNORE_INDEX
-from ..data.prepare import prepare_data
-from ..data.tokenizer import TOKENIZER_FILE, BPETokenizer
+from ..data.prepare import prepare_data, read_data_record
+from ..data.tokenizer import TOKENIZER_FILE, BPETokenizer, load_tokenizer
 from ..files import prepare_out, write_json_atomic
 from ..models.gpt import token_cross_entropy
 from ..train import TrainConfig
 from ..train.optim import build_optimizer, build_scheduler, clip_gradients
-from .model import add_prior, model_dir
+from .model import CachedLM, add_prior, from_pretrained, model_dir
 
 RESULTS_JSON = "results.json"
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
@@ -137,6 +137,15 @@ def summed_loss(model: PreTrainedModel, tokens: Tensor, targets: Tensor, doc_ids
     positions = document_positions(doc_ids).expand_as(tokens)  # (B, L)
     logits = model(input_ids=tokens, position_ids=positions, use_cache=False).logits  # (B, L, V)
     return token_cross_entropy(logits, targets).sum()
+
+
+def load_extended(path: str | Path) -> tuple[CachedLM, Tokenizer, int]:
+    """What ``priorattn eval`` scores in a directory :func:`extend` wrote: the model (eval mode,
+    called as the library's GPT), the tokenizer it was tuned with, and the length it was tuned at."""
+    path = Path(path)
+    model = from_pretrained(path).eval()
+    tokenizer = load_tokenizer(read_data_record(path)["tokenizer"], path)
+    return CachedLM(model), tokenizer, model.config.priorattn["seq_len"]
 
 
 @torch.no_grad()

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from torch import Tensor, nn
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from ..functional.api import check_options
 from ..models.gpt import GPTConfig, build_prior
@@ -47,6 +47,23 @@ class WithoutRotation(nn.Module):
     def forward(self, x: Tensor, *args, **kwargs) -> tuple[Tensor, Tensor]:
         cos, sin = self.rotary(x, *args, **kwargs)  # (B, L, D_rot) each
         return torch.ones_like(cos), torch.zeros_like(sin)
+
+
+class CachedLM(nn.Module):
+    """A ``transformers`` causal LM called as the library's :class:`~priorattn.models.GPT` is, so the
+    evaluations (:mod:`priorattn.eval`) score it: ``lm(tokens (B, L), caches=None)`` returns
+    ``(logits (B, L, V), None, caches)``. As the GPT's caches, a cache is never changed in place (a
+    copy is extended), so several continuations may branch from one prefix."""
+
+    def __init__(self, model: PreTrainedModel):
+        super().__init__()
+        self.model = model
+        self.config = model.config.get_text_config()  # vocab_size sizes the scoring chunks
+
+    def forward(self, tokens: Tensor, *, caches: DynamicCache | None = None):
+        cache = DynamicCache(config=self.model.config) if caches is None else copy.deepcopy(caches)
+        out = self.model(input_ids=tokens, past_key_values=cache, use_cache=True)
+        return out.logits, None, out.past_key_values
 
 
 def add_prior(
