@@ -25,8 +25,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from torch.utils.benchmark import Timer
-from tqdm import tqdm
+from train_throughput import round_robin  # this script's directory is on sys.path
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import priorattn.hf as phf
@@ -70,17 +69,9 @@ def main() -> None:
     batches = Batches(data.train, args.batch_size, seed=0)
     config = TrainConfig(batch_size=args.batch_size, seq_len=args.seq_len)
     steps = {name: training_step(options, config, batches) for name, options in CONFIGURATIONS.items()}
-    for step in steps.values():  # warm up: first-call allocations, lazy kernels
-        step()
-
-    samples = {name: [] for name in steps}
-    names = list(steps)
-    for r in tqdm(range(args.rounds), desc="rounds"):
-        for name in names[r % len(names) :] + names[: r % len(names)]:
-            timer = Timer("step()", globals={"step": steps[name]}, num_threads=torch.get_num_threads())
-            samples[name].append(timer.timeit(args.steps).mean)
+    samples = round_robin(steps, args.rounds, args.steps)
     medians = {name: statistics.median(times) for name, times in samples.items()}
-    base = medians[names[0]]
+    base = medians[next(iter(medians))]
     print(
         f"\nLlama {MODEL['num_hidden_layers']} layers x d_model {MODEL['hidden_size']}, batch "
         f"{args.batch_size} x {args.seq_len} tokens, fp32, {torch.get_num_threads()} threads, median of "

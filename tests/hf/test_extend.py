@@ -28,19 +28,6 @@ CONFIG = dict(
 )
 
 
-@pytest.fixture
-def corpus_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("PRIORATTN_CACHE", str(tmp_path / "cache"))
-    words = "to be or not to be that is the question whether tis nobler in the mind".split()
-    gen = torch.Generator().manual_seed(0)
-    root = tmp_path / "corpus"
-    root.mkdir()
-    for i in range(4):
-        picks = torch.randint(0, len(words), (400,), generator=gen).tolist()
-        (root / f"doc{i}.txt").write_text(" ".join(words[j] for j in picks))
-    return root
-
-
 def test_hf_extend_from_a_config_trains_the_prior_and_saves_a_loadable_model(tmp_path, corpus_dir, capsys):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(CONFIG))

@@ -9,10 +9,13 @@ from transformers import (
     AutoModelForCausalLM,
     BloomConfig,
     DynamicCache,
+    GemmaConfig,
     GPT2Config,
     GPTNeoXConfig,
     LlamaConfig,
     MistralConfig,
+    PhiConfig,
+    Qwen2Config,
     Qwen3Config,
     StaticCache,
 )
@@ -29,11 +32,19 @@ CONFIGS = {
     "mistral": lambda: MistralConfig(**SIZES, intermediate_size=64, num_key_value_heads=1, sliding_window=5),
 }
 ARCHITECTURES = list(CONFIGS)
+#: Checked only for the uniform prior's equality with the model's own attention.
+MORE_CONFIGS = {
+    "qwen2": lambda: Qwen2Config(**SIZES, intermediate_size=64, num_key_value_heads=2),
+    "phi": lambda: PhiConfig(**SIZES, intermediate_size=64),
+    "gemma": lambda: GemmaConfig(**SIZES, intermediate_size=64, num_key_value_heads=1, head_dim=8),
+    "gpt2": lambda: GPT2Config(vocab_size=64, n_embd=32, n_layer=2, n_head=4),
+}
 
 
 def build(arch: str, seed: int = 0):
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(CONFIGS[arch](), attn_implementation="sdpa")
+    config = (CONFIGS | MORE_CONFIGS)[arch]()
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     return model.eval()
 
 
@@ -48,7 +59,7 @@ def left_padded(tokens: torch.Tensor, pads: list[int]) -> tuple[torch.Tensor, to
     return ids, mask, positions
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch", ARCHITECTURES + list(MORE_CONFIGS))
 def test_uniform_prior_with_rope_equals_the_models_sdpa(arch):
     model = build(arch)
     tokens = torch.randint(1, 64, (2, 12))
