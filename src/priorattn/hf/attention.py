@@ -84,7 +84,8 @@ def prior_attention(
     if not hasattr(module, "prior"):
         raise ValueError(
             f"{type(module).__name__} has no prior: call priorattn.hf.add_prior(model) instead of "
-            f"setting attn_implementation={NAME!r} by hand"
+            f"setting attn_implementation={NAME!r} by hand (models built from one config object share "
+            "it, and with it the attention add_prior sets: build each from its own config)"
         )
     _refuse_unsupported(dropout, kwargs)
     B, H, Lq, _ = query.shape

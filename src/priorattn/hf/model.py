@@ -92,7 +92,7 @@ def add_prior(
     Returns ``model`` itself, changed in place; ``model.save_pretrained`` then records all of this.
     """
     layers = attention_layers(model)
-    if hasattr(model.config, CONFIG_KEY):
+    if any("prior" in vars(layer) or "prior" in layer._modules for layer in layers):
         raise ValueError(
             f"{type(model).__name__} already has priors: add_prior once per model (load a fresh copy "
             "to change them)"
