@@ -134,7 +134,8 @@ def summed_loss(model: PreTrainedModel, tokens: Tensor, targets: Tensor, doc_ids
     Positions restart at every document (:func:`priorattn.data.document_positions`) and no cache is
     made, so the model treats each restart as a new document, as its own attention does.
     """
-    positions = document_positions(doc_ids).expand_as(tokens)  # (B, L)
+    # (1, L) when no window crosses a document: positions shared by the batch keep the routes' fast paths
+    positions = document_positions(doc_ids).reshape(-1, tokens.shape[1])  # else (B, L)
     logits = model(input_ids=tokens, position_ids=positions, use_cache=False).logits  # (B, L, V)
     return token_cross_entropy(logits, targets).sum()
 
