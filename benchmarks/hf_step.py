@@ -15,7 +15,6 @@ gives each one's median step time and its ratio to ``sdpa`` (time / sdpa's time)
 
     python benchmarks/hf_step.py                 # seq_len 1024, batch 2, 5 rounds of 2 steps
     python benchmarks/hf_step.py --quick         # seq_len 256, 3 rounds of 1 step
-    python benchmarks/hf_step.py --one-document  # windows not packed: positions 0..L-1 in every row
 """
 
 from __future__ import annotations
@@ -61,11 +60,6 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=2, help="training steps per timed sample")
     parser.add_argument("--quick", action="store_true", help="seq_len 256, 3 rounds of 1 step")
-    parser.add_argument(
-        "--one-document",
-        action="store_true",
-        help="each window one document (positions 0..L-1, nothing packed), as long documents give",
-    )
     args = parser.parse_args()
     if args.quick:
         args.seq_len, args.rounds, args.steps = 256, 3, 1
@@ -74,17 +68,14 @@ def main() -> None:
         data = prepare_data(None, tokenizer="byte", seq_len=args.seq_len, run_dir=Path(run_dir))
     batches = Batches(data.train, args.batch_size, seed=0)
     config = TrainConfig(batch_size=args.batch_size, seq_len=args.seq_len)
-    steps = {
-        name: training_step(options, config, batches, args.one_document)
-        for name, options in CONFIGURATIONS.items()
-    }
+    steps = {name: training_step(options, config, batches) for name, options in CONFIGURATIONS.items()}
     samples = round_robin(steps, args.rounds, args.steps)
     medians = {name: statistics.median(times) for name, times in samples.items()}
     base = medians[next(iter(medians))]
     print(
         f"\nLlama {MODEL['num_hidden_layers']} layers x d_model {MODEL['hidden_size']}, batch "
-        f"{args.batch_size} x {args.seq_len} tokens ({'one document' if args.one_document else 'packed'}), "
-        f"fp32, {torch.get_num_threads()} threads, median of {args.rounds} samples x {args.steps} steps\n"
+        f"{args.batch_size} x {args.seq_len} tokens, fp32, {torch.get_num_threads()} threads, median of "
+        f"{args.rounds} samples x {args.steps} steps\n"
     )
     print("| attention | ms / step | time / sdpa's |")
     print("|---|---:|---:|")
@@ -92,7 +83,7 @@ def main() -> None:
         print(f"| {name} | {1e3 * median:.0f} | {median / base:.2f}x |")
 
 
-def training_step(options: dict | None, config: TrainConfig, batches: Batches, one_document: bool):
+def training_step(options: dict | None, config: TrainConfig, batches: Batches):
     """A closure running one optimizer step of a fresh model on the next batch."""
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(LlamaConfig(**MODEL), attn_implementation="sdpa").train()
@@ -103,8 +94,6 @@ def training_step(options: dict | None, config: TrainConfig, batches: Batches, o
 
     def step():
         tokens, targets, doc_ids = batches.batch(next(counter))
-        if one_document:
-            doc_ids = torch.zeros_like(doc_ids)
         loss = summed_loss(model, tokens, targets, doc_ids) / (targets != IGNORE_INDEX).sum()
         loss.backward()
         optimizer.step()
