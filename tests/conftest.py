@@ -116,3 +116,17 @@ def make_run(tmp_path_factory):
         return runs[key]
 
     return make
+
+
+@pytest.fixture
+def corpus_dir(tmp_path, monkeypatch):
+    """A folder of four documents of random words, with token stores cached under tmp_path."""
+    monkeypatch.setenv("PRIORATTN_CACHE", str(tmp_path / "cache"))
+    words = "to be or not to be that is the question whether tis nobler in the mind".split()
+    gen = torch.Generator().manual_seed(0)
+    root = tmp_path / "corpus"
+    root.mkdir()
+    for i in range(4):
+        picks = torch.randint(0, len(words), (600,), generator=gen).tolist()
+        (root / f"doc{i}.txt").write_text(" ".join(words[j] for j in picks))
+    return root

@@ -73,16 +73,3 @@ def test_a_sparsemax_model_with_a_prior_trains_and_reloads(corpus_dir, tmp_path)
     assert run.model_config.normalizer == "sparsemax"
     assert all(block.attn.normalizer == "sparsemax" for block in run.model.blocks)
     assert result.val_loss < math.log(256) - 1.0  # an untrained model is near log 256 nats per byte
-
-
-@pytest.fixture
-def corpus_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("PRIORATTN_CACHE", str(tmp_path / "cache"))
-    words = "to be or not to be that is the question whether tis nobler in the mind".split()
-    gen = torch.Generator().manual_seed(0)
-    root = tmp_path / "corpus"
-    root.mkdir()
-    for i in range(4):
-        picks = torch.randint(0, len(words), (600,), generator=gen).tolist()
-        (root / f"doc{i}.txt").write_text(" ".join(words[j] for j in picks))
-    return root

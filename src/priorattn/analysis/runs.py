@@ -16,18 +16,30 @@ ENCODING_WORDS = {"rope": "RoPE", "sinusoidal": "sinusoidal encoding", "local_ro
 
 def run_label(run_dir: Path) -> str:
     """The run's positional mechanism in words, from its config ("GOAT prior", "RoPE + SSMax",
-    "no positional encoding (NoPE)"); the directory name if it has no config."""
+    "no positional encoding (NoPE)", "llama + GGD (BAM) prior" for a model from ``hf-extend``);
+    the directory name if it has no config."""
     path = run_dir / CONFIG_JSON
     if not path.exists():
         return run_dir.name
-    model = read_json(path)["model"]
-    priors = [PRIOR_WORDS[p] for p in model["prior"].split("+") if p != "uniform"]
-    parts = [" + ".join(priors) + " prior"] if priors else []
+    config = read_json(path)
+    if "model_type" in config:  # a transformers model
+        spec = config.get("priorattn") or {}
+        name = spec.get("prior") or "uniform"
+        parts = [config["model_type"], *prior_words(name)]
+        return " + ".join(parts) + (" without RoPE" if spec.get("remove_rope") else "")
+    model = config["model"]
+    parts = prior_words(model["prior"])
     if model["encoding"] != "none":
         parts.append(ENCODING_WORDS[model["encoding"]])
     if model["ssmax"]:
         parts.append("SSMax")
     return " + ".join(parts) if parts else "no positional encoding (NoPE)"
+
+
+def prior_words(prior: str) -> list[str]:
+    """``["GGD (BAM) + GOAT prior"]`` for ``"ggd+goat"``; nothing for ``"uniform"``."""
+    priors = [PRIOR_WORDS.get(p, p) for p in prior.split("+") if p != "uniform"]
+    return [" + ".join(priors) + " prior"] if priors else []
 
 
 def plot_runs(run_dirs: list[Path], out: Path) -> Path:

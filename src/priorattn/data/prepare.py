@@ -41,7 +41,7 @@ class Data:
 def prepare_data(
     source: str | None,
     *,
-    tokenizer: str = "byte",
+    tokenizer: str | Tokenizer = "byte",
     vocab_size: int | None = None,
     seq_len: int,
     val_fraction: float = 0.1,
@@ -53,7 +53,7 @@ def prepare_data(
     """Load ``source`` (see :func:`load_corpus`), split it by document, tokenize and pack it.
 
     - ``tokenizer``, ``vocab_size``: see :func:`build_tokenizer`; a BPE learns from the train split
-      only. The tokenizer is saved in ``run_dir``.
+      only. Or a :class:`Tokenizer` ready made (a pretrained model's). It is saved in ``run_dir``.
     - ``text_encoding``: how text files are decoded (see :func:`load_corpus`).
     - ``cache_dir``: where token stores are cached (default :func:`default_cache_dir`).
     - ``resume``: reload the tokenizer saved in ``run_dir`` instead of building one, after checking
@@ -64,7 +64,11 @@ def prepare_data(
     record = {
         "source": source,
         "text_encoding": text_encoding,
-        "tokenizer_request": {"kind": tokenizer, "vocab_size": vocab_size},
+        "tokenizer_request": (
+            {"kind": tokenizer, "vocab_size": vocab_size}
+            if isinstance(tokenizer, str)
+            else tokenizer.to_dict()
+        ),
         "seq_len": seq_len,
         "val_fraction": val_fraction,
         "train_documents": [doc.name for doc in train_docs],
@@ -75,7 +79,9 @@ def prepare_data(
         check_same(saved, record, SAME_REQUEST, run_dir)
         text_tokenizer = load_tokenizer(saved["tokenizer"], run_dir)
     else:
-        text_tokenizer = build_tokenizer(tokenizer, train_docs, vocab_size)
+        text_tokenizer = tokenizer
+        if isinstance(tokenizer, str):
+            text_tokenizer = build_tokenizer(tokenizer, train_docs, vocab_size)
         text_tokenizer.save(run_dir)
     train_store = cached_store(train_docs, text_tokenizer, cache_dir)
     val_store = cached_store(val_docs, text_tokenizer, cache_dir)

@@ -1,5 +1,7 @@
 """Evaluations of a run directory: each job loads the trained model, scores it, and writes
-``results.json`` and its plots into an output directory (what ``priorattn eval`` runs).
+``results.json`` and its plots into an output directory (what ``priorattn eval`` runs). The
+directory is a run of ``priorattn train``, or a ``transformers`` model that ``priorattn hf-extend``
+wrote (its training length is the extension's ``seq_len``).
 
 The text is the run's own validation split by default (:func:`priorattn.data.run_documents`), or
 any corpus source (``data=``: a text file, folder, glob, ``hf:PATH``; its text files decoded with
@@ -10,6 +12,7 @@ text it never saw. Default lengths run from the training length ``T`` to ``64 T`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +20,8 @@ import numpy as np
 from ..analysis.runs import run_label
 from ..data import load_corpus, run_documents
 from ..data.retrieval import NIAH_VARIANTS, RetrievalTask, default_filler
-from ..files import prepare_out, write_json_atomic
+from ..data.tokenizer import Tokenizer
+from ..files import prepare_out, read_json, write_json_atomic
 from ..train import load_run
 from .plots import TASK_TITLES, plot_accuracy_vs_length, plot_ppl, plot_retrieval_heatmaps
 from .ppl import evaluate_ppl
@@ -25,6 +29,29 @@ from .retrieval import evaluate_retrieval, uniform_depths
 
 RESULTS_JSON = "results.json"
 DEFAULT_FACTORS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass
+class ScoredModel:
+    """What an evaluation needs of a run: a model called as :class:`~priorattn.models.GPT` is
+    (``model(tokens, caches=...) -> (logits, loss, caches)``), its tokenizer and training length."""
+
+    model: object
+    tokenizer: Tokenizer
+    train_len: int
+
+
+def load_scored(run_dir: Path) -> ScoredModel:
+    """The model of a ``priorattn train`` run, or of a ``transformers`` directory from ``hf-extend``
+    (its ``config.json`` names a ``model_type``; loading it needs ``priorattn[hf]``)."""
+    config = run_dir / "config.json"
+    if config.is_file() and "model_type" in read_json(config):
+        from ..hf.extend import load_extended
+
+        model, tokenizer, train_len = load_extended(run_dir)
+        return ScoredModel(model, tokenizer, train_len)
+    run = load_run(run_dir)
+    return ScoredModel(run.model, run.tokenizer, run.model_config.seq_len)
 
 
 def default_lengths(train_len: int, factors: Sequence[int] = DEFAULT_FACTORS) -> list[int]:
@@ -55,8 +82,8 @@ def ppl_job(
     """:func:`~priorattn.eval.evaluate_ppl` of the run in ``run_dir``; writes ``results.json`` and
     ``ppl.png`` into ``out``."""
     run_dir, out = Path(run_dir), prepare_out(out)
-    run = load_run(run_dir)
-    T = run.model_config.seq_len
+    run = load_scored(run_dir)
+    T = run.train_len
     documents = eval_documents(run, run_dir, data, text_encoding)
     result = evaluate_ppl(
         run.model,
@@ -91,8 +118,8 @@ def passkey_job(
     ``data`` and ``text_encoding`` are not read by the passkey (its haystack is the repeated
     filler) but are accepted for a uniform command line."""
     run_dir, out = Path(run_dir), prepare_out(out)
-    run = load_run(run_dir)
-    T = run.model_config.seq_len
+    run = load_scored(run_dir)
+    T = run.train_len
     task = RetrievalTask(
         "passkey", run.tokenizer, default_filler("passkey", run.tokenizer, None), digits=digits
     )
@@ -137,8 +164,8 @@ def niah_job(
             f"unknown NIAH variant {unknown[0] if unknown else None!r}: use some of {NIAH_VARIANTS}"
         )
     run_dir, out = Path(run_dir), prepare_out(out)
-    run = load_run(run_dir)
-    T = run.model_config.seq_len
+    run = load_scored(run_dir)
+    T = run.train_len
     corpus = np.concatenate(eval_documents(run, run_dir, data, text_encoding))
     per_variant = {}
     lengths = lengths or default_lengths(T)
