@@ -806,8 +806,19 @@ def add_copy_mixture_parser(analyses) -> None:
     t.set_defaults(func=analyze_copy_mixture, parser=t)
 
 
+def add_experiment_options(p: argparse.ArgumentParser, steps: int, seed_help: str | None = "(0)") -> None:
+    """``--out``, ``--budget`` (scaling ``steps`` training steps), ``--seed`` (unless ``seed_help``
+    is None) and ``--quiet``: what every command that trains and measures models takes."""
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    budget_help = f"training budget scale: 0.1 smoke run (1: {steps} steps)"
+    p.add_argument("--budget", type=positive_number, default=1.0, help=budget_help)
+    if seed_help is not None:
+        p.add_argument("--seed", type=int_at_least(0), default=0, help=seed_help)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
 def add_compare_parser(commands) -> None:
-    from .eval.compare import MODELS
+    from .eval.compare import MODELS, CompareConfig
 
     p = commands.add_parser(
         "compare",
@@ -819,21 +830,17 @@ def add_compare_parser(commands) -> None:
             "DIR/results.json. A re-run reuses finished models and evaluations."
         ),
     )
-    p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument(
         "--priors",
         type=name_list(list(MODELS), "prior"),
         help=f"comma-separated subset of {','.join(MODELS)} (all)",
     )
-    p.add_argument(
-        "--budget", type=positive_number, default=1.0, help="training budget scale: 0.1 smoke run (1)"
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_experiment_options(p, CompareConfig().steps, seed_help=None)
     p.set_defaults(func=compare, parser=p)
 
 
 def add_dna_parser(commands) -> None:
-    from .dna.experiment import DEFAULT_GENOME, DEFAULT_MODELS
+    from .dna.experiment import DEFAULT_GENOME, DEFAULT_MODELS, DNAConfig
     from .eval.compare import MODELS
 
     p = commands.add_parser(
@@ -847,21 +854,19 @@ def add_dna_parser(commands) -> None:
             "with their match rate and GC%% correlation. A re-run reuses finished models."
         ),
     )
-    p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--genome", default=DEFAULT_GENOME, help=f"a FASTA file or directory ({DEFAULT_GENOME})")
     p.add_argument(
         "--models",
         type=name_list(list(MODELS), "model"),
         help=f"comma-separated, from {','.join(MODELS)} ({','.join(DEFAULT_MODELS)})",
     )
-    p.add_argument("--budget", type=positive_number, default=1.0, help="training budget scale (1: 400 steps)")
-    p.add_argument("--seed", type=int_at_least(0), default=0, help="(0)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_experiment_options(p, DNAConfig().steps)
     p.set_defaults(func=dna, parser=p)
 
 
 def add_scalar_exp_parser(commands) -> None:
     from .scalar.experiments import EXPERIMENTS
+    from .scalar.experiments.common import Settings
 
     listing = "; ".join(f"{n}: {e.description}" for n, e in sorted(EXPERIMENTS.items()))
     p = commands.add_parser(
@@ -873,23 +878,13 @@ def add_scalar_exp_parser(commands) -> None:
         ),
     )
     p.add_argument("number", type=int, choices=sorted(EXPERIMENTS), metavar="N", help="experiment number")
-    p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument(
-        "--budget",
-        type=positive_number,
-        default=1.0,
-        help="training steps scale: 0.1 smoke run (1: 300 steps)",
-    )
-    p.add_argument(
-        "--seed", type=int_at_least(0), default=0, help="weights, batches, windows: a replicate (0)"
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_experiment_options(p, Settings().steps, seed_help="weights, batches, windows: a replicate (0)")
     p.set_defaults(func=scalar_exp, parser=p)
 
 
 def add_vision_parser(commands) -> None:
     from .vision.data import DEFAULT_DATA
-    from .vision.experiment import DEFAULT_MODELS, MODELS
+    from .vision.experiment import DEFAULT_MODELS, MODELS, VisionConfig
 
     p = commands.add_parser(
         "vision",
@@ -901,7 +896,6 @@ def add_vision_parser(commands) -> None:
             "goat_nosink, GOAT without its key sink, is an ablation trained when named."
         ),
     )
-    p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument(
         "--data",
         type=Path,
@@ -913,13 +907,7 @@ def add_vision_parser(commands) -> None:
         type=name_list(list(MODELS), "model"),
         help=f"comma-separated, of {','.join(MODELS)} ({','.join(DEFAULT_MODELS)})",
     )
-    p.add_argument(
-        "--budget", type=positive_number, default=1.0, help="training budget scale: 0.1 smoke run (1)"
-    )
-    p.add_argument(
-        "--seed", type=int_at_least(0), default=0, help="training and test subsets, init, batches (0)"
-    )
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_experiment_options(p, VisionConfig().steps, seed_help="training and test subsets, init, batches (0)")
     p.set_defaults(func=vision, parser=p)
 
 
