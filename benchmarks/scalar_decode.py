@@ -9,7 +9,9 @@ experiment 3's "all three terms"). The run is trained once and reused from
 reads the corpus in windows of its training length (256 bytes), and one layer's (``--layer``) scalar
 keys, queries and values of every token are collected: a cache of n tokens is n consecutive corpus
 bytes, i.e. n / 256 windows' keys side by side (the model attends within 256 tokens; no model here
-attends over a million). ``--source synthetic`` draws keys and queries uniform on [-3, 3] (the fixed
+attends over a million). ``--tau-cap T`` trains (and caches) instead a model whose tau starts at T / 2
+and never exceeds T, with ``L_spread`` 0.1: attention local in scalar space at the training length.
+``--source synthetic`` draws keys and queries uniform on [-3, 3] (the fixed
 target range of L_spread) with ``--tau`` and random values instead.
 
 For each cache length n, one process prefills a ``SortedScalarCache`` and a dense cache (scalar keys
@@ -25,12 +27,15 @@ alternates, round by round:
 It reports medians over rounds of the per-token time, their ratio (the speedup), keys and value rows
 read per step, the attention mass the window holds (exact, from the float64 dense weights of sampled
 tokens' queries, and the cache's own lower bound), the keys a query needs for 99.9% of its mass, and
-the memory of both caches. ``--tau-scaling length`` replaces the trained tau by ``tau (256 / n)^2``
-in both caches: the bandwidth a model would need to keep as many keys within reach of a query at n
-as at its training length (not the trained model's attention; docs/scalar_decoding.md).
+the memory of both caches; and the exact mass that each of ``--mass-windows`` would hold (untimed),
+to choose the smallest sufficient window. ``--tau-scaling length`` replaces the trained tau by
+``tau (256 / n)^2`` in both caches: the bandwidth a model would need to keep as many keys within
+reach of a query at n as at its training length (not the trained model's attention;
+docs/scalar_decoding.md).
 
     python benchmarks/scalar_decode.py                       # n = 1e3 .. 1e6, trains once (~4 min)
     python benchmarks/scalar_decode.py --json                # the last line is JSON
+    python benchmarks/scalar_decode.py --tau-cap 2e-3 --window 1024   # the bandwidth-capped model
 """
 
 from __future__ import annotations
