@@ -9,10 +9,10 @@ experiment 3's "all three terms"). The run is trained once and reused from
 reads the corpus in windows of its training length (256 bytes), and one layer's (``--layer``) scalar
 keys, queries and values of every token are collected: a cache of n tokens is n consecutive corpus
 bytes, i.e. n / 256 windows' keys side by side (the model attends within 256 tokens; no model here
-attends over a million). ``--tau-cap T`` trains (and caches) instead a model whose tau starts at T / 2
-and never exceeds T, with ``L_spread`` 0.1: attention local in scalar space at the training length.
-``--source synthetic`` draws keys and queries uniform on [-3, 3] (the fixed
-target range of L_spread) with ``--tau`` and random values instead.
+attends over a million). ``--tau-cap T`` trains (and caches) instead a model whose tau starts at
+T / 2 and never exceeds T, with ``L_spread`` 0.1: attention local in scalar space at the training
+length. ``--source synthetic`` draws keys and queries uniform on [-3, 3] (the fixed target range of
+L_spread) with ``--tau`` and random values instead.
 
 For each cache length n, one process prefills a ``SortedScalarCache`` and a dense cache (scalar keys
 ``(Hk, n)`` and values ``(G, n, Dv)`` in arrival order, preallocated) with the same tokens, then
@@ -58,6 +58,7 @@ from priorattn.models import preset
 from priorattn.scalar import SortedDecoding
 from priorattn.scalar.model import sorted_caches
 from priorattn.scalar.sorted_cache import SortedScalarCache, scalar_attention_reference
+from priorattn.scalar.temperature import TAU_FLOOR
 from priorattn.train import TrainConfig, TrainResult, load_run, train
 
 SPREAD = 3.0  # synthetic keys and queries are uniform on [-SPREAD, SPREAD]
@@ -117,6 +118,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the results as JSON on the last line")
     args = parser.parse_args(argv)
+    if args.tau_cap is not None and not args.tau_cap > 2 * TAU_FLOOR:
+        parser.error(f"--tau-cap must exceed {2 * TAU_FLOOR} (tau starts at half the cap, above {TAU_FLOOR})")
     args.key_heads = args.heads if args.key_heads is None else args.key_heads
     args.steps = args.buffer_size if args.steps is None else args.steps
     return args
@@ -154,7 +157,7 @@ def trained_run(steps: int, tau_cap: float | None = None) -> TrainResult:
 
     With ``tau_cap`` the bandwidth starts at half the cap and never exceeds it, and L_spread weighs
     0.1 (the recipe of the sorted-window generation test in tests/train/test_scalar_training.py):
-    attention local in scalar space, as seed 002 section 3 intends."""
+    attention local in scalar space, as seed 002's sorted-cache decoding presumes."""
     bandwidth = {} if tau_cap is None else dict(scalar_tau_init=tau_cap / 2, scalar_tau_cap=tau_cap)
     model_config = preset("tiny", attention="scalar", **bandwidth)
     config = TrainConfig(
