@@ -9,8 +9,10 @@ experiment 3's "all three terms"). The run is trained once and reused from
 reads the corpus in windows of its training length (256 bytes), and one layer's (``--layer``) scalar
 keys, queries and values of every token are collected: a cache of n tokens is n consecutive corpus
 bytes, i.e. n / 256 windows' keys side by side (the model attends within 256 tokens; no model here
-attends over a million). ``--source synthetic`` draws keys and queries uniform on [-3, 3] (the fixed
-target range of L_spread) with ``--tau`` and random values instead.
+attends over a million). ``--tau-cap T`` trains (and caches) instead a model whose tau starts at
+T / 2 and never exceeds T, with ``L_spread`` 0.1: attention local in scalar space at the training
+length. ``--source synthetic`` draws keys and queries uniform on [-3, 3] (the fixed target range of
+L_spread) with ``--tau`` and random values instead.
 
 For each cache length n, one process prefills a ``SortedScalarCache`` and a dense cache (scalar keys
 ``(Hk, n)`` and values ``(G, n, Dv)`` in arrival order, preallocated) with the same tokens, then
@@ -25,12 +27,15 @@ alternates, round by round:
 It reports medians over rounds of the per-token time, their ratio (the speedup), keys and value rows
 read per step, the attention mass the window holds (exact, from the float64 dense weights of sampled
 tokens' queries, and the cache's own lower bound), the keys a query needs for 99.9% of its mass, and
-the memory of both caches. ``--tau-scaling length`` replaces the trained tau by ``tau (256 / n)^2``
-in both caches: the bandwidth a model would need to keep as many keys within reach of a query at n
-as at its training length (not the trained model's attention; docs/scalar_decoding.md).
+the memory of both caches; and the exact mass that each of ``--mass-windows`` would hold (untimed),
+to choose the smallest sufficient window. ``--tau-scaling length`` replaces the trained tau by
+``tau (256 / n)^2`` in both caches: the bandwidth a model would need to keep as many keys within
+reach of a query at n as at its training length (not the trained model's attention;
+docs/scalar_decoding.md).
 
     python benchmarks/scalar_decode.py                       # n = 1e3 .. 1e6, trains once (~4 min)
     python benchmarks/scalar_decode.py --json                # the last line is JSON
+    python benchmarks/scalar_decode.py --tau-cap 2e-3 --window 1024   # the bandwidth-capped model
 """
 
 from __future__ import annotations
@@ -53,7 +58,8 @@ from priorattn.models import preset
 from priorattn.scalar import SortedDecoding
 from priorattn.scalar.model import sorted_caches
 from priorattn.scalar.sorted_cache import SortedScalarCache, scalar_attention_reference
-from priorattn.train import TrainConfig, load_run, train
+from priorattn.scalar.temperature import TAU_FLOOR
+from priorattn.train import TrainConfig, TrainResult, load_run, train
 
 SPREAD = 3.0  # synthetic keys and queries are uniform on [-SPREAD, SPREAD]
 
@@ -77,7 +83,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--groups", type=int, default=1, help="synthetic: G value groups")
     parser.add_argument("--value-dim", type=int, default=64, help="synthetic")
     parser.add_argument("--tau", type=float, default=2.5e-7, help="synthetic")
+    parser.add_argument(
+        "--tau-cap",
+        type=float,
+        default=None,
+        help="trained: cap the bandwidth at this tau (starting at half of it) and weigh L_spread 0.1; "
+        "a separate cached run",
+    )
     parser.add_argument("--window", type=int, default=512)
+    parser.add_argument(
+        "--mass-windows",
+        type=int,
+        nargs="*",
+        default=[64, 128, 256, 512, 1024],
+        help="windows whose exact mass captured (min / mean) is also reported, untimed",
+    )
     parser.add_argument("--buffer-size", type=int, default=256)
     parser.add_argument(
         "--steps", type=int, default=None, help="sorted steps per round (default buffer size)"
@@ -98,6 +118,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print the results as JSON on the last line")
     args = parser.parse_args(argv)
+    if args.tau_cap is not None and not args.tau_cap > 2 * TAU_FLOOR:
+        parser.error(f"--tau-cap must exceed {2 * TAU_FLOOR} (tau starts at half the cap, above {TAU_FLOOR})")
     args.key_heads = args.heads if args.key_heads is None else args.key_heads
     args.steps = args.buffer_size if args.steps is None else args.steps
     return args
@@ -130,13 +152,18 @@ def synthetic_tokens(args: argparse.Namespace, count: int) -> Tokens:
     return Tokens(uniform(count, args.key_heads), uniform(count, args.heads), v, tau, 256, note)
 
 
-def trained_run(steps: int) -> Path:
-    """The regularized scalar run, trained on first use and reused from the cache after."""
-    model_config = preset("tiny", attention="scalar")
+def trained_run(steps: int, tau_cap: float | None = None) -> TrainResult:
+    """The regularized scalar run, trained on first use and reused from the cache after.
+
+    With ``tau_cap`` the bandwidth starts at half the cap and never exceeds it, and L_spread weighs
+    0.1 (the recipe of the sorted-window generation test in tests/train/test_scalar_training.py):
+    attention local in scalar space, as seed 002's sorted-cache decoding presumes."""
+    bandwidth = {} if tau_cap is None else dict(scalar_tau_init=tau_cap / 2, scalar_tau_cap=tau_cap)
+    model_config = preset("tiny", attention="scalar", **bandwidth)
     config = TrainConfig(
         steps=steps,
         reg_align=0.1,
-        reg_spread=0.01,
+        reg_spread=0.01 if tau_cap is None else 0.1,
         reg_spread_start=steps // 2,  # seed 002 tuning notes: L_spread after initial convergence
         reg_tau=0.01,
         eval_every=0,
@@ -144,8 +171,7 @@ def trained_run(steps: int) -> Path:
     )
     configs = json.dumps([model_config.to_dict(), config.to_dict()], sort_keys=True)
     run_dir = default_cache_dir().parent / "scalar_decode" / hashlib.sha256(configs.encode()).hexdigest()[:16]
-    train(model_config, config, run_dir, resume=True)
-    return run_dir
+    return train(model_config, config, run_dir, resume=True)
 
 
 @torch.no_grad()
@@ -204,9 +230,9 @@ def compare_generation(args: argparse.Namespace, run_dir: Path) -> list[dict]:
     return rows
 
 
-def exact_mass(q_s, tau, keys, window) -> tuple[torch.Tensor, torch.Tensor]:
+def exact_mass(q_s, tau, keys, windows) -> tuple[torch.Tensor, torch.Tensor]:
     """For one query per head over all ``keys (Hk, n)``, in float64: the exact attention mass on the
-    ``window`` nearest keys, and how many nearest keys hold 99.9% of it, per head."""
+    nearest ``windows`` keys ``(H, len(windows))``, and how many nearest keys hold 99.9% of it ``(H,)``."""
     H = q_s.shape[0]
     keys = keys.repeat_interleave(H // keys.shape[0], dim=0).double()
     distance = (q_s.double()[:, None] - keys).abs()
@@ -214,7 +240,7 @@ def exact_mass(q_s, tau, keys, window) -> tuple[torch.Tensor, torch.Tensor]:
     by_distance = weights.gather(1, distance.argsort(dim=1))
     captured = by_distance.cumsum(dim=1)
     needed = (captured < 0.999).sum(dim=1) + 1
-    return captured[:, min(window, keys.shape[1]) - 1], needed
+    return captured[:, [min(window, keys.shape[1]) - 1 for window in windows]], needed
 
 
 def run_length(n: int, args: argparse.Namespace, tokens: Tokens) -> dict:
@@ -250,11 +276,14 @@ def run_length(n: int, args: argparse.Namespace, tokens: Tokens) -> dict:
     captured, needed = [], []
     generator = torch.Generator().manual_seed(args.seed)
     for t in torch.randint(length, (args.mass_queries,), generator=generator).tolist():
-        mass, keys = exact_mass(q_s[t], tau.expand(H), dense_keys[:, :length], args.window)
+        mass, keys = exact_mass(
+            q_s[t], tau.expand(H), dense_keys[:, :length], [args.window, *args.mass_windows]
+        )
         captured.append(mass)
         needed.append(keys)
         bounds.append(cache.decode(q_s[t], tau, args.window).mass_captured_bound.min().item())
     captured, needed = torch.cat(captured), torch.cat(needed)
+    captured, by_window = captured[:, 0], captured[:, 1:]
     # Both caches hold the same tokens in tables of the same capacity (n + the decoded tokens).
     sorted_bytes, dense_bytes = cache.nbytes(), dense_keys.nbytes + dense_values.nbytes
     sorted_s, dense_s = statistics.median(sorted_times), statistics.median(dense_times)
@@ -269,6 +298,10 @@ def run_length(n: int, args: argparse.Namespace, tokens: Tokens) -> dict:
         "dense_rows_read": G * length,
         "mass_captured": captured.min().item(),
         "mass_captured_median": captured.median().item(),
+        "mass_captured_mean": captured.mean().item(),
+        "mass_windows": args.mass_windows,
+        "mass_by_window_min": by_window.min(dim=0).values.tolist(),
+        "mass_by_window_mean": by_window.mean(dim=0).tolist(),
         "mass_captured_bound": min(bounds),
         "keys_for_999": int(needed.max()),
         "keys_for_999_median": needed.median().item(),
@@ -283,7 +316,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     if args.generation:
-        rows = compare_generation(args, trained_run(args.train_steps))
+        rows = compare_generation(args, trained_run(args.train_steps, args.tau_cap).run_dir)
         print(f"# greedy, {args.prompt_tokens} prompt tokens, {args.new_tokens} new tokens")
         print("| window | first differing token | largest logit difference | mass outside bound (max) |")
         print("|---:|---:|---:|---:|")
@@ -298,7 +331,12 @@ def main(argv=None) -> None:
         return
     count = max(args.n) + args.rounds * args.steps
     if args.source == "trained":
-        tokens = trained_tokens(args, trained_run(args.train_steps), count)
+        run = trained_run(args.train_steps, args.tau_cap)
+        print(
+            f"# trained run: tau cap {args.tau_cap}, validation loss {run.val_loss:.4f} nats/byte "
+            f"(unigram {run.unigram_loss:.4f})"
+        )
+        tokens = trained_tokens(args, run.run_dir, count)
     else:
         tokens = synthetic_tokens(args, count)
     H, Hk, G, Dv = tokens.q_s.shape[1], tokens.k_s.shape[1], tokens.v.shape[1], tokens.v.shape[2]
@@ -326,6 +364,13 @@ def main(argv=None) -> None:
             f"{r['sorted_mb']:.1f} / {r['dense_mb']:.1f} ({r['memory_ratio']:.3f}x) |",
             flush=True,
         )
+    if args.mass_windows:
+        print("\n# exact mass captured by other windows (min / mean over the same queries), untimed")
+        print("| n | " + " | ".join(f"window {w}" for w in args.mass_windows) + " |")
+        print("|" + "---:|" * (len(args.mass_windows) + 1))
+        for r in rows:
+            masses = zip(r["mass_by_window_min"], r["mass_by_window_mean"])
+            print(f"| {r['n']} | " + " | ".join(f"{low:.6f} / {mean:.6f}" for low, mean in masses) + " |")
     if args.json:
         print(json.dumps({key: [r[key] for r in rows] for key in (rows[0] if rows else {"n": 0})}))
 
