@@ -87,3 +87,21 @@ def test_library_argument_names_become_the_flags_of_the_command(message, expecte
         parser.add_argument(flag)
     parser.add_argument("--resume", action="store_true")
     assert cli.flag_names(message, parser) == expected
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["analyze", "priors", "--run", "{missing}"],
+        ["analyze", "attention", "--run", "{missing}", "--prompt", "hi", "--layer", "0", "--head", "0"],
+        ["analyze", "sink-mass", "--run", "{missing}"],
+        ["analyze", "identities", "--run", "{missing}"],
+        ["hf-extend", "--model", "{missing}", "--prior", "ggd", "--seq-len", "64", "--steps", "1"],
+        ["dna", "--genome", "{missing}"],
+    ],
+)
+def test_a_command_refused_for_a_missing_input_leaves_no_output_directory(tmp_path, capsys, argv):
+    argv = [a.format(missing=tmp_path / "missing") for a in argv] + ["--out", str(tmp_path / "out")]
+    assert exit_code(argv) == 2
+    assert "missing" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

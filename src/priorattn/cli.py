@@ -374,8 +374,8 @@ def analyze_identities(args: argparse.Namespace) -> int:
 
     options = dict(layers=args.layers, heads=args.heads, rows=args.rows, sequences=args.sequences)
     try:
-        out = prepare_out(args.out)
         result = check_run(args.run, length=args.length, seed=args.seed, **options)
+        out = prepare_out(args.out)
     except (ValueError, FileNotFoundError, FileExistsError) as e:  # no run, no checkpoint, bad index
         args.parser.error(str(e))
     write_json_atomic(out / RESULTS_JSON, result)

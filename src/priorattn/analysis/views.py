@@ -94,7 +94,6 @@ def analyze_priors(
     writes ``prior_curves.png``, ``prior_heatmaps.png``, ``sink.png`` (GOAT) and ``results.json``."""
     if extrapolate < 1:
         raise ValueError(f"extrapolate must be >= 1, got {extrapolate}")
-    out = prepare_out(out)
     run = load_run(run_dir)
     config = run.model_config
     layers = pick_indices("layer", layers, config.n_layers, "layers")
@@ -128,6 +127,7 @@ def analyze_priors(
             decompositions += [(layer, head, parts) for head, parts in zip(heads, components)]
             entry["identified_sink"] = [parts[0].tolist() for parts in components]
         results.append(entry)
+    out = prepare_out(out)
     figures = [
         plots.plot_learned_curves(out, curves, length),
         plots.plot_mask_renormalization(out, rows, length),
@@ -252,9 +252,9 @@ def analyze_sink_mass(
         raise ValueError(f"samples must be >= 1, got {samples}")
     if length is not None and length < 2:
         raise ValueError(f"length must be >= 2: query 0 sees only key 0, got {length}")
-    out = prepare_out(out)
     run_dirs = [run for path in runs for run in runs_in(path)]
     results = [run_sink_mass(run, length, omegas, samples, seed) for run in run_dirs]
+    out = prepare_out(out)
     curves = [(r["label"], *(np.array(r[k]) for k in ("mean", "lowest", "highest"))) for r in results]
     shares = {r["length"]: r["uniform_share"] for r in results}
     figure = plots.plot_sink_mass(out, np.array(omegas), curves, shares)
@@ -274,7 +274,6 @@ def analyze_sink_mass(
 def analyze_attention(run_dir: str | Path, out: str | Path, *, prompt: str, layer: int, head: int) -> dict:
     """Head ``head`` of layer ``layer``'s attention weights on ``prompt`` (float64, the reference
     route); writes ``attention.png`` and ``results.json`` (the weights, the tokens, the head's prior)."""
-    out = prepare_out(out)
     run = load_run(run_dir)
     config = run.model_config
     (layer,) = pick_indices("layer", [layer], config.n_layers, "layers")
@@ -282,6 +281,7 @@ def analyze_attention(run_dir: str | Path, out: str | Path, *, prompt: str, laye
     ids = run.tokenizer.encode(prompt)
     if not ids:
         raise ValueError("prompt is empty: give at least one character")
+    out = prepare_out(out)
     model = run.model.double()
     weights = attention_weights(model, torch.tensor([ids]))[layer][0, head]  # (L, L)
     pieces = [run.tokenizer.decode([i]) for i in ids]

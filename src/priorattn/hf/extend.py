@@ -81,9 +81,9 @@ def extend(
     """
     if config.seq_len is None:
         raise ValueError("seq_len must be given: the length to extend the model to")
-    out = prepare_out(Path(out))
     model, tokenizer = load_model(source)
     add_prior(model, prior, remove_rope=remove_rope, seq_len=config.seq_len, **prior_options)
+    out = prepare_out(Path(out))
     data = prepare_data(
         config.data,
         tokenizer=tokenizer,
