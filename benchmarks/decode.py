@@ -135,7 +135,7 @@ DECODERS = {
 
 @torch.no_grad()
 def prior_decode(name: str, P: int, steps: int, rounds: int) -> dict[str, float]:
-    """``{row: median seconds per decode step}`` of every row of :data:`DECODERS` after a ``P``-token prefill."""
+    """``{row: median seconds per decode step}`` of each row of :data:`DECODERS`, ``P`` tokens cached."""
     models, caches, times = {}, {}, {}
     prompt = torch.randint(256, (1, P), generator=torch.Generator().manual_seed(0))
     for row, overrides in DECODERS.items():

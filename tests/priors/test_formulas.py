@@ -116,6 +116,28 @@ def test_goat_sink_is_defined_at_negative_positions():
             assert K[1, i, j].item() == pytest.approx(goat_by_hand(prior, qi, kj, 1), abs=1e-12)
 
 
+def test_goat_sink_reads_generation_positions_from_a_table_that_follows_its_parameters():
+    """Outside autograd the sink's values come from a table by position; it grows past its end and
+    is rebuilt when a parameter changes in place or is replaced, so it always equals a fresh
+    evaluation. Under autograd the sink is evaluated, so its parameters get gradients."""
+    sink = make_prior("goat", 2, seed=5).sink
+    batched = torch.tensor([[0, 3, 7], [2, 2, 40]])
+    with torch.no_grad():
+        for k_pos in (torch.arange(5), torch.arange(12), batched, torch.arange(-3, 4)):
+            torch.testing.assert_close(sink(k_pos), sink.evaluate(k_pos), rtol=0, atol=1e-12)
+        assert sink._table[1].shape == (2, 41)
+        sink.decay.add_(1.0)  # an optimizer step: in place
+        torch.testing.assert_close(
+            sink(torch.arange(12)), sink.evaluate(torch.arange(12)), rtol=0, atol=1e-12
+        )
+        sink.mlp[2].bias = torch.nn.Parameter(sink.mlp[2].bias + 1.0)  # a new tensor
+        torch.testing.assert_close(
+            sink(torch.arange(12)), sink.evaluate(torch.arange(12)), rtol=0, atol=1e-12
+        )
+    sink(torch.arange(12)).sum().backward()
+    assert sink.decay.grad is not None and sink.mlp[0].weight.grad is not None
+
+
 def test_goat_without_frequencies_is_its_sink_and_slope():
     prior = GOAT(2, 0, sink_freqs=2, sink_hidden=4).double()
     with torch.no_grad():

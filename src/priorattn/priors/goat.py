@@ -43,6 +43,13 @@ class GOATSink(nn.Module):
     train_len`` are defined there already; the log input is continued as an odd function, so ``u`` is
     finite at every integer position and unchanged at ``j >= 0``.
     The MLP's output layer starts at zero, so a new sink is ``u = 0`` (standard attention).
+
+    ``u`` depends on the key's position alone, yet a decode step asks for it at every cached key:
+    outside autograd (generation), values at positions ``0 .. n - 1`` are kept in a table and read
+    back, so the MLP runs once per new position (the table doubles when a key passes its end). The
+    table is rebuilt when a parameter or buffer changes (in place, or replaced) and is never used
+    under autograd, under ``torch.compile`` or off the CPU (where reading the positions' range
+    would wait for the device).
     """
 
     def __init__(
@@ -66,6 +73,7 @@ class GOATSink(nn.Module):
         )
         nn.init.zeros_(self.mlp[2].weight)
         nn.init.zeros_(self.mlp[2].bias)
+        self._table: tuple[tuple, Tensor] | None = None  # (what it was computed from, u (H, n))
 
     def features(self, k_pos: Tensor) -> Tensor:
         """The MLP's inputs ``(..., Lk, 2 * sink_freqs + 2)`` for integer key positions ``(..., Lk)``."""
@@ -80,9 +88,30 @@ class GOATSink(nn.Module):
 
     def forward(self, k_pos: Tensor) -> Tensor:
         """``u_h(j)`` as ``(..., H, Lk)`` for integer key positions ``(..., Lk)``."""
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or k_pos.device.type != "cpu":
+            return self.evaluate(k_pos)
+        if k_pos.numel() == 0 or int(k_pos.min()) < 0:
+            return self.evaluate(k_pos)
+        table = self.table(int(k_pos.max()) + 1)  # (H, n)
+        return table[:, k_pos].movedim(0, -2)
+
+    def evaluate(self, k_pos: Tensor) -> Tensor:
+        """``u_h(j)`` computed afresh, ``(..., H, Lk)``."""
         position = k_pos.to(self.freqs.dtype)[..., None]
         u = self.mlp(self.features(k_pos)) - self.decay * position / self.train_len  # (..., Lk, H)
         return u.transpose(-1, -2)
+
+    def table(self, n: int) -> Tensor:
+        """``u`` at positions ``0 .. m - 1``, ``(H, m)`` with ``m >= n``, computed once per change."""
+        state = tuple((t.data_ptr(), t._version, t.dtype) for t in (*self.parameters(), *self.buffers()))
+        if self._table is None or self._table[0] != state or self._table[1].shape[-1] < n:
+            size = (
+                max(n, 2 * self._table[1].shape[-1])
+                if self._table is not None and self._table[0] == state
+                else n
+            )
+            self._table = state, self.evaluate(torch.arange(size, device=self.freqs.device))
+        return self._table[1]
 
 
 class GOAT(Prior):
@@ -170,7 +199,9 @@ class GOAT(Prior):
         dtype = self.alpha.dtype
         lag = relative_positions(q_pos, k_pos, torch.float64)  # (..., 1, Lq, Lk)
         cos, sin = phases(lag, self.freqs)  # (..., 1, Lq, Lk, R)
-        K = (cos * self.alpha[:, None, None, :]).sum(-1) + (sin * self.beta[:, None, None, :]).sum(-1)
+        # a product over frequencies, (..., 1, Lq, Lk, R) x (R, H); a broadcast multiply and a sum
+        # over the last R entries would take ~6x as long
+        K = (cos @ self.alpha.T + sin @ self.beta.T).movedim(-1, -4).squeeze(-3)  # (..., H, Lq, Lk)
         if self.sink is not None:
             K = K + self.sink(k_pos)[..., :, None, :]
         if self.slope is not None:
