@@ -7,13 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .base import (
-    FoldLanes,
-    Prior,
-    alibi_slopes,
-    per_head,
-    relative_positions,
-)
+from .base import FoldLanes, PositionTable, Prior, alibi_slopes
 
 
 def geometric_freqs(num_freqs: int, base: float) -> Tensor:
@@ -44,12 +38,7 @@ class GOATSink(nn.Module):
     finite at every integer position and unchanged at ``j >= 0``.
     The MLP's output layer starts at zero, so a new sink is ``u = 0`` (standard attention).
 
-    ``u`` depends on the key's position alone, yet a decode step asks for it at every cached key:
-    outside autograd (generation), values at positions ``0 .. n - 1`` are kept in a table and read
-    back, so the MLP runs once per new position (the table doubles when a key passes its end). The
-    table is rebuilt when a parameter or buffer changes (in place, or replaced) and is never used
-    under autograd, under ``torch.compile`` or off the CPU (where reading the positions' range
-    would wait for the device).
+    ``u`` depends on the key's position alone: a decode step reads it from a :class:`PositionTable`.
     """
 
     def __init__(
@@ -73,7 +62,7 @@ class GOATSink(nn.Module):
         )
         nn.init.zeros_(self.mlp[2].weight)
         nn.init.zeros_(self.mlp[2].bias)
-        self._table: tuple[tuple, Tensor] | None = None  # (what it was computed from, u (H, n))
+        self.by_position = PositionTable(self, self.evaluate)
 
     def features(self, k_pos: Tensor) -> Tensor:
         """The MLP's inputs ``(..., Lk, 2 * sink_freqs + 2)`` for integer key positions ``(..., Lk)``."""
@@ -88,30 +77,13 @@ class GOATSink(nn.Module):
 
     def forward(self, k_pos: Tensor) -> Tensor:
         """``u_h(j)`` as ``(..., H, Lk)`` for integer key positions ``(..., Lk)``."""
-        if torch.is_grad_enabled() or torch.compiler.is_compiling() or k_pos.device.type != "cpu":
-            return self.evaluate(k_pos)
-        if k_pos.numel() == 0 or int(k_pos.min()) < 0:
-            return self.evaluate(k_pos)
-        table = self.table(int(k_pos.max()) + 1)  # (H, n)
-        return table[:, k_pos].movedim(0, -2)
+        return self.by_position(k_pos).movedim(0, -2)
 
     def evaluate(self, k_pos: Tensor) -> Tensor:
         """``u_h(j)`` computed afresh, ``(..., H, Lk)``."""
         position = k_pos.to(self.freqs.dtype)[..., None]
         u = self.mlp(self.features(k_pos)) - self.decay * position / self.train_len  # (..., Lk, H)
         return u.transpose(-1, -2)
-
-    def table(self, n: int) -> Tensor:
-        """``u`` at positions ``0 .. m - 1``, ``(H, m)`` with ``m >= n``, computed once per change."""
-        state = tuple((t.data_ptr(), t._version, t.dtype) for t in (*self.parameters(), *self.buffers()))
-        if self._table is None or self._table[0] != state or self._table[1].shape[-1] < n:
-            size = (
-                max(n, 2 * self._table[1].shape[-1])
-                if self._table is not None and self._table[0] == state
-                else n
-            )
-            self._table = state, self.evaluate(torch.arange(size, device=self.freqs.device))
-        return self._table[1]
 
 
 class GOAT(Prior):
@@ -175,6 +147,7 @@ class GOAT(Prior):
         self.beta = nn.Parameter(torch.zeros(num_heads, num_freqs, dtype=dtype))
         self.sink = GOATSink(num_heads, sink_freqs, sink_hidden, train_len, freq_base) if sink else None
         self.slope = nn.Parameter(torch.zeros(num_heads, dtype=dtype)) if slope else None
+        self.by_lag = PositionTable(self, self.relative)
         if init == "recency":
             self._init_recency(train_len)
 
@@ -196,16 +169,18 @@ class GOAT(Prior):
         self.beta.copy_(weights[R : 2 * R].T)
 
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        dtype = self.alpha.dtype
-        lag = relative_positions(q_pos, k_pos, torch.float64)  # (..., 1, Lq, Lk)
-        cos, sin = phases(lag, self.freqs)  # (..., 1, Lq, Lk, R)
-        # a product over frequencies, (..., 1, Lq, Lk, R) x (R, H); a broadcast multiply and a sum
-        # over the last R entries would take ~6x as long
-        K = (cos @ self.alpha.T + sin @ self.beta.T).movedim(-1, -4).squeeze(-3)  # (..., H, Lq, Lk)
+        lag = q_pos[..., :, None] - k_pos[..., None, :]  # (..., Lq, Lk)
+        K = self.by_lag(lag).movedim(0, -3)  # (..., H, Lq, Lk)
         if self.sink is not None:
             K = K + self.sink(k_pos)[..., :, None, :]
+        return K
+
+    def relative(self, lag: Tensor) -> Tensor:
+        """Terms of lag ``d = i - j``, ``(H, n)``: ``sum_r alpha cos(w_r d) + beta sin(w_r d) - m |d|``."""
+        cos, sin = phases(lag, self.freqs)  # (n, R)
+        K = self.alpha @ cos.T + self.beta @ sin.T  # (H, n)
         if self.slope is not None:
-            K = K - per_head(self.slope) * lag.to(dtype).abs()
+            K = K - self.slope[:, None] * lag.to(self.alpha.dtype).abs()
         return K
 
     @property
