@@ -136,9 +136,10 @@ class PositionTable:
     parameters stay fixed while generating; these terms depend on positions only, so outside
     autograd they are read from the table by index and ``f`` runs once per new position (the table
     doubles when a position passes its end). It is rebuilt when a parameter or buffer of ``owner``
-    changes, in place (an optimizer step) or replaced. Under autograd, ``torch.compile``, off the
-    CPU (reading the positions' range would wait for the device) and at negative integers, ``f`` is
-    evaluated as before.
+    changes, in place (an optimizer step) or replaced. ``f`` is evaluated as before under autograd,
+    ``torch.compile``, off the CPU (reading the positions' range would wait for the device), at
+    negative integers, and for a few far positions (a table reaching them would cost more than
+    they do: it is built only up to twice the number of integers asked for).
 
     ``f`` maps integers ``(n,)`` to per-head values ``(H, n)``; a read returns ``(H, *x.shape)``.
     """
@@ -150,20 +151,24 @@ class PositionTable:
 
     def __call__(self, x: Tensor) -> Tensor:
         if torch.is_grad_enabled() or torch.compiler.is_compiling() or x.device.type != "cpu":
-            return self.f(x.flatten()).unflatten(-1, x.shape)
+            return self.evaluate(x)
         if x.numel() == 0 or int(x.min()) < 0:
-            return self.f(x.flatten()).unflatten(-1, x.shape)
-        # index_select: several times faster than advanced indexing ``table[:, x]``
-        return self.table(int(x.max()) + 1).index_select(1, x.flatten()).unflatten(-1, x.shape)
+            return self.evaluate(x)
+        n = int(x.max()) + 1
+        self._drop_if_stale()
+        if self.values is None or self.values.shape[-1] < n:
+            if n > 2 * x.numel():
+                return self.evaluate(x)
+            size = n if self.values is None else max(n, 2 * self.values.shape[-1])
+            self.values = self.f(torch.arange(size, device=x.device))
+        # index_select: several times faster than advanced indexing ``values[:, x]``
+        return self.values.index_select(1, x.flatten()).unflatten(-1, x.shape)
 
-    def table(self, n: int) -> Tensor:
-        """``f(0 .. m - 1)`` with ``m >= n``, ``(H, m)``."""
+    def evaluate(self, x: Tensor) -> Tensor:
+        return self.f(x.flatten()).unflatten(-1, x.shape)
+
+    def _drop_if_stale(self) -> None:
         owner = self.owner
         state = tuple((t.data_ptr(), t._version, t.dtype) for t in (*owner.parameters(), *owner.buffers()))
         if self.state != state:
             self.state, self.values = state, None
-        if self.values is None or self.values.shape[-1] < n:
-            size = n if self.values is None else max(n, 2 * self.values.shape[-1])
-            device = next(iter((*owner.parameters(), *owner.buffers()))).device
-            self.values = self.f(torch.arange(size, device=device))
-        return self.values
