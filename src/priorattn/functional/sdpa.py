@@ -301,15 +301,21 @@ def sdpa_bias_attention(
     content lanes do. Hidden keys take the lowest finite logit, and rows that see no key return
     zeros, as on the reference route.
     """
-    visible = masking.visible()  # (B or 1, 1, Lq, Lk)
+    Lq = q.shape[2]
     dtype = compute_dtype(q.dtype)
     bias = prior.log_prior(masking.q_pos, masking.k_pos).to(dtype)  # (B or 1, H, Lq, Lk)
+    # The usual step, one newest query under a plain causal mask, sees every key: nothing to hide.
+    visible = None if masking.plain_causal and Lq == 1 else masking.visible()  # (B or 1, 1, Lq, Lk)
     q = q.to(dtype) * scale
     if ssmax is not None:
-        factor = ssmax.factor(visible.sum(-1)[:, 0]).to(dtype)  # (B or 1, H, Lq, 1)
+        counts = torch.full((1, 1), k.shape[2]) if visible is None else visible.sum(-1)[:, 0]
+        factor = ssmax.factor(counts.to(q.device)).to(dtype)  # (B or 1, H, Lq, 1)
         q = q * factor
         if ssmax.scale_prior:
             bias = bias * factor
-    logits = grouped_scores(q, k.to(dtype)) + bias.masked_fill(~visible, torch.finfo(dtype).min)
-    out = grouped_values(torch.softmax(logits, dim=-1), v.to(dtype))
-    return torch.where(visible.any(dim=-1, keepdim=True), out, 0.0).to(v.dtype)
+    if visible is not None:
+        bias = bias.masked_fill(~visible, torch.finfo(dtype).min)
+    out = grouped_values(torch.softmax(grouped_scores(q, k.to(dtype)) + bias, dim=-1), v.to(dtype))
+    if visible is not None:
+        out = torch.where(visible.any(dim=-1, keepdim=True), out, 0.0)
+    return out.to(v.dtype)
