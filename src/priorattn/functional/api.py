@@ -68,7 +68,9 @@ def attention(
             scales the prior too; use ``SSMax(..., scale_prior=False)`` to scale content only.
         backend: ``"reference"`` (dense definition), ``"sdpa"`` (prior folded into q/k lanes, one
             unmodified SDPA call), ``"memeff"`` (blockwise, any prior, O(L) memory), ``"flex"``
-            (compiled FlexAttention; forward only on the CPU), or ``"auto"`` (never ``"flex"``).
+            (compiled FlexAttention; forward only on the CPU), or ``"auto"`` (never ``"flex"``; in a
+            decode step, at most 16 queries against more keys, the prior's log-prior tile is added
+            to the logits instead of folding every key: ``sdpa.sdpa_bias_attention``).
         normalizer: the map from logits to weights, ``argmin_p -<p, logits> + Omega(p)`` over the
             simplex (seed 004 Eq. 19): ``"softmax"``, ``"sparsemax"``, ``"entmax15"``, an entmax
             ``alpha > 1``, or a :class:`~priorattn.eot.Regularizer` without position terms. Only
