@@ -15,14 +15,24 @@ each round); ``concat`` is the earlier ``extend``, swapped in for its rounds.
    moves the exact-size prefilled cache to buffers with room: a real generation does that once
    per ``P / 2`` steps, not once per ``S``).
 
+3. Decoding with every prior (``--priors``): one model per prior of a preset (``tiny`` by default;
+   NoPE, ALiBi, GGD as BAM, GOAT, both started at ALiBi, and RoPE), each prefilled with ``P``
+   tokens once, then ``S`` single-token steps per round through ``GPT.forward`` with the KV caches,
+   as ``GPT.generate`` does; the priors take turns (the order rotates each round) and each goes on
+   from its own caches, so the caches grow by ``S`` per round as in a generation. Tokens/s from the
+   median step time over all rounds, and its ratio to NoPE's (issue 13's target: >= 0.9x).
+
     python benchmarks/decode.py            # N = 2048 4096 8192, P = 4096 16384, 3 rounds, ~6 minutes
     python benchmarks/decode.py --quick    # N = 512 1024, P = 1024, 2 rounds
+    python benchmarks/decode.py --priors --json                  # P = 1k 4k 16k 32k, tiny
+    python benchmarks/decode.py --priors --preset small --lengths 1024 4096
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import statistics
 import time
 
@@ -112,10 +122,70 @@ def model_decode(P: int, steps: int, rounds: int) -> dict[str, tuple[float, floa
     return {name: (statistics.median(times[name]), statistics.mean(copied[name])) for name in STRATEGIES}
 
 
+#: The models of section 3: ``preset`` overrides per row. BAM's GGD and GOAT start at ALiBi, so
+#: every prior's terms are non-zero (a uniform start would still compute them).
+DECODERS = {
+    "nope": dict(prior="uniform"),
+    "alibi": dict(prior="alibi"),
+    "ggd": dict(prior="ggd", prior_init="alibi"),
+    "goat": dict(prior="goat", prior_init="alibi"),
+    "rope": dict(prior="uniform", encoding="rope"),
+}
+
+
+@torch.no_grad()
+def prior_decode(name: str, P: int, steps: int, rounds: int) -> dict[str, float]:
+    """``{row: median seconds per decode step}`` of each row of :data:`DECODERS`, ``P`` tokens cached."""
+    models, caches, times = {}, {}, {}
+    prompt = torch.randint(256, (1, P), generator=torch.Generator().manual_seed(0))
+    for row, overrides in DECODERS.items():
+        torch.manual_seed(0)
+        models[row] = GPT(preset(name, **overrides)).eval()
+        _, _, caches[row] = models[row](prompt)
+        _, _, caches[row] = models[row](prompt[:, -1:], caches=caches[row])  # moves to buffers with room
+        times[row] = []
+    token = prompt[:, -1:]
+    rows = list(DECODERS)
+    for r in range(rounds):
+        for row in rows[r % len(rows) :] + rows[: r % len(rows)]:
+            for _ in range(steps):
+                start = time.perf_counter()
+                _, _, caches[row] = models[row](token, caches=caches[row])
+                times[row].append(time.perf_counter() - start)
+    return {row: statistics.median(times[row]) for row in rows}
+
+
+def print_prior_decode(name: str, lengths: list[int], steps: int, rounds: int, as_json: bool) -> None:
+    rows = list(DECODERS)
+    print(f"\n3. The {name} preset, {steps} decode steps per prior per round, {rounds} rounds, tokens/s:\n")
+    print("| P | " + " | ".join(rows) + " | " + " | ".join(f"{r} / nope" for r in rows[1:]) + " |")
+    print("|---:|" + "---:|" * (2 * len(rows) - 1))
+    results = []
+    for P in lengths:
+        seconds = prior_decode(name, P, steps, rounds)
+        speed = {row: 1.0 / seconds[row] for row in rows}
+        ratio = {row: speed[row] / speed["nope"] for row in rows[1:]}
+        cells = [f"{speed[row]:.0f}" for row in rows] + [f"{ratio[row]:.2f}x" for row in rows[1:]]
+        print(f"| {P} | " + " | ".join(cells) + " |", flush=True)
+        results.append(dict(cache=P, tokens_per_s=speed, vs_nope=ratio))
+    if as_json:
+        print(json.dumps(dict(preset=name, steps=steps, rounds=rounds, results=results)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short generations, a sanity run")
+    parser.add_argument("--priors", action="store_true", help="section 3 only: decoding with every prior")
+    parser.add_argument("--preset", default="tiny", help="section 3's model size (default tiny)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
+    parser.add_argument("--steps", type=int, default=16, help="section 3: decode steps per round")
+    parser.add_argument("--rounds", type=int, default=5, help="section 3: rounds")
+    parser.add_argument("--json", action="store_true", help="section 3's results as JSON, last line")
     args = parser.parse_args()
+    if args.priors:
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+        print_prior_decode(args.preset, args.lengths, args.steps, args.rounds, args.json)
+        return
     generations, prompts, rounds, steps = [2048, 4096, 8192], [4096, 16384], 3, 32
     if args.quick:
         generations, prompts, rounds, steps = [512, 1024], [1024], 2, 8

@@ -24,7 +24,7 @@ BF16_ROUNDOFF = 2.0**-8
 #: folded lanes, the weights before P @ V, and each position's lane gradient before the prior's
 #: parameters sum them. Measured: errors up to 0.23 (memeff) and 1.53 (sdpa) of these units over 3000
 #: random problems, and no failure at max_examples=800 with --hypothesis-seed 1, 2 and 3.
-BF16_ULPS = {"memeff": 2, "sdpa": 8}
+BF16_ULPS = {"memeff": 2, "sdpa": 8, "sdpa_bias": 2}  # sdpa_bias computes in float32, as memeff
 
 
 @st.composite
@@ -81,9 +81,14 @@ def build(o, dtype):
 
 
 def run(backend, q, k, v, prior, ssmax, kwargs):
-    """Output and the gradients of a random projection of it w.r.t. everything learnable."""
+    """Output and the gradients of a random projection of it w.r.t. everything learnable.
+
+    ``backend="sdpa_bias"`` is ``auto`` on a call it must send to the decode route."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     s = None if ssmax is None else ssmax.detach().clone().requires_grad_()
+    if backend == "sdpa_bias":
+        assert sdpa.is_decode_step(q, k)
+        backend = "auto"
     out = priorattn.attention(*leaves, prior=prior, ssmax=s, backend=backend, **kwargs)
     weights = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)
     params = [p for p in prior.parameters() if p.requires_grad]
@@ -181,6 +186,40 @@ def check_route(backend, o, dtype, device="cpu"):
 @given(o=problems())
 def test_route_matches_reference(backend, dtype, device, o):
     check_route(backend, o, dtype, device)
+
+
+@st.composite
+def decode_steps(draw):
+    """A random call of ``problems`` cut to a decode step: a few queries against a longer cache."""
+    o = draw(problems())
+    Lk = max(o["Lk"], 2)
+    prior = draw(st.sampled_from([name for name in PRIOR_NAMES if name != "uniform"]))
+    return {**o, "Lk": Lk, "Lq": draw(st.integers(1, min(4, Lk - 1))), "prior": prior}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@settings(max_examples=40, deadline=None)
+@given(o=decode_steps())
+def test_decode_step_takes_the_bias_tile_route_and_matches_reference(dtype, device, o):
+    check_route("sdpa_bias", o, dtype, device)
+
+
+def test_auto_takes_the_bias_tile_route_only_for_a_prior_in_a_decode_step(monkeypatch):
+    from priorattn.functional import api
+
+    chosen = []
+    for name in ("sdpa", "memeff"):
+        monkeypatch.setitem(api.ROUTES, name, lambda *a, name=name: chosen.append(name))
+    monkeypatch.setattr(api, "sdpa_bias_attention", lambda *a: chosen.append(api.DECODE_ROUTE))
+    step, cache = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 300, 8)
+    priorattn.attention(step, cache, cache, prior=GGD(2))
+    priorattn.attention(step, cache, cache, prior=ALiBi(2))
+    priorattn.attention(step, cache, cache)  # no prior: no tile to add
+    priorattn.attention(cache, cache, cache, prior=ALiBi(2))  # a full pass folds
+    many = torch.randn(1, 2, sdpa.DECODE_QUERIES + 1, 8)
+    priorattn.attention(many, cache, cache, prior=GGD(2))
+    assert chosen == [api.DECODE_ROUTE, api.DECODE_ROUTE, "sdpa", "sdpa", "memeff"]
 
 
 @pytest.mark.parametrize("docs", [True, False])

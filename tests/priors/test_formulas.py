@@ -116,6 +116,36 @@ def test_goat_sink_is_defined_at_negative_positions():
             assert K[1, i, j].item() == pytest.approx(goat_by_hand(prior, qi, kj, 1), abs=1e-12)
 
 
+@pytest.mark.parametrize("name", ["goat", "ggd", "ggd_negative"])
+def test_log_prior_outside_autograd_reads_tables_that_follow_the_parameters(name):
+    """Outside autograd (generation) GOAT's sink and lag terms and GGD's lag terms come from
+    ``PositionTable``s; they grow past their end and are rebuilt when a parameter changes in place or
+    is replaced, so the log-prior always equals its evaluation under autograd, which uses no table."""
+    prior = make_prior(name, 2, seed=5)
+    tables = [prior.by_lag] + ([prior.sink.by_position] if name == "goat" else [])
+    cases = [(torch.arange(3, 5), torch.arange(5)), (torch.arange(11, 12), torch.arange(12))]
+    cases += [(torch.tensor([[7], [40]]), torch.tensor([[0, 3, 7], [2, 2, 40]]))]  # per sequence
+    cases += [(torch.arange(-3, 4), torch.arange(-3, 4))]  # negative positions and lags: evaluated
+    cases += [(torch.tensor([10**6]), torch.tensor([0, 10**6]))]  # far: evaluated, no table to 10^6
+
+    def check():
+        for q_pos, k_pos in cases:
+            expected = prior.log_prior(q_pos, k_pos)  # under autograd: evaluated
+            with torch.no_grad():
+                torch.testing.assert_close(prior.log_prior(q_pos, k_pos), expected, rtol=0, atol=1e-12)
+
+    check()
+    assert all(12 <= table.values.shape[-1] < 10**6 for table in tables)  # grown from 5 to 12, no further
+    first = next(p for p in prior.parameters() if p.requires_grad)
+    with torch.no_grad():
+        first.add_(0.25)  # an optimizer step: in place
+    check()
+    last = list(prior.named_parameters())[-1][0].rsplit(".", 1)
+    owner = prior.get_submodule(last[0]) if len(last) == 2 else prior
+    setattr(owner, last[-1], torch.nn.Parameter(getattr(owner, last[-1]).detach() + 0.5))  # replaced
+    check()
+
+
 def test_goat_without_frequencies_is_its_sink_and_slope():
     prior = GOAT(2, 0, sink_freqs=2, sink_hidden=4).double()
     with torch.no_grad():

@@ -16,7 +16,7 @@ from .masks import Masking, values_are_free
 from .memeff import memeff_attention
 from .prior_inputs import MIN_FOLD_SPAN, fold_dtype, slope_span
 from .reference import reference_attention
-from .sdpa import sdpa_attention
+from .sdpa import is_decode_step, sdpa_attention, sdpa_bias_attention
 
 ROUTES = {
     "reference": reference_attention,
@@ -25,6 +25,9 @@ ROUTES = {
     "flex": flex_route,
 }
 BACKENDS = ("auto", *ROUTES)
+#: What ``auto`` picks for a prior in a decode step (:func:`~.sdpa.sdpa_bias_attention`); not a backend
+#: of its own: explicit backends keep their algorithm whatever the shapes.
+DECODE_ROUTE = "sdpa_bias"
 
 
 def attention(
@@ -65,7 +68,9 @@ def attention(
             scales the prior too; use ``SSMax(..., scale_prior=False)`` to scale content only.
         backend: ``"reference"`` (dense definition), ``"sdpa"`` (prior folded into q/k lanes, one
             unmodified SDPA call), ``"memeff"`` (blockwise, any prior, O(L) memory), ``"flex"``
-            (compiled FlexAttention; forward only on the CPU), or ``"auto"`` (never ``"flex"``).
+            (compiled FlexAttention; forward only on the CPU), or ``"auto"`` (never ``"flex"``; in a
+            decode step, at most 16 queries against more keys, the prior's log-prior tile is added
+            to the logits instead of folding every key: ``sdpa.sdpa_bias_attention``).
         normalizer: the map from logits to weights, ``argmin_p -<p, logits> + Omega(p)`` over the
             simplex (seed 004 Eq. 19): ``"softmax"``, ``"sparsemax"``, ``"entmax15"``, an entmax
             ``alpha > 1``, or a :class:`~priorattn.eot.Regularizer` without position terms. Only
@@ -94,8 +99,9 @@ def attention(
     if not omega.is_softmax:
         return reference_attention(q, k, v, prior, masking, scale, scaling, omega.normalize)
     if backend == "auto":
-        backend = _choose(q, prior, masking)
-    return ROUTES[backend](q, k, v, prior, masking, scale, scaling)
+        backend = _choose(q, k, prior, masking)
+    route = sdpa_bias_attention if backend == DECODE_ROUTE else ROUTES[backend]
+    return route(q, k, v, prior, masking, scale, scaling)
 
 
 def check_options(prior: Prior | None, num_heads: int, window, backend: str, heads: str) -> None:
@@ -127,10 +133,13 @@ def check_normalizer(normalizer: str | float | Regularizer, backend: str) -> Reg
     return omega
 
 
-def _choose(q: Tensor, prior: Prior | None, masking: Masking) -> str:
-    """Fastest exact route: fold into SDPA where possible, otherwise the blockwise route."""
+def _choose(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking) -> str:
+    """Fastest exact route: a decode step's prior as SDPA's additive bias, else fold into SDPA where
+    possible, otherwise the blockwise route."""
     if prior is None:
         return "sdpa"
+    if is_decode_step(q, k):
+        return DECODE_ROUTE
     if prior.can_fold(masking.causal):
         origin = masking.q_pos[:, -1:]
         slope = prior.fold(origin, origin).slope

@@ -18,12 +18,18 @@ from torch import Tensor
 
 from ..priors import FoldLanes, Prior
 from ..ssmax import Scaling
+from .grouped import grouped_scores, grouped_values
 from .masks import Masking
 from .prior_inputs import centred_keys, fold_dtype, lane_inputs, slope_span
+from .reference import compute_dtype
 from .spans import Call, Kind, batch_groups, cut, key_spans, select_rows, span_calls, visible_counts
 
 #: Largest number of (query, key) cells of a boolean mask handed to SDPA in one call.
 MASK_CHUNK_CELLS = 1 << 22
+#: A decode step has at most this many queries (see :func:`sdpa_bias_attention`).
+DECODE_QUERIES = 16
+#: Largest bias tile ``B * H * Lq * Lk`` a decode step builds (64 MB in float32).
+BIAS_TILE_CELLS = 1 << 24
 
 
 def sdpa_inputs(
@@ -267,3 +273,49 @@ def folded_attention(
         outputs.append(unseen[:, :, done:])
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
     return out.to(dtype)
+
+
+def is_decode_step(q: Tensor, k: Tensor) -> bool:
+    """A few queries against a longer cache, whose bias tile is small: :func:`sdpa_bias_attention`'s case."""
+    B, H, Lq = q.shape[:3]
+    Lk = k.shape[2]
+    return Lq <= DECODE_QUERIES and Lq < Lk and B * H * Lq * Lk <= BIAS_TILE_CELLS
+
+
+def sdpa_bias_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    prior: Prior,
+    masking: Masking,
+    scale: float,
+    ssmax: Scaling | None,
+) -> Tensor:
+    """A decode step: logits ``scale <q, k> + K`` with the prior's log-prior tile ``(B, H, Lq, Lk)``.
+
+    With few queries the tile is smaller than the keys: folding would rebuild ``[k, k_lanes]`` (and
+    pad ``v``) for every cached key at every step, an O(Lk D) copy as costly as the attention itself,
+    while the tile is O(H Lk). Any prior fits, folding or not, and the tile is the reference's own
+    ``log_prior``. The products are taken directly rather than through SDPA: its CPU kernel would
+    fall back to its slower math path whenever q/k and v differ in width, as a folding prior's
+    content lanes do. Hidden keys take the lowest finite logit, and rows that see no key return
+    zeros, as on the reference route.
+    """
+    Lq = q.shape[2]
+    dtype = compute_dtype(q.dtype)
+    bias = prior.log_prior(masking.q_pos, masking.k_pos).to(dtype)  # (B or 1, H, Lq, Lk)
+    # The usual step, one newest query under a plain causal mask, sees every key: nothing to hide.
+    visible = None if masking.plain_causal and Lq == 1 else masking.visible()  # (B or 1, 1, Lq, Lk)
+    q = q.to(dtype) * scale
+    if ssmax is not None:
+        counts = torch.full((1, 1), k.shape[2]) if visible is None else visible.sum(-1)[:, 0]
+        factor = ssmax.factor(counts.to(q.device)).to(dtype)  # (B or 1, H, Lq, 1)
+        q = q * factor
+        if ssmax.scale_prior:
+            bias = bias * factor
+    if visible is not None:
+        bias = bias.masked_fill(~visible, torch.finfo(dtype).min)
+    out = grouped_values(torch.softmax(grouped_scores(q, k.to(dtype)) + bias, dim=-1), v.to(dtype))
+    if visible is not None:
+        out = torch.where(visible.any(dim=-1, keepdim=True), out, 0.0)
+    return out.to(v.dtype)

@@ -17,6 +17,7 @@ A prior never knows about routes, masks, caches or models.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -126,3 +127,48 @@ def concat_lanes(parts: list[FoldLanes]) -> FoldLanes:
         sum(key_biases) if key_biases else None,
         sum(slopes) if slopes else None,
     )
+
+
+class PositionTable:
+    """``f`` of one integer (a key position, or a lag ``i - j``) kept as a table ``f(0 .. n - 1)``.
+
+    A decode step asks a prior for its terms at every cached key although one key is new and the
+    parameters stay fixed while generating; these terms depend on positions only, so outside
+    autograd they are read from the table by index and ``f`` runs once per new position (the table
+    doubles when a position passes its end). It is rebuilt when a parameter or buffer of ``owner``
+    changes, in place (an optimizer step) or replaced. ``f`` is evaluated as before under autograd,
+    ``torch.compile``, off the CPU (reading the positions' range would wait for the device), at
+    negative integers, and for a few far positions (a table reaching them would cost more than
+    they do: it is built only up to twice the number of integers asked for).
+
+    ``f`` maps integers ``(n,)`` to per-head values ``(H, n)``; a read returns ``(H, *x.shape)``.
+    """
+
+    def __init__(self, owner: nn.Module, f: Callable[[Tensor], Tensor]):
+        self.owner, self.f = owner, f
+        self.state: tuple | None = None  # what the table was computed from
+        self.values: Tensor | None = None  # f(arange(n)), (H, n)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if torch.is_grad_enabled() or torch.compiler.is_compiling() or x.device.type != "cpu":
+            return self.evaluate(x)
+        if x.numel() == 0 or int(x.min()) < 0:
+            return self.evaluate(x)
+        n = int(x.max()) + 1
+        self._drop_if_stale()
+        if self.values is None or self.values.shape[-1] < n:
+            if n > 2 * x.numel():
+                return self.evaluate(x)
+            size = n if self.values is None else max(n, 2 * self.values.shape[-1])
+            self.values = self.f(torch.arange(size, device=x.device))
+        # index_select: several times faster than advanced indexing ``values[:, x]``
+        return self.values.index_select(1, x.flatten()).unflatten(-1, x.shape)
+
+    def evaluate(self, x: Tensor) -> Tensor:
+        return self.f(x.flatten()).unflatten(-1, x.shape)
+
+    def _drop_if_stale(self) -> None:
+        owner = self.owner
+        state = tuple((t.data_ptr(), t._version, t.dtype) for t in (*owner.parameters(), *owner.buffers()))
+        if self.state != state:
+            self.state, self.values = state, None

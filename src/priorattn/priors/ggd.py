@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .base import Prior, alibi_slopes, per_head, relative_positions
+from .base import PositionTable, Prior, alibi_slopes
 
 PARAMETERS = ("alpha", "beta", "mu")
 
@@ -47,16 +47,22 @@ class GGD(Prior):
         self.theta_alpha = nn.Parameter(alpha.to(dtype), requires_grad="alpha" in trainable)
         self.theta_beta = nn.Parameter(beta.to(dtype), requires_grad="beta" in trainable)
         self.theta_mu = nn.Parameter(torch.zeros(num_heads, dtype=dtype), requires_grad="mu" in trainable)
+        self.by_lag = PositionTable(self, self.of_lag)
 
     @property
     def is_relative(self) -> bool:
         return True
 
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        offset = -relative_positions(q_pos, k_pos, self.theta_alpha.dtype)  # j - i
+        lag = q_pos[..., :, None] - k_pos[..., None, :]  # (..., Lq, Lk)
+        return self.by_lag(lag).movedim(0, -3)  # (..., H, Lq, Lk)
+
+    def of_lag(self, lag: Tensor) -> Tensor:
+        """``b`` at lags ``d = i - j`` ``(n,)``, ``(H, n)``."""
+        offset = -lag.to(self.theta_alpha.dtype)  # j - i
         mu = torch.exp(self.theta_mu) - torch.exp(-self.theta_mu)
-        gap = (offset - per_head(mu)).abs() + self.eps
-        return -per_head(self.theta_alpha.exp()) * gap ** per_head(self.theta_beta)
+        gap = (offset - mu[:, None]).abs() + self.eps
+        return -self.theta_alpha.exp()[:, None] * gap ** self.theta_beta[:, None]
 
     def extra_repr(self) -> str:
         trainable = [n for n in PARAMETERS if getattr(self, f"theta_{n}").requires_grad]

@@ -7,13 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .base import (
-    FoldLanes,
-    Prior,
-    alibi_slopes,
-    per_head,
-    relative_positions,
-)
+from .base import FoldLanes, PositionTable, Prior, alibi_slopes
 
 
 def geometric_freqs(num_freqs: int, base: float) -> Tensor:
@@ -43,6 +37,8 @@ class GOATSink(nn.Module):
     train_len`` are defined there already; the log input is continued as an odd function, so ``u`` is
     finite at every integer position and unchanged at ``j >= 0``.
     The MLP's output layer starts at zero, so a new sink is ``u = 0`` (standard attention).
+
+    ``u`` depends on the key's position alone: a decode step reads it from a :class:`PositionTable`.
     """
 
     def __init__(
@@ -66,6 +62,7 @@ class GOATSink(nn.Module):
         )
         nn.init.zeros_(self.mlp[2].weight)
         nn.init.zeros_(self.mlp[2].bias)
+        self.by_position = PositionTable(self, self.evaluate)
 
     def features(self, k_pos: Tensor) -> Tensor:
         """The MLP's inputs ``(..., Lk, 2 * sink_freqs + 2)`` for integer key positions ``(..., Lk)``."""
@@ -80,6 +77,10 @@ class GOATSink(nn.Module):
 
     def forward(self, k_pos: Tensor) -> Tensor:
         """``u_h(j)`` as ``(..., H, Lk)`` for integer key positions ``(..., Lk)``."""
+        return self.by_position(k_pos).movedim(0, -2)
+
+    def evaluate(self, k_pos: Tensor) -> Tensor:
+        """``u_h(j)`` computed afresh, ``(..., H, Lk)``."""
         position = k_pos.to(self.freqs.dtype)[..., None]
         u = self.mlp(self.features(k_pos)) - self.decay * position / self.train_len  # (..., Lk, H)
         return u.transpose(-1, -2)
@@ -146,6 +147,7 @@ class GOAT(Prior):
         self.beta = nn.Parameter(torch.zeros(num_heads, num_freqs, dtype=dtype))
         self.sink = GOATSink(num_heads, sink_freqs, sink_hidden, train_len, freq_base) if sink else None
         self.slope = nn.Parameter(torch.zeros(num_heads, dtype=dtype)) if slope else None
+        self.by_lag = PositionTable(self, self.relative)
         if init == "recency":
             self._init_recency(train_len)
 
@@ -167,14 +169,18 @@ class GOAT(Prior):
         self.beta.copy_(weights[R : 2 * R].T)
 
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        dtype = self.alpha.dtype
-        lag = relative_positions(q_pos, k_pos, torch.float64)  # (..., 1, Lq, Lk)
-        cos, sin = phases(lag, self.freqs)  # (..., 1, Lq, Lk, R)
-        K = (cos * self.alpha[:, None, None, :]).sum(-1) + (sin * self.beta[:, None, None, :]).sum(-1)
+        lag = q_pos[..., :, None] - k_pos[..., None, :]  # (..., Lq, Lk)
+        K = self.by_lag(lag).movedim(0, -3)  # (..., H, Lq, Lk)
         if self.sink is not None:
             K = K + self.sink(k_pos)[..., :, None, :]
+        return K
+
+    def relative(self, lag: Tensor) -> Tensor:
+        """Terms of lag ``d = i - j``, ``(H, n)``: ``sum_r alpha cos(w_r d) + beta sin(w_r d) - m |d|``."""
+        cos, sin = phases(lag, self.freqs)  # (n, R)
+        K = self.alpha @ cos.T + self.beta @ sin.T  # (H, n)
         if self.slope is not None:
-            K = K - per_head(self.slope) * lag.to(dtype).abs()
+            K = K - self.slope[:, None] * lag.to(self.alpha.dtype).abs()
         return K
 
     @property
