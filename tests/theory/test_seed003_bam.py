@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from maps import alibi, attention_weights, causal_visible, weight_on
 
+import priorattn
 from priorattn.eot import content_position_log_z, content_range
 from priorattn.eot.regularizers import masked_softmax
 from priorattn.priors import GGD, Uniform
@@ -269,6 +270,18 @@ def test_first_query_with_minus_infinite_log_prior_gives_no_weight_to_masked_key
     assert (p.triu(1) == 0).all()
     p.sum().backward()
     assert torch.isfinite(k.grad).all()
+
+
+def test_a_decode_step_whose_visible_key_has_minus_infinite_log_prior_gives_no_weight_to_hidden_keys():
+    """The same row as a decode step (one query against a longer cache: ``auto``'s bias-tile route)."""
+    prior = GGD(1, trainable=("alpha", "beta", "mu"))
+    with torch.no_grad():
+        prior.theta_beta.fill_(-8.0)
+    L = 6
+    eye = torch.eye(L).expand(1, 1, L, L)
+    p = priorattn.attention(torch.zeros(1, 1, 1, 4), torch.randn(1, 1, L, 4), eye, prior=prior,
+                            q_pos=torch.tensor([0]))  # fmt: skip
+    assert (p == 0).all()
 
 
 def test_thm_3_library_eps_leaves_weight_on_the_own_key_counterexample():

@@ -298,8 +298,8 @@ def sdpa_bias_attention(
     while the tile is O(H Lk). Any prior fits, folding or not, and the tile is the reference's own
     ``log_prior``. The products are taken directly rather than through SDPA: its CPU kernel would
     fall back to its slower math path whenever q/k and v differ in width, as a folding prior's
-    content lanes do. Hidden keys take the lowest finite logit, and rows that see no key return
-    zeros, as on the reference route.
+    content lanes do. Hidden keys take the lowest finite logit and get zero weight, so rows that see
+    no key (or only keys with a -inf log-prior) return zeros, as on the reference route.
     """
     Lq = q.shape[2]
     dtype = compute_dtype(q.dtype)
@@ -313,9 +313,9 @@ def sdpa_bias_attention(
         q = q * factor
         if ssmax.scale_prior:
             bias = bias * factor
-    if visible is not None:
-        bias = bias.masked_fill(~visible, torch.finfo(dtype).min)
-    out = grouped_values(torch.softmax(grouped_scores(q, k.to(dtype)) + bias, dim=-1), v.to(dtype))
-    if visible is not None:
-        out = torch.where(visible.any(dim=-1, keepdim=True), out, 0.0)
-    return out.to(v.dtype)
+    logits = grouped_scores(q, k.to(dtype)) + bias
+    if visible is None:
+        return grouped_values(torch.softmax(logits, dim=-1), v.to(dtype)).to(v.dtype)
+    probs = torch.softmax(logits.masked_fill_(~visible, torch.finfo(dtype).min), dim=-1)
+    probs = probs * visible  # as masked_softmax: a row with no visible or only -inf logits gets zeros
+    return grouped_values(probs, v.to(dtype)).to(v.dtype)
