@@ -77,7 +77,11 @@ def train(
     """
     process = start_process()
     try:
-        return _train(model_config, config, Path(run_dir), resume, progress, process)
+        result = _train(model_config, config, Path(run_dir), resume, progress, process)
+        # Rank 0 writes the last checkpoint alone: no rank tears the process group down while
+        # another still works (a rank that left early aborted once in a gloo teardown).
+        process.barrier()
+        return result
     finally:
         end_process(process)
 
