@@ -13,7 +13,7 @@ import json
 
 import pytest
 import torch
-from factories import PRIOR_NAMES
+from factories import PRIOR_NAMES, word_salad
 from hypothesis import HealthCheck, settings
 
 from priorattn.models import GPTConfig
@@ -83,21 +83,16 @@ def prior_name(request):
     return request.param
 
 
-WORDS = "now is the winter of our discontent made glorious summer by this sun of york".split()
+WORDS = "now is the winter of our discontent made glorious summer by this sun of york"
 
 
 @pytest.fixture(scope="session")
 def make_run(tmp_path_factory):
     """``make_run(**model_overrides)`` -> the run directory of a 2-layer model trained 6 steps on a
     word-salad corpus in tmp (one per set of overrides, shared by the whole session)."""
-    import random
-
     root = tmp_path_factory.mktemp("tiny-runs")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    rng = random.Random(0)
-    for i in range(4):
-        (corpus / f"doc{i}.txt").write_text(" ".join(rng.choice(WORDS) for _ in range(400)))
+    (root / "corpus").mkdir()
+    corpus = word_salad(root / "corpus", WORDS, docs=4, length=400)
     runs = {}
 
     def make(**overrides):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import random
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -53,3 +56,12 @@ def exit_code(argv: list[str]) -> int:
     with pytest.raises(SystemExit) as stop:
         cli.main(argv)
     return stop.value.code
+
+
+def word_salad(root: Path, words: str, docs: int = 6, length: int = 600) -> Path:
+    """``docs`` text files of ``length`` words drawn from ``words`` (seeded): a corpus of a few kB."""
+    rng = random.Random(0)
+    vocabulary = words.split()
+    for i in range(docs):
+        (root / f"doc{i}.txt").write_text(" ".join(rng.choice(vocabulary) for _ in range(length)))
+    return root

@@ -7,9 +7,7 @@ Each has what the evaluations use of a GPT: ``config.vocab_size`` and
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -81,12 +79,3 @@ def copy_guess(row: list[int], end: int) -> int:
 
 def nats(p: float) -> float:
     return -math.log(p)
-
-
-def word_salad(root: Path, words: str, docs: int = 6, length: int = 600) -> Path:
-    """``docs`` text files of ``length`` words drawn from ``words`` (seeded): a corpus of a few kB."""
-    rng = random.Random(0)
-    vocabulary = words.split()
-    for i in range(docs):
-        (root / f"doc{i}.txt").write_text(" ".join(rng.choice(vocabulary) for _ in range(length)))
-    return root

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from eval_fakes import word_salad
-from factories import exit_code
+from factories import exit_code, word_salad
 
 from priorattn import cli
 from priorattn.models import GPTConfig

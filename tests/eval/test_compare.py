@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from eval_fakes import word_salad
+from factories import word_salad
 
 from priorattn.eval.compare import CompareConfig, compare
 from priorattn.eval.report import seed_claims, winners
