@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ...files import prepare_out, write_json_atomic
-from . import alignment, context_length, goat, hybrid_vs_standard, regularizer_ablation, sink
+from . import alignment, context_length, goat, hybrid_vs_standard, regularizer_ablation, sink, weight_search
 from .common import RESULTS_JSON, Settings
 
 
@@ -41,6 +41,11 @@ EXPERIMENTS: dict[int, Experiment] = {
     ),
     5: Experiment("the scalar sink: the mass it absorbs and tau over training", sink.run),
     6: Experiment("GOAT vs the hybrid vs both combined: validation loss curves", goat.run),
+    7: Experiment(
+        "a search over the regularizer weights (align, spread, tau, spread range and start): val loss "
+        "against mass at k, the Pareto front, its best confirmed at the next seed",
+        weight_search.run,
+    ),
 }
 
 
