@@ -89,7 +89,7 @@ class Grid:
     align: tuple[float, ...] = (0.0, 0.01)
     spread: tuple[float, ...] = (0.0, 0.1)
     tau: tuple[float, ...] = (0.0, 0.1)
-    spread_range: tuple[tuple[float, float] | None, ...] = ((-3.0, 3.0), None)
+    spread_range: tuple[tuple[float, float] | None, ...] = ((-3.0, 3.0), (-6.0, 6.0), None)
     spread_start: tuple[float, ...] = (0.0,)
 
     def settings(self) -> list[Setting]:
@@ -187,14 +187,18 @@ def run(settings: Settings, out: Path, *, progress: bool = True, log=print) -> d
     return search(GRID, settings, out, progress=progress, log=log)
 
 
+#: How far above the baseline's loss the panels reach; a costlier setting is drawn at the top edge.
+SHOWN_LOSS = 3 * LOSS_BOUND
+
 CAPTION = (
     "Hybrid tiny models trained alike except for the seed 002 regularizers (experiment 7's grid of "
     "weights, spread ranges and schedules), on validation windows of the training length: validation "
     "loss against the mass on the k keys nearest each query in scalar distance (what a sorted cache "
-    "reading k keys holds). Down and to the right is better: the line joins the Pareto front, the "
-    "star is the unregularized hybrid, the dashed line its loss + {bound} nats (the loss bound), the "
-    "dotted line the mass of k keys at random, hollow markers the confirmation seed's runs of the "
-    "baseline and the front's best."
+    "reading k keys holds). Down and to the right is better: the line joins the Pareto front "
+    "(named in the first panel), the star is the unregularized hybrid, the dashed line its loss + "
+    "{bound} nats (the loss bound), the dotted line the mass of k keys at random, hollow markers the "
+    "confirmation seed's runs of the baseline and the front's best. Triangles at the top edge: "
+    "settings that cost more than {shown} nats, their loss in results.json."
 )
 
 
@@ -203,40 +207,35 @@ def plot_pareto(
 ) -> str:
     from ...analysis.plots import captioned_figure
 
-    fig, panel = captioned_figure((13, 4.2), CAPTION.format(bound=LOSS_BOUND))
+    fig, panel = captioned_figure((14, 4.6), CAPTION.format(bound=LOSS_BOUND, shown=SHOWN_LOSS))
     axes = panel.subplots(1, len(by_k), sharey=True)
     baseline = results[BASELINE.name]
-    for ax, (k, front) in zip(axes, by_k.items()):
-        for entry in results.values():
-            ax.scatter(entry["mass_captured"]["nearest"][k], entry["val_loss"], color="0.6", s=18)
-        ax.plot(
-            [results[n]["mass_captured"]["nearest"][k] for n in front],
-            [results[n]["val_loss"] for n in front],
-            marker="o",
-            color="C0",
-            label="Pareto front",
-        )
-        for n in front:
-            entry = results[n]
-            ax.annotate(n, (entry["mass_captured"]["nearest"][k], entry["val_loss"]), fontsize=6)
-        again = list(confirmed.values())
-        ax.scatter(
-            [e["mass_captured"]["nearest"][k] for e in again],
-            [e["val_loss"] for e in again],
-            facecolors="none",
-            edgecolors="C1",
-            s=30,
-            label="next seed",
-        )
-        mass = baseline["mass_captured"]
-        ax.scatter(
-            mass["nearest"][k], baseline["val_loss"], marker="*", s=120, color="C3", label="no regularizer"
-        )
+    top = baseline["val_loss"] + SHOWN_LOSS
+
+    def point(entry: dict, k: str) -> tuple[float, float]:
+        return entry["mass_captured"]["nearest"][k], min(entry["val_loss"], top)
+
+    def scatter(ax, entries: list[dict], k: str, **style) -> None:
+        for above in (False, True):
+            chosen = [point(e, k) for e in entries if (e["val_loss"] > top) == above]
+            if chosen:
+                ax.scatter(*zip(*chosen), marker="^" if above else style.pop("marker", "o"), **style)
+
+    for i, (ax, (k, front)) in enumerate(zip(axes, by_k.items())):
+        scatter(ax, list(results.values()), k, color="0.6", s=18)
+        ax.plot(*zip(*[point(results[n], k) for n in front]), color="C0", label="Pareto front")
+        scatter(ax, [results[n] for n in front], k, color="C0", s=18)
+        if i == 0:
+            for j, n in enumerate(front):
+                offset = (4, -8 + 6 * (j % 4))  # neighbours on the front get different heights
+                ax.annotate(n, point(results[n], k), xytext=offset, textcoords="offset points", fontsize=6)
+        scatter(ax, list(confirmed.values()), k, facecolors="none", edgecolors="C1", s=40, label="next seed")
+        ax.scatter(*point(baseline, k), marker="*", s=120, color="C3", label="no regularizer", zorder=3)
         ax.axhline(baseline["val_loss"] + LOSS_BOUND, color="0.4", linestyle="--", linewidth=1)
-        ax.axvline(mass["chance"][k], color="0.4", linestyle=":", linewidth=1)
+        ax.axvline(baseline["mass_captured"]["chance"][k], color="0.4", linestyle=":", linewidth=1)
         ax.set(xlabel=f"mass on the {k} nearest scalar keys", title=f"k = {k}")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("validation loss (nats per byte)")
-    axes[0].legend(fontsize=8)
+    axes[-1].legend(fontsize=8, loc="lower left")
     panel.suptitle("Experiment 7: regularizer weights, loss against the mass a sorted cache reads")
     return save_figure(fig, out, name)
