@@ -105,8 +105,8 @@ class Grid:
         return list(dict.fromkeys([BASELINE, *points]))  # in grid order, each once
 
 
-#: The default search: 12 hybrids, 30-40 minutes at budget 1 on the shared 2-core machine, plus
-#: the confirmation seed's runs.
+#: The default search: 16 hybrids and 3 confirmation runs, 40-50 minutes at budget 1 on the shared
+#: 2-core machine (load average 8-12).
 GRID = Grid()
 
 
