@@ -6,8 +6,9 @@ Experiment 3 tried one set of weights (align 0.1, spread 0.01 from a third of th
 and found every regularized hybrid capturing less mass than the unregularized one. Here hybrids
 are trained alike over a :class:`Grid` of weights, spread ranges and spread schedules, plus the
 unregularized baseline; each is measured as in experiment 3 (val loss, final tau, key spread, mass
-on the k nearest scalar keys), and the settings on the Pareto front of (val loss, mass at the
-smallest k) within :data:`LOSS_BOUND` of the baseline are trained again at the next seed.
+on the k nearest scalar keys). The baseline and the :data:`CONFIRM` settings with the most mass on
+the Pareto front of (val loss, mass at the smallest k) within :data:`LOSS_BOUND` of the baseline's
+loss are trained again at the next seed. See docs/scalar_experiments.md, experiment 7.
 """
 
 from __future__ import annotations
