@@ -14,7 +14,7 @@ from ..ssmax import Scaling, SSMax
 from .flex import flex_route
 from .masks import Masking, values_are_free
 from .memeff import memeff_attention
-from .prior_inputs import MIN_FOLD_SPAN, fold_dtype, slope_span
+from .prior_inputs import MIN_FOLD_SPAN, fold_dtype, slope_precision, slope_span
 from .reference import reference_attention
 from .sdpa import is_decode_step, sdpa_attention, sdpa_bias_attention
 
@@ -143,7 +143,7 @@ def _choose(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking) -> str:
     if prior.can_fold(masking.causal):
         origin = masking.q_pos[:, -1:]
         slope = prior.fold(origin, origin).slope
-        span = slope_span(slope, fold_dtype(slope, q.dtype, q.shape[2]))
+        span = slope_span(slope, slope_precision(fold_dtype(slope, q.dtype, masking), masking))
         if span is None or span >= min(q.shape[2], MIN_FOLD_SPAN):
             return "sdpa"
     return "memeff"

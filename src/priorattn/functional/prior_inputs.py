@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..priors import FoldLanes, Prior
-from .masks import Masking
+from .masks import Masking, values_are_free
 
 #: Largest magnitude the centred slope term may reach within one call, per dtype: past it, rounding
 #: of ``m * (k_pos - centre)`` shows in the logits (benchmarks/fold_precision.py measures it).
@@ -42,11 +42,46 @@ def slope_span(slope: Tensor | None, dtype: torch.dtype) -> int | None:
     return None if span > 2**62 else max(1, int(span))  # a subnormal slope: inf, and no limit
 
 
-def fold_dtype(slope: Tensor | None, dtype: torch.dtype, Lq: int) -> torch.dtype:
+#: Integers up to this magnitude are exact in a half-precision dtype (2^significand bits).
+EXACT_INTEGERS = {torch.bfloat16: 2**8, torch.float16: 2**11}
+
+
+def position_spread(masking: Masking) -> int | None:
+    """``max - min`` over the call's query and key positions, or None where reading them costs a
+    host read that is not free (:func:`~.masks.values_are_free`): it bounds every ``k_pos - centre``."""
+    Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
+    if masking.starts is not None:
+        q0, k0 = masking.starts
+        return max(q0 + Lq, k0 + Lk) - 1 - min(q0, k0)
+    if not values_are_free(masking.q_pos) or not Lq or not Lk:
+        return None
+    low = min(int(masking.q_pos.min()), int(masking.k_pos.min()))
+    return max(int(masking.q_pos.max()), int(masking.k_pos.max())) - low
+
+
+def slope_precision(dtype: torch.dtype, masking: Masking) -> torch.dtype:
+    """The dtype whose :data:`SLOPE_MAGNITUDE` bounds a folded slope's runs of queries in ``dtype``.
+
+    The SDPA kernels sum the logits in float32 whatever their inputs (the CPU and CUDA flash
+    kernels, and the math kernel, which computes half precision in float32). A half-precision slope
+    lane holds ``m_h`` (rounded once, as every half-precision lane) times ``k_pos - centre``, an
+    integer: exact in the dtype while the call's positions spread over at most
+    :data:`EXACT_INTEGERS`, and then the lane rounds no more than float32's does (the tiny model's
+    256 positions in bfloat16). Beyond it the offsets round too, and ``dtype``'s own bound holds.
+    """
+    limit = EXACT_INTEGERS.get(dtype)
+    if limit is None:
+        return dtype
+    spread = position_spread(masking)
+    return torch.float32 if spread is not None and spread <= limit else dtype
+
+
+def fold_dtype(slope: Tensor | None, dtype: torch.dtype, masking: Masking) -> torch.dtype:
     """The dtype a folded SDPA call computes in: ``dtype``, or float32 for half-precision inputs whose
-    slope would need runs of fewer than ``min(Lq, MIN_FOLD_SPAN)`` queries (a bfloat16 lane rounds
-    ``m (j - c)`` to 8 bits, so its runs stay within ``|m (j - c)| <= 1``)."""
-    span = slope_span(slope, dtype)
+    slope would need runs of fewer than ``min(Lq, MIN_FOLD_SPAN)`` queries (a bfloat16 lane whose
+    key offsets round as well allows runs within ``|m (j - c)| <= 1``, see :func:`slope_precision`)."""
+    Lq = masking.q_pos.shape[-1]
+    span = slope_span(slope, slope_precision(dtype, masking))
     if span is None or span >= min(Lq, MIN_FOLD_SPAN) or dtype not in (torch.bfloat16, torch.float16):
         return dtype
     return torch.float32

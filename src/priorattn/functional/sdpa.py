@@ -20,7 +20,7 @@ from ..priors import FoldLanes, Prior
 from ..ssmax import Scaling
 from .grouped import grouped_scores, grouped_values
 from .masks import Masking
-from .prior_inputs import centred_keys, fold_dtype, lane_inputs, slope_span
+from .prior_inputs import centred_keys, fold_dtype, lane_inputs, slope_precision, slope_span
 from .reference import compute_dtype
 from .spans import Call, Kind, batch_groups, cut, key_spans, select_rows, span_calls, visible_counts
 
@@ -235,9 +235,9 @@ def folded_attention(
     scale_prior = ssmax is not None and ssmax.scale_prior
     dtype = q.dtype
     if lanes is not None:  # a half-precision slope computes in float32 rather than in tiny query runs
-        compute = fold_dtype(lanes.slope, dtype, q.shape[2])
+        compute = fold_dtype(lanes.slope, dtype, masking)
         q, k, v = q.to(compute), k.to(compute), v.to(compute)
-    step = None if lanes is None else slope_span(lanes.slope, q.dtype)
+    step = None if lanes is None else slope_span(lanes.slope, slope_precision(q.dtype, masking))
     B, H, Lq = q.shape[:3]
     Dv, width = v.shape[-1], q.shape[-1] + (0 if lanes is None else lanes.width)
     if width > Dv:  # the flash kernel wants one head width for q, k and v (else SDPA takes a slow path)
