@@ -120,6 +120,11 @@ def centred_keys(masking: Masking, rows: slice, cols: slice, dtype: torch.dtype)
     return (masking.k_pos[:, cols] - centre).to(dtype)
 
 
+def tabulates(prior: Prior, masking: Masking) -> bool:
+    """Whether :func:`lag_table` has a table for this call: a relative prior on known position runs."""
+    return prior.is_relative and masking.starts is not None
+
+
 def lag_table(prior: Prior, masking: Masking) -> Tensor | None:
     """``K_h(d)`` for every lag ``d = q_pos - k_pos`` of the call, ``(H or 1, Lq + Lk - 1)``, or None.
 
@@ -127,9 +132,9 @@ def lag_table(prior: Prior, masking: Masking) -> Tensor | None:
     positions that are one run shared by the batch: the prior is then evaluated ``Lq + Lk - 1``
     times instead of ``Lq * Lk``.
     """
-    q0, k0 = masking.q_start, masking.k_start
-    if not prior.is_relative or q0 is None or k0 is None:
+    if not tabulates(prior, masking):
         return None
+    q0, k0 = masking.starts
     Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
     lags = q0 - (k0 + Lk - 1) + torch.arange(Lq + Lk - 1, device=masking.q_pos.device)
     table = prior.log_prior(lags, torch.zeros(1, dtype=torch.long, device=lags.device))
