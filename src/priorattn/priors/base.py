@@ -115,15 +115,19 @@ def alibi_slopes(num_heads: int) -> Tensor:
     return torch.tensor(slopes, dtype=torch.float64)
 
 
+def cat_lanes(lanes: list[Tensor]) -> Tensor:
+    """``lanes`` side by side along the last dimension, broadcast over the others."""
+    shape = torch.broadcast_shapes(*(t.shape[:-1] for t in lanes))
+    return torch.cat([t.expand(*shape, t.shape[-1]) for t in lanes], dim=-1)
+
+
 def concat_lanes(parts: list[FoldLanes]) -> FoldLanes:
     """The fold of a sum of folded priors: lanes concatenate, key biases and slopes add."""
-    q = torch.broadcast_tensors(*[p.q[..., :1] for p in parts])[0].shape[:-1]
-    k = torch.broadcast_tensors(*[p.k[..., :1] for p in parts])[0].shape[:-1]
     key_biases = [p.key_bias for p in parts if p.key_bias is not None]
     slopes = [p.slope for p in parts if p.slope is not None]
     return FoldLanes(
-        torch.cat([p.q.expand(*q, p.q.shape[-1]) for p in parts], dim=-1),
-        torch.cat([p.k.expand(*k, p.k.shape[-1]) for p in parts], dim=-1),
+        cat_lanes([p.q for p in parts]),
+        cat_lanes([p.k for p in parts]),
         sum(key_biases) if key_biases else None,
         sum(slopes) if slopes else None,
     )
