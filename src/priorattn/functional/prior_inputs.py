@@ -62,8 +62,9 @@ def position_spread(masking: Masking) -> int | None:
 def slope_precision(dtype: torch.dtype, masking: Masking) -> torch.dtype:
     """The dtype whose :data:`SLOPE_MAGNITUDE` bounds a folded slope's runs of queries in ``dtype``.
 
-    The SDPA kernels sum the logits in float32 whatever their inputs (the CPU and CUDA flash
-    kernels, and the math kernel, which computes half precision in float32). A half-precision slope
+    The SDPA kernels sum the logits in float32 whatever their inputs (tested for the CPU flash
+    kernel, tests/functional/test_half_precision_fold.py; CUDA's flash and memory-efficient kernels
+    accumulate in float32 by design, not measured here). A half-precision slope
     lane holds ``m_h`` (rounded once, as every half-precision lane) times ``k_pos - centre``, an
     integer: exact in the dtype while the call's positions spread over at most
     :data:`EXACT_INTEGERS`, and then the lane rounds no more than float32's does (the tiny model's
