@@ -1,4 +1,5 @@
-"""The FlexAttention route (forward only on the CPU) against the reference route."""
+"""The FlexAttention route (forward only on the CPU) against the reference route, and when ``auto``
+takes it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import torch
 from factories import make_prior
 
 import priorattn
+from priorattn.functional import api, flex
 from priorattn.priors import GGD
 
 CASES = {
@@ -53,3 +55,32 @@ def test_flex_refuses_priors_it_cannot_express():
         priorattn.attention(
             x, x, x, prior=GGD(2), q_pos=torch.tensor([[0, 2, 4, 6, 8, 10, 12, 14]]), backend="flex"
         )
+
+
+def test_flex_trains_on_cuda_only():
+    assert flex.flex_trains_on(torch.device("cuda"))
+    assert not flex.flex_trains_on(torch.device("cpu"))
+
+
+def choice(q, prior, **kwargs) -> str:
+    """The route ``auto`` takes for ``attention(q, q, q, prior=prior, **kwargs)``."""
+    chosen = []
+    with pytest.MonkeyPatch.context() as patch:
+        for name in api.ROUTES:
+            patch.setitem(api.ROUTES, name, lambda *a, name=name: chosen.append(name))
+        priorattn.attention(q, q, q, prior=prior, **kwargs)
+    return chosen[0]
+
+
+def test_auto_chooses_flex_for_a_prior_that_does_not_fold_where_flex_trains(monkeypatch):
+    """The device check is a seam: on a CUDA device (faked here) GGD, which cannot fold, takes flex;
+    folding priors keep SDPA, and a prior flex cannot read (no lag table) keeps memeff."""
+    q = torch.randn(1, 2, 300, 8)
+    assert choice(q, GGD(2)) == "memeff"  # the CPU: flex has no backward
+    monkeypatch.setattr(api, "flex_trains_on", lambda device: True)
+    assert choice(q, GGD(2)) == "flex"
+    assert choice(q, make_prior("goat", 2, dtype=torch.float32)) == "sdpa"
+    assert choice(q, None) == "sdpa"
+    gaps = torch.arange(0, 600, 2)  # positions that are no run: no lag table, flex cannot read GGD
+    assert choice(q, GGD(2), q_pos=gaps, k_pos=gaps) == "memeff"
+    assert choice(q, GGD(2), ssmax=torch.ones(2), window=40) == "flex"

@@ -24,7 +24,7 @@ BF16_ROUNDOFF = 2.0**-8
 #: folded lanes, the weights before P @ V, and each position's lane gradient before the prior's
 #: parameters sum them. Measured: errors up to 0.23 (memeff) and 1.53 (sdpa) of these units over 3000
 #: random problems, and no failure at max_examples=800 with --hypothesis-seed 1, 2 and 3.
-BF16_ULPS = {"memeff": 2, "sdpa": 8, "sdpa_bias": 2}  # sdpa_bias computes in float32, as memeff
+BF16_ULPS = {"memeff": 2, "sdpa": 8, "sdpa_bias": 2, "flex": 2}  # sdpa_bias, flex compute in float32
 
 
 @st.composite
@@ -186,6 +186,27 @@ def check_route(backend, o, dtype, device="cpu"):
 @given(o=problems())
 def test_route_matches_reference(backend, dtype, device, o):
     check_route(backend, o, dtype, device)
+
+
+#: Problems the flex route can express on CUDA, where positions are not read back: default
+#: positions, so a relative prior that does not fold (GGD) is read from its lag table.
+FLEX_CASES = {
+    "ggd, docs, ssmax": dict(prior="ggd", docs=True, ssmax=True),
+    "ggd_negative, window, gqa": dict(prior="ggd_negative", window=5, Hkv=1),
+    "goat, padding": dict(prior="goat", padding=True),
+    "goat_noslope, bidirectional": dict(prior="goat_noslope", causal=False),
+}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available (never run here)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", FLEX_CASES)
+def test_flex_route_trains_on_cuda_and_matches_reference(case, dtype):
+    """On CUDA FlexAttention has a backward and ``auto`` takes it for GGD: forward and gradients
+    against the float64 reference, as every route."""
+    o = dict(B=2, H=2, Hkv=2, Lq=40, Lk=40, Dk=8, Dv=8, causal=True, offset=0, seed=0, window=None)
+    o.update(docs=False, padding=False, ssmax=False, batched_pos=False)
+    check_route("flex", {**o, **FLEX_CASES[case]}, dtype, "cuda")
 
 
 @st.composite

@@ -423,7 +423,9 @@ def test_losses_of_bfloat16_logits_are_computed_in_float32():
     logits, losses, _ = gpt(x, targets=targets, reduction="none")
     assert losses.dtype == torch.float32
     expected = torch.nn.functional.cross_entropy(logits.float()[0], targets[0], reduction="none")
-    assert torch.equal(losses[0], expected)
+    # float32 losses: in bfloat16 these losses near 4 would be off by up to 1.2e-2; this layout of the logits
+    # reduces in another order, which may move the last bit
+    assert (losses[0] - expected).abs().max() < 1e-5
 
 
 def test_unknown_reduction_is_refused():

@@ -146,6 +146,19 @@ def test_log_prior_outside_autograd_reads_tables_that_follow_the_parameters(name
     check()
 
 
+def test_goat_terms_stay_in_the_parameters_dtype_under_autocast():
+    """The sink MLP and the spectral sums are not rounded to bfloat16 by autocast (issue 13)."""
+    prior = make_prior("goat", 3, dtype=torch.float32)
+    pos = torch.arange(40)[None]
+    plain = prior.fold(pos, pos), prior.log_prior(pos[0], pos[0])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = prior.fold(pos, pos), prior.log_prior(pos[0], pos[0])
+    assert autocast[0].key_bias.dtype == torch.float32 and autocast[1].dtype == torch.float32
+    assert torch.equal(autocast[0].key_bias, plain[0].key_bias) and torch.equal(autocast[1], plain[1])
+    meta = GOAT(2, 2).to("meta")  # a device autocast does not know: nothing to turn off
+    assert meta.log_prior(pos[0].to("meta"), pos[0].to("meta")).shape == (2, 40, 40)
+
+
 def test_goat_without_frequencies_is_its_sink_and_slope():
     prior = GOAT(2, 0, sink_freqs=2, sink_hidden=4).double()
     with torch.no_grad():

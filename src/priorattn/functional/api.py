@@ -11,10 +11,10 @@ from ..checks import check_doc_ids, check_key_padding_mask, check_positions, val
 from ..eot.regularizers import Regularizer, regularizer
 from ..priors import Prior, Uniform
 from ..ssmax import Scaling, SSMax
-from .flex import flex_route
+from .flex import flex_route, flex_trains_on
 from .masks import Masking, values_are_free
 from .memeff import memeff_attention
-from .prior_inputs import MIN_FOLD_SPAN, fold_dtype, slope_span
+from .prior_inputs import MIN_FOLD_SPAN, fold_dtype, slope_precision, slope_span, tabulates
 from .reference import reference_attention
 from .sdpa import is_decode_step, sdpa_attention, sdpa_bias_attention
 
@@ -68,9 +68,11 @@ def attention(
             scales the prior too; use ``SSMax(..., scale_prior=False)`` to scale content only.
         backend: ``"reference"`` (dense definition), ``"sdpa"`` (prior folded into q/k lanes, one
             unmodified SDPA call), ``"memeff"`` (blockwise, any prior, O(L) memory), ``"flex"``
-            (compiled FlexAttention; forward only on the CPU), or ``"auto"`` (never ``"flex"``; in a
-            decode step, at most 16 queries against more keys, the prior's log-prior tile is added
-            to the logits instead of folding every key: ``sdpa.sdpa_bias_attention``).
+            (compiled FlexAttention; forward only on the CPU), or ``"auto"`` (in a decode step, at
+            most 16 queries against more keys, the prior's log-prior tile is added to the logits
+            instead of folding every key: ``sdpa.sdpa_bias_attention``; on CUDA ``"flex"`` for a
+            prior that does not fold, when it is relative on position runs; ``"flex"`` never on
+            the CPU, where it has no backward).
         normalizer: the map from logits to weights, ``argmin_p -<p, logits> + Omega(p)`` over the
             simplex (seed 004 Eq. 19): ``"softmax"``, ``"sparsemax"``, ``"entmax15"``, an entmax
             ``alpha > 1``, or a :class:`~priorattn.eot.Regularizer` without position terms. Only
@@ -135,7 +137,8 @@ def check_normalizer(normalizer: str | float | Regularizer, backend: str) -> Reg
 
 def _choose(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking) -> str:
     """Fastest exact route: a decode step's prior as SDPA's additive bias, else fold into SDPA where
-    possible, otherwise the blockwise route."""
+    possible, else FlexAttention where it trains (CUDA) and can read the prior (a lag table),
+    otherwise the blockwise route."""
     if prior is None:
         return "sdpa"
     if is_decode_step(q, k):
@@ -143,9 +146,11 @@ def _choose(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking) -> str:
     if prior.can_fold(masking.causal):
         origin = masking.q_pos[:, -1:]
         slope = prior.fold(origin, origin).slope
-        span = slope_span(slope, fold_dtype(slope, q.dtype, q.shape[2]))
+        span = slope_span(slope, slope_precision(fold_dtype(slope, q.dtype, masking), masking))
         if span is None or span >= min(q.shape[2], MIN_FOLD_SPAN):
             return "sdpa"
+    elif flex_trains_on(q.device) and tabulates(prior, masking):
+        return "flex"
     return "memeff"
 
 

@@ -1,10 +1,14 @@
-"""The FlexAttention route: forward only on the CPU (FlexAttention has no CPU backward).
+"""The FlexAttention route: forward and backward on CUDA, forward only on the CPU (no CPU backward).
 
 A folding prior enters through its q/k lanes (seed 000 Eq. 20-24); its key-only terms and slope are
 added by ``score_mod`` at each (query, key) pair, the slope in its exact lag form ``-m_h (i - j)``.
 A relative prior on position runs is read from its lag table (one value per lag). The masks become
 a FlexAttention block mask, so fully hidden blocks are skipped. The first call for a shape compiles
 (about 20 s on 2 CPU cores); later calls reuse it.
+
+On CUDA ``backend="auto"`` takes this route for a prior that does not fold (issue 13: there its
+backward exists, and the blockwise ``memeff`` route is a loop of small kernels). Only the choice is
+tested without a GPU; the CUDA runs of the route tests skip here.
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ from ..ssmax import Scaling
 from .masks import Masking
 from .prior_inputs import split_prior
 from .reference import compute_dtype
+
+
+def flex_trains_on(device: torch.device) -> bool:
+    """Whether FlexAttention has a backward on ``device``: on CUDA, not on the CPU."""
+    return device.type == "cuda"
 
 
 @cache
@@ -57,10 +66,10 @@ def flex_route(
     scale: float,
     ssmax: Scaling | None,
 ) -> Tensor:
-    """Prior attention through compiled FlexAttention (inference only)."""
+    """Prior attention through compiled FlexAttention (inference only off CUDA)."""
     learnable = [q, k, v, *(prior.parameters() if prior is not None else ())]
     learnable += [ssmax.s] if ssmax is not None else []
-    if torch.is_grad_enabled() and any(t.requires_grad for t in learnable):
+    if not flex_trains_on(q.device) and torch.is_grad_enabled() and any(t.requires_grad for t in learnable):
         raise RuntimeError(
             "backend='flex' runs forward only: FlexAttention has no backward on the CPU. "
             "Use backend='memeff' or 'sdpa' for training, or call under torch.no_grad()"

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..priors import FoldLanes, Prior
-from .masks import Masking
+from .masks import Masking, values_are_free
 
 #: Largest magnitude the centred slope term may reach within one call, per dtype: past it, rounding
 #: of ``m * (k_pos - centre)`` shows in the logits (benchmarks/fold_precision.py measures it).
@@ -42,11 +42,47 @@ def slope_span(slope: Tensor | None, dtype: torch.dtype) -> int | None:
     return None if span > 2**62 else max(1, int(span))  # a subnormal slope: inf, and no limit
 
 
-def fold_dtype(slope: Tensor | None, dtype: torch.dtype, Lq: int) -> torch.dtype:
+#: Integers up to this magnitude are exact in a half-precision dtype (2^significand bits).
+EXACT_INTEGERS = {torch.bfloat16: 2**8, torch.float16: 2**11}
+
+
+def position_spread(masking: Masking) -> int | None:
+    """``max - min`` over the call's query and key positions, or None where reading them costs a
+    host read that is not free (:func:`~.masks.values_are_free`): it bounds every ``k_pos - centre``."""
+    Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
+    if masking.starts is not None:
+        q0, k0 = masking.starts
+        return max(q0 + Lq, k0 + Lk) - 1 - min(q0, k0)
+    if not values_are_free(masking.q_pos) or not Lq or not Lk:
+        return None
+    low = min(int(masking.q_pos.min()), int(masking.k_pos.min()))
+    return max(int(masking.q_pos.max()), int(masking.k_pos.max())) - low
+
+
+def slope_precision(dtype: torch.dtype, masking: Masking) -> torch.dtype:
+    """The dtype whose :data:`SLOPE_MAGNITUDE` bounds a folded slope's runs of queries in ``dtype``.
+
+    The SDPA kernels sum the logits in float32 whatever their inputs (tested for the CPU flash
+    kernel, tests/functional/test_half_precision_fold.py; CUDA's flash and memory-efficient kernels
+    accumulate in float32 by design, not measured here). A half-precision slope
+    lane holds ``m_h`` (rounded once, as every half-precision lane) times ``k_pos - centre``, an
+    integer: exact in the dtype while the call's positions spread over at most
+    :data:`EXACT_INTEGERS`, and then the lane rounds no more than float32's does (the tiny model's
+    256 positions in bfloat16). Beyond it the offsets round too, and ``dtype``'s own bound holds.
+    """
+    limit = EXACT_INTEGERS.get(dtype)
+    if limit is None:
+        return dtype
+    spread = position_spread(masking)
+    return torch.float32 if spread is not None and spread <= limit else dtype
+
+
+def fold_dtype(slope: Tensor | None, dtype: torch.dtype, masking: Masking) -> torch.dtype:
     """The dtype a folded SDPA call computes in: ``dtype``, or float32 for half-precision inputs whose
-    slope would need runs of fewer than ``min(Lq, MIN_FOLD_SPAN)`` queries (a bfloat16 lane rounds
-    ``m (j - c)`` to 8 bits, so its runs stay within ``|m (j - c)| <= 1``)."""
-    span = slope_span(slope, dtype)
+    slope would need runs of fewer than ``min(Lq, MIN_FOLD_SPAN)`` queries (a bfloat16 lane whose
+    key offsets round as well allows runs within ``|m (j - c)| <= 1``, see :func:`slope_precision`)."""
+    Lq = masking.q_pos.shape[-1]
+    span = slope_span(slope, slope_precision(dtype, masking))
     if span is None or span >= min(Lq, MIN_FOLD_SPAN) or dtype not in (torch.bfloat16, torch.float16):
         return dtype
     return torch.float32
@@ -85,6 +121,11 @@ def centred_keys(masking: Masking, rows: slice, cols: slice, dtype: torch.dtype)
     return (masking.k_pos[:, cols] - centre).to(dtype)
 
 
+def tabulates(prior: Prior, masking: Masking) -> bool:
+    """Whether :func:`lag_table` has a table for this call: a relative prior on known position runs."""
+    return prior.is_relative and masking.starts is not None
+
+
 def lag_table(prior: Prior, masking: Masking) -> Tensor | None:
     """``K_h(d)`` for every lag ``d = q_pos - k_pos`` of the call, ``(H or 1, Lq + Lk - 1)``, or None.
 
@@ -92,9 +133,9 @@ def lag_table(prior: Prior, masking: Masking) -> Tensor | None:
     positions that are one run shared by the batch: the prior is then evaluated ``Lq + Lk - 1``
     times instead of ``Lq * Lk``.
     """
-    q0, k0 = masking.q_start, masking.k_start
-    if not prior.is_relative or q0 is None or k0 is None:
+    if not tabulates(prior, masking):
         return None
+    q0, k0 = masking.starts
     Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
     lags = q0 - (k0 + Lk - 1) + torch.arange(Lq + Lk - 1, device=masking.q_pos.device)
     table = prior.log_prior(lags, torch.zeros(1, dtype=torch.long, device=lags.device))

@@ -17,10 +17,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..priors import FoldLanes, Prior
+from ..priors.base import cat_lanes
 from ..ssmax import Scaling
 from .grouped import grouped_scores, grouped_values
 from .masks import Masking
-from .prior_inputs import centred_keys, fold_dtype, lane_inputs, slope_span
+from .prior_inputs import centred_keys, fold_dtype, slope_precision, slope_span
 from .reference import compute_dtype
 from .spans import Call, Kind, batch_groups, cut, key_spans, select_rows, span_calls, visible_counts
 
@@ -44,29 +45,31 @@ def sdpa_inputs(
     factor: Tensor | None,
     scale_prior: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``q'``, ``k'``, ``v'`` of one SDPA call; ``q`` holds query ``rows``, ``k``, ``v`` key ``cols``."""
+    """``q'``, ``k'``, ``v'`` of one SDPA call; ``q`` holds query ``rows``, ``k``, ``v`` key ``cols``.
+
+    The prior's lanes are gathered at their own small shape (shared by the batch, and by the heads
+    on the key side unless a key bias is per head) and cast first, so each of ``q'`` and ``k'`` is
+    one concatenation: the only passes over the content a prior adds (issue 13, bf16 training).
+    """
+    content = (q * scale if factor is None else q * scale * factor).to(q.dtype)
     if lanes is None:
-        content = q * scale if factor is None else (q * scale * factor).to(q.dtype)
         return content, k, v
-    q2, k2 = lane_inputs(q, k, lanes, rows, cols, scale, factor, scale_prior)
-    B, H, lq = q.shape[:3]
-    q_extra, k_extra = [], []
-    if lanes.key_bias is not None:  # <1, u_h(j)>: per-head key lane, one key head per query head
-        if k.shape[1] != H:
-            k2, v = k2.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // k.shape[1], 1)
-        q_extra.append(q2.new_ones(1, 1, 1, 1).expand(B, H, lq, 1))
-        k_extra.append(lanes.key_bias[..., cols, None].expand(B, H, -1, 1))
+    q_lanes, k_lanes = [lanes.q[..., rows, :]], [lanes.k[..., cols, :]]
+    if lanes.key_bias is not None:  # <1, u_h(j)>: per-head key lane
+        q_lanes.append(lanes.q.new_ones(1, 1, 1, 1))
+        k_lanes.append(lanes.key_bias[..., cols, None])
     if lanes.slope is not None:  # <m_h, k_pos[j] - centre>: shared key lane
-        q_extra.append(lanes.slope[:, None, None].expand(B, H, lq, 1))
-        offset = centred_keys(masking, rows, cols, lanes.slope.dtype)
-        k_extra.append(offset[:, None, :, None].expand(B, k2.shape[1], -1, 1))
-    if not q_extra:
-        return q2, k2, v
-    q_extra = torch.cat(q_extra, dim=-1)
+        q_lanes.append(lanes.slope[:, None, None])
+        k_lanes.append(centred_keys(masking, rows, cols, lanes.slope.dtype)[:, None, :, None])
+    q_lanes, k_lanes = cat_lanes(q_lanes), cat_lanes(k_lanes)
     if factor is not None and scale_prior:
-        q_extra = q_extra * factor
-    q2 = torch.cat([q2, q_extra.to(q2.dtype)], dim=-1)
-    return q2, torch.cat([k2, torch.cat(k_extra, dim=-1).to(k2.dtype)], dim=-1), v
+        q_lanes = q_lanes * factor
+    B, H, lq = q.shape[:3]
+    if k_lanes.shape[-3] not in (1, k.shape[1]):  # a per-head key lane: one key head per query head
+        k, v = k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // k.shape[1], 1)
+    q2 = torch.cat([content, q_lanes.to(q.dtype).expand(B, H, lq, -1)], dim=-1)
+    k_lanes = k_lanes.to(k.dtype).expand(B, k.shape[1], *k_lanes.shape[-2:])
+    return q2, torch.cat([k, k_lanes], dim=-1), v
 
 
 class LowerRightCausal(torch.autograd.Function):
@@ -235,9 +238,9 @@ def folded_attention(
     scale_prior = ssmax is not None and ssmax.scale_prior
     dtype = q.dtype
     if lanes is not None:  # a half-precision slope computes in float32 rather than in tiny query runs
-        compute = fold_dtype(lanes.slope, dtype, q.shape[2])
+        compute = fold_dtype(lanes.slope, dtype, masking)
         q, k, v = q.to(compute), k.to(compute), v.to(compute)
-    step = None if lanes is None else slope_span(lanes.slope, q.dtype)
+    step = None if lanes is None else slope_span(lanes.slope, slope_precision(q.dtype, masking))
     B, H, Lq = q.shape[:3]
     Dv, width = v.shape[-1], q.shape[-1] + (0 if lanes is None else lanes.width)
     if width > Dv:  # the flash kernel wants one head width for q, k and v (else SDPA takes a slow path)

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .base import FoldLanes, PositionTable, Prior, alibi_slopes
+from .base import FoldLanes, PositionTable, Prior, alibi_slopes, in_own_dtype
 
 
 def geometric_freqs(num_freqs: int, base: float) -> Tensor:
@@ -80,9 +80,10 @@ class GOATSink(nn.Module):
         return self.by_position(k_pos).movedim(0, -2)
 
     def evaluate(self, k_pos: Tensor) -> Tensor:
-        """``u_h(j)`` computed afresh, ``(..., H, Lk)``."""
+        """``u_h(j)`` computed afresh, ``(..., H, Lk)``, in the parameters' dtype (:func:`in_own_dtype`)."""
         position = k_pos.to(self.freqs.dtype)[..., None]
-        u = self.mlp(self.features(k_pos)) - self.decay * position / self.train_len  # (..., Lk, H)
+        with in_own_dtype(self.freqs.device):
+            u = self.mlp(self.features(k_pos)) - self.decay * position / self.train_len  # (..., Lk, H)
         return u.transpose(-1, -2)
 
 
@@ -178,7 +179,8 @@ class GOAT(Prior):
     def relative(self, lag: Tensor) -> Tensor:
         """Terms of lag ``d = i - j``, ``(H, n)``: ``sum_r alpha cos(w_r d) + beta sin(w_r d) - m |d|``."""
         cos, sin = phases(lag, self.freqs)  # (n, R)
-        K = self.alpha @ cos.T + self.beta @ sin.T  # (H, n)
+        with in_own_dtype(self.freqs.device):
+            K = self.alpha @ cos.T + self.beta @ sin.T  # (H, n)
         if self.slope is not None:
             K = K - self.slope[:, None] * lag.to(self.alpha.dtype).abs()
         return K
