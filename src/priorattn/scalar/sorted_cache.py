@@ -137,73 +137,126 @@ def scalar_attention_reference(
     return (weights @ v).reshape(H, v.shape[-1])
 
 
-class _RowTable:
-    """One value group's rows in arrival order: values, vector keys (hybrid), positions, and the
-    log-counts of merged entries (allocated at the first density merge: until then every count is 1)."""
+class _RowTables:
+    """Every value group's rows in arrival order: values, vector keys (hybrid), positions, and the
+    log-counts of merged entries (allocated at the first density merge: until then every count is 1).
 
-    def __init__(self, value_dim: int, vector_key_dim: int | None, dtype: torch.dtype, capacity: int):
-        self.rows = 0
-        self.values = torch.empty(capacity, value_dim, dtype=dtype)
-        self.vec_keys = None if vector_key_dim is None else torch.empty(capacity, vector_key_dim, dtype=dtype)
-        self.positions = torch.empty(capacity, dtype=torch.int32)
+    The groups' tables are the slices ``[g]`` of one ``(G, capacity, ...)`` tensor per field, so that
+    a decoding step gathers the rows of every group with one ``index_select`` (and a token is
+    appended to every group with one write); each group fills its own ``rows[g]`` rows."""
+
+    def __init__(
+        self, groups: int, value_dim: int, vector_key_dim: int | None, dtype: torch.dtype, capacity: int
+    ):
+        self.rows = [0] * groups
+        self.values = torch.empty(groups, capacity, value_dim, dtype=dtype)
+        self.vec_keys = (
+            None if vector_key_dim is None else torch.empty(groups, capacity, vector_key_dim, dtype=dtype)
+        )
+        self.positions = torch.empty(groups, capacity, dtype=torch.int32)
         self.log_count: Tensor | None = None
-        self.max_log_count = 0.0  # bounds the count of any entry a step does not read
+        self.max_log_count = [0.0] * groups  # bounds the count of any entry a step does not read
         # Largest vector-key norm ever stored: bounds <q, k> of every entry outside a window. Means of
         # stored keys (merged entries) never exceed it, and eviction only removes keys.
-        self.max_vec_norm = 0.0
+        self.max_vec_norm = [0.0] * groups
 
     _FIELDS = ("values", "vec_keys", "positions", "log_count")
 
     def tensors(self) -> list[Tensor]:
         return [t for t in (getattr(self, name) for name in self._FIELDS) if t is not None]
 
-    def counts_of(self, rows: Tensor) -> Tensor:
-        """Log-counts of the given rows (0 for a token that stands for itself)."""
+    @property
+    def capacity(self) -> int:
+        return self.values.shape[1]
+
+    def flat(self, rows: Tensor) -> Tensor:
+        """Indices into the ``(G capacity, ...)`` view of the fields of the rows ``(G, r)`` of each group."""
+        return rows + torch.arange(0, len(self.rows) * self.capacity, self.capacity)[:, None]
+
+    def counts_of(self, group: int, rows: Tensor) -> Tensor:
+        """Log-counts of the given rows of a group (0 for a token that stands for itself)."""
         if self.log_count is None:
             return torch.zeros(rows.shape, dtype=self.values.dtype)
-        return _take(self.log_count, rows)
+        return _take(self.log_count[group], rows)
 
-    def reserve(self, rows: int) -> None:
-        if rows <= self.values.shape[0]:
-            return
-        capacity = max(rows, int(self.values.shape[0] * GROWTH) + 1)
+    def _resize(self, capacity: int) -> None:
         for name in self._FIELDS:
             old = getattr(self, name)
             if old is not None:
-                new = old.new_empty((capacity, *old.shape[1:]))
-                new[: self.rows] = old[: self.rows]
+                new = old.new_empty((old.shape[0], capacity, *old.shape[2:]))
+                kept = min(capacity, old.shape[1])
+                new[:, :kept] = old[:, :kept]
                 setattr(self, name, new)
 
-    def add(
-        self, values: Tensor, vec_keys: Tensor | None, positions: Tensor, log_count: Tensor | None = None
-    ) -> int:
-        """Append rows; returns the index of the first."""
-        L = values.shape[0]
-        self.reserve(self.rows + L)
-        rows = slice(self.rows, self.rows + L)
-        self.values[rows] = values
-        if vec_keys is not None:
-            self.vec_keys[rows] = vec_keys
-            if L:
-                self.max_vec_norm = max(self.max_vec_norm, vec_keys.norm(dim=-1).max().item())
-        self.positions[rows] = positions
-        if log_count is not None and self.log_count is None:
-            self.log_count = self.values.new_zeros(self.values.shape[0])
-        if self.log_count is not None:
-            self.log_count[rows] = 0.0 if log_count is None else log_count
-        if log_count is not None and L:
-            self.max_log_count = max(self.max_log_count, log_count.max().item())
-        self.rows += L
-        return rows.start
+    def reserve(self, rows: int) -> None:
+        if rows > self.capacity:
+            self._resize(max(rows, int(self.capacity * GROWTH) + 1))
 
-    def keep(self, live: Tensor) -> Tensor:
-        """Drop the rows where ``live`` (bool, ``(rows,)``) is False; returns old row -> new row."""
+    def add_tokens(self, values: Tensor, vec_keys: Tensor | None, positions: Tensor) -> list[int]:
+        """Append tokens to every group (``values (L, G, Dv)``, ``vec_keys (L, G, Dk)``); returns the
+        first new row of each group."""
+        first = list(self.rows)
+        if len(set(first)) > 1:  # the groups' tables differ in length (merging or compaction)
+            return [
+                self.add(g, values[:, g], None if vec_keys is None else vec_keys[:, g], positions)
+                for g in range(len(first))
+            ]
+        L, start = values.shape[0], first[0]
+        self.reserve(start + L)
+        rows = slice(start, start + L)
+        self.values[:, rows] = values.transpose(0, 1)
+        self.positions[:, rows] = positions
+        if vec_keys is not None:
+            self.vec_keys[:, rows] = vec_keys.transpose(0, 1)
+            if L:
+                norms = vec_keys.norm(dim=-1).amax(dim=0).tolist()
+                self.max_vec_norm = [max(old, new) for old, new in zip(self.max_vec_norm, norms)]
+        if self.log_count is not None:
+            self.log_count[:, rows] = 0.0
+        self.rows = [start + L] * len(first)
+        return first
+
+    def add(
+        self,
+        group: int,
+        values: Tensor,
+        vec_keys: Tensor | None,
+        positions: Tensor,
+        log_count: Tensor | None = None,
+    ) -> int:
+        """Append rows to one group; returns the index of the first."""
+        L, start = values.shape[0], self.rows[group]
+        self.reserve(start + L)
+        rows = slice(start, start + L)
+        self.values[group, rows] = values
+        if vec_keys is not None:
+            self.vec_keys[group, rows] = vec_keys
+            if L:
+                self.max_vec_norm[group] = max(self.max_vec_norm[group], vec_keys.norm(dim=-1).max().item())
+        self.positions[group, rows] = positions
+        if log_count is not None and self.log_count is None:
+            self.log_count = self.values.new_zeros(self.values.shape[:2])
+        if self.log_count is not None:
+            self.log_count[group, rows] = 0.0 if log_count is None else log_count
+        if log_count is not None and L:
+            self.max_log_count[group] = max(self.max_log_count[group], log_count.max().item())
+        self.rows[group] += L
+        return start
+
+    def keep(self, group: int, live: Tensor) -> Tensor:
+        """Drop a group's rows where ``live`` (bool, ``(rows,)``) is False; returns old row -> new row."""
+        kept = int(live.sum())
         for name in self._FIELDS:
-            old = getattr(self, name)
-            if old is not None:
-                setattr(self, name, old[: self.rows][live].clone())
-        self.rows = int(live.sum())
+            field = getattr(self, name)
+            if field is not None:
+                field[group, :kept] = field[group, : self.rows[group]][live]
+        self.rows[group] = kept
         return (torch.cumsum(live, 0) - 1).to(torch.int32)
+
+    def fit(self) -> None:
+        """Release the capacity beyond the longest group's rows (after compaction)."""
+        if max(self.rows) < self.capacity:
+            self._resize(max(1, max(self.rows)))
 
 
 class _KeyOrder:
@@ -341,7 +394,7 @@ class SortedScalarCache:
         self.value_dim, self.vector_key_dim = value_dim, vector_key_dim
         self.buffer_size, self.eviction, self.merge, self.sink_zone = buffer_size, eviction, merge, sink_zone
         self.dtype = dtype
-        self._tables = [_RowTable(value_dim, vector_key_dim, dtype, capacity) for _ in range(num_groups)]
+        self._store = _RowTables(num_groups, value_dim, vector_key_dim, dtype, capacity)
         self._buf_keys = torch.empty(num_key_heads, buffer_size, dtype=dtype)
         self._buf_rows = torch.empty(num_key_heads, buffer_size, dtype=torch.int32)
         self._orders = [_KeyOrder(self._buf_keys[h], self._buf_rows[h]) for h in range(num_key_heads)]
@@ -359,12 +412,13 @@ class SortedScalarCache:
         """Entries of the fullest key head (all equal unless eviction or merging acted per head)."""
         return max(len(order) for order in self._orders)
 
-    def _table(self, key_head: int) -> _RowTable:
-        return self._tables[key_head // (self.num_key_heads // self.num_groups)]
+    def _group(self, key_head: int) -> int:
+        """The value group whose rows a key head's entries point to."""
+        return key_head // (self.num_key_heads // self.num_groups)
 
     def nbytes(self) -> int:
         """Bytes allocated by the cache (row tables at capacity, sorted arrays, buffers)."""
-        total = sum(t.nbytes for table in self._tables for t in table.tensors())
+        total = sum(t.nbytes for t in self._store.tensors())
         packed = (self._keys, self._rows, self._last, self._buf_keys, self._buf_rows)
         return total + sum(t.nbytes for t in (*packed, self._recent_lo, self._recent_hi))
 
@@ -434,10 +488,7 @@ class SortedScalarCache:
         self._next_position = max(self._next_position, last + 1)
         k_s, v, positions = k_s.to(self.dtype), v.to(self.dtype), positions.to(torch.int32)
         per_group = self.num_key_heads // self.num_groups
-        first_rows = [
-            table.add(v[:, g], None if k_vec is None else k_vec[:, g].to(self.dtype), positions)
-            for g, table in enumerate(self._tables)
-        ]
+        first_rows = self._store.add_tokens(v, None if k_vec is None else k_vec.to(self.dtype), positions)
         first_rows = torch.tensor(
             [[first] for first in first_rows for _ in range(per_group)], dtype=torch.int32
         )
@@ -466,7 +517,7 @@ class SortedScalarCache:
         keys = torch.empty(self.num_key_heads, max(1, max(lengths)), dtype=self.dtype)
         rows = torch.empty(self.num_key_heads, keys.shape[1], dtype=torch.int32)
         for h, (order, n) in enumerate(zip(self._orders, lengths)):
-            positions = self._table(h).positions
+            positions = self._store.positions[self._group(h)]
             _merge_sorted(
                 order.keys, order.rows, new_keys[h], new_rows[h], positions, keys[h, :n], rows[h, :n]
             )
@@ -484,17 +535,17 @@ class SortedScalarCache:
 
     def _apply_policies(self) -> None:
         for h, order in enumerate(self._orders):
-            table = self._table(h)
+            value_group = self._group(h)
             if self.eviction is not None and self._recent_len:
                 lo = self._recent_lo[h, : self._recent_len].min() - self.eviction.margin
                 hi = self._recent_hi[h, : self._recent_len].max() + self.eviction.margin
                 keep = ((order.keys >= lo) & (order.keys <= hi)) | self._sink(order.keys)
                 order.keys, order.rows = order.keys[keep], order.rows[keep]
             if self.merge is not None and order.keys.shape[0] > self.merge.max_entries:
-                self._density_merge(order, table)
+                self._density_merge(order, value_group)
         self._compact()
 
-    def _density_merge(self, order: _KeyOrder, table: _RowTable) -> None:
+    def _density_merge(self, order: _KeyOrder, value_group: int) -> None:
         # seed 002 "Density-based compression": entries in one bin of width `width` become one entry.
         keys, rows = order.keys, order.rows.long()
         sink = self._sink(keys)
@@ -505,7 +556,8 @@ class SortedScalarCache:
         runs = int(group[-1]) + 1
         if runs == keys.shape[0]:
             return
-        weight = table.counts_of(rows).exp()
+        store = self._store
+        weight = store.counts_of(value_group, rows).exp()
         run_weight = torch.zeros(runs, dtype=keys.dtype).index_add_(0, group, weight)
 
         def weighted_mean(x: Tensor) -> Tensor:
@@ -518,45 +570,50 @@ class SortedScalarCache:
         new_keys = weighted_mean(keys)[:, 0]
         first = torch.nonzero(starts).flatten()  # first entry of each run
         run_positions = torch.full((runs,), torch.iinfo(torch.int32).max, dtype=torch.int32)
-        run_positions = run_positions.scatter_reduce(0, group, table.positions[rows], "amin")
+        run_positions = run_positions.scatter_reduce(0, group, store.positions[value_group][rows], "amin")
         new_rows = order.rows[first].clone()
-        first_row = table.add(
-            weighted_mean(table.values[rows])[merged],
-            None if table.vec_keys is None else weighted_mean(table.vec_keys[rows])[merged],
+        first_row = store.add(
+            value_group,
+            weighted_mean(store.values[value_group][rows])[merged],
+            None if store.vec_keys is None else weighted_mean(store.vec_keys[value_group][rows])[merged],
             run_positions[merged],
             run_weight[merged].log(),
         )
-        new_rows[merged] = torch.arange(first_row, table.rows, dtype=torch.int32)
+        new_rows[merged] = torch.arange(first_row, store.rows[value_group], dtype=torch.int32)
         new_keys = torch.where(merged, new_keys, keys[first])  # singletons keep their exact key
         order.keys, order.rows = new_keys, new_rows
 
     def _compact(self) -> None:
         """Drop rows no key head references, once they are at least half of a table."""
-        per_group = self.num_key_heads // self.num_groups
-        for g, table in enumerate(self._tables):
+        per_group, store = self.num_key_heads // self.num_groups, self._store
+        compacted = False
+        for g in range(self.num_groups):
             orders = self._orders[g * per_group : (g + 1) * per_group]
-            if table.rows <= 2 * max(len(order) for order in orders):
+            if store.rows[g] <= 2 * max(len(order) for order in orders):
                 continue
-            live = torch.zeros(table.rows, dtype=torch.bool)
+            live = torch.zeros(store.rows[g], dtype=torch.bool)
             for order in orders:
                 live[order.rows.long()] = True
                 live[order.buf_rows[: order.buf_len].long()] = True
-            if int(live.sum()) * 2 > table.rows:
+            if int(live.sum()) * 2 > store.rows[g]:
                 continue
-            new_row = table.keep(live)
+            new_row = store.keep(g, live)
+            compacted = True
             for order in orders:
                 order.rows = new_row[order.rows.long()]
                 order.buf_rows[: order.buf_len] = new_row[order.buf_rows[: order.buf_len].long()]
+        if compacted:
+            store.fit()
 
     # -- reading ----------------------------------------------------------------------------------
 
     def entries(self, key_head: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Every entry of one key head, sorted entries first then the buffer: ``keys (n,)``,
         ``positions (n,)``, ``log_count (n,)``, ``values (n, Dv)``."""
-        order, table = self._orders[key_head], self._table(key_head)
+        order, g, store = self._orders[key_head], self._group(key_head), self._store
         rows = torch.cat([order.rows, order.buf_rows[: order.buf_len]]).long()
         keys = torch.cat([order.keys, order.buf_keys[: order.buf_len]])
-        return keys, table.positions[rows].long(), table.counts_of(rows), table.values[rows]
+        return keys, store.positions[g][rows].long(), store.counts_of(g, rows), store.values[g][rows]
 
     def _check_query(self, q_s, tau, window, q_vec) -> Tensor:
         H = self.num_heads
@@ -638,35 +695,26 @@ class SortedScalarCache:
             buffer_square = (q[..., None] - self._buf_keys[:, None, :buffered]).square_()
             window_square = torch.cat([window_square, buffer_square], 2)
             rows = torch.cat([rows, self._buf_rows[:, None, :buffered].expand(Hk, per_key, buffered)], 2)
+        store = self._store
         rows = rows.view(G, per_group * rows.shape[2])  # each group reads its own table
+        flat = store.flat(rows).view(-1)  # one read of every group's rows
+        R = rows.shape[1] // per_group  # rows read per query head
         # seed 002: score = -(q_s - k_s)^2 / tau [+ scale <q, k>] (+ log count of merged entries);
         # places outside the cache have an infinite distance, so a score of -inf.
-        scores = window_square.mul_(neg_inv_tau).view(G, per_group, 1, -1)
-        merged = any(table.log_count is not None for table in self._tables)
+        scores = window_square.mul_(neg_inv_tau).view(H, 1, R)
+        merged = store.log_count is not None
         if merged:
-            scores = scores + torch.stack(
-                [table.counts_of(r) for table, r in zip(self._tables, rows)]
-            ).view_as(scores)
+            scores = scores + _take(store.log_count.view(-1), flat).view_as(scores)
         if q_vec is not None:
-            q_vec_g = q_vec.view(G, per_group, 1, -1)
-            content = [
-                torch.bmm(
-                    q_vec_g[g],
-                    _take(table.vec_keys, rows[g]).view(per_group, -1, self.vector_key_dim).transpose(1, 2),
-                )
-                for g, table in enumerate(self._tables)
-            ]
-            scores = scores + scale * torch.stack(content)
-        top = scores.amax(dim=3, keepdim=True)
+            vec_keys = store.vec_keys.view(-1, self.vector_key_dim).index_select(0, flat)
+            scores = scores + scale * torch.bmm(q_vec.view(H, 1, -1), vec_keys.view(H, R, -1).transpose(1, 2))
+        top = scores.amax(dim=2, keepdim=True)
         shifted = scores - top
-        weights = shifted.masked_fill_(shifted < EXP_FLOOR, -math.inf).exp_()  # (G, per_group, 1, rows)
-        inside_mass = weights.sum(dim=3).view(Hk, per_key)
+        weights = shifted.masked_fill_(shifted < EXP_FLOOR, -math.inf).exp_()  # (H, 1, R)
+        inside_mass = weights.sum(dim=2).view(Hk, per_key)
         # bmm, not matmul: the same product with a fifth of the dispatch cost for these small shapes.
-        outputs = [
-            torch.bmm(weights[g], table.values.index_select(0, rows[g]).view(per_group, -1, self.value_dim))
-            for g, table in enumerate(self._tables)
-        ]
-        output = torch.cat(outputs).view(H, -1).div_(inside_mass.view(H, 1))
+        values = store.values.view(-1, self.value_dim).index_select(0, flat).view(H, R, -1)
+        output = torch.bmm(weights, values).view(H, -1).div_(inside_mass.view(H, 1))
 
         # The bound on the mass outside the window. Every score is at most
         # -d^2 / tau + [|scale| |q| max|k| (hybrid)] + max log count, for d a lower bound on the
@@ -679,9 +727,9 @@ class SortedScalarCache:
 
         lift = top.view(Hk, per_key).neg()
         if merged:
-            lift = lift + per_key_head([table.max_log_count for table in self._tables])
+            lift = lift + per_key_head(store.max_log_count)
         if q_vec is not None:
-            max_norm = per_key_head([table.max_vec_norm for table in self._tables])
+            max_norm = per_key_head(store.max_vec_norm)
             lift = lift + abs(scale) * q_vec.norm(dim=1).view(Hk, per_key) * max_norm
         if blocks > 1:
             # Edges start at the slice's outermost entries; block j holds the entries between edge j
@@ -723,7 +771,7 @@ class SortedScalarCache:
         outputs = []
         for h_key, order in enumerate(self._orders):
             heads = slice(h_key * heads_per_key, (h_key + 1) * heads_per_key)
-            table = self._table(h_key)
+            g, store = self._group(h_key), self._store
             rows = torch.cat([order.rows, order.buf_rows[: order.buf_len]]).long()
             keys = torch.cat([order.keys, order.buf_keys[: order.buf_len]])
             outputs.append(
@@ -731,10 +779,10 @@ class SortedScalarCache:
                     q_s[heads].to(self.dtype),
                     tau[heads],
                     keys[None],
-                    table.values[rows][None],
-                    log_count=table.counts_of(rows)[None],
+                    store.values[g][rows][None],
+                    log_count=store.counts_of(g, rows)[None],
                     q_vec=None if q_vec is None else q_vec[heads].to(self.dtype),
-                    k_vec=None if q_vec is None else table.vec_keys[rows][None],
+                    k_vec=None if q_vec is None else store.vec_keys[g][rows][None],
                     scale=scale,
                 )
             )
