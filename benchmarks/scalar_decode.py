@@ -266,6 +266,7 @@ def exact_mass(q_s, tau, keys, windows, q_vec=None, k_vec=None) -> tuple[torch.T
     return captured[:, [min(window, keys.shape[1]) - 1 for window in windows]], needed
 
 
+@torch.no_grad()  # as in generation (GPT.generate): both routes alike
 def run_length(n: int, args: argparse.Namespace, tokens: Tokens) -> dict:
     Hk, G = tokens.k_s.shape[1], tokens.v.shape[1]
     H, Dv = tokens.q_s.shape[1], tokens.v.shape[2]
