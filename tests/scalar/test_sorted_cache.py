@@ -262,6 +262,48 @@ def test_density_merge_of_equal_keys_is_exact_and_keeps_their_weight(Dk):
     assert (exact_outside <= step.mass_outside_bound + 1e-12).all()
 
 
+@pytest.mark.parametrize("Dk", [None, 3], ids=["scalar", "hybrid"])
+def test_groups_of_different_lengths_decode_as_dense_attention(Dk):
+    # Density merging acts on group 0 only (its keys crowd into a few bins), so the groups' row
+    # tables, one (G, capacity) storage, grow apart; later tokens go to each group at its own end.
+    n = 60
+    k_s, v, k_vec = tokens(n + 7, 2, 2, 4, Dk)
+    k_s[:n, 0] = torch.randint(0, 3, (n,)).to(F64) / 10 + 0.05  # 3 distinct keys, at bin centres
+    k_s[:, 1] = torch.randperm(n + 7).to(F64)  # one key per bin: nothing to merge
+    merge = DensityMerge(width=0.1, max_entries=2)
+    cache = filled(2, 2, 2, 4, Dk, k_s[:n], v[:n], None if Dk is None else k_vec[:n], 8, merge=merge)
+    cache.flush()
+    assert len(cache.entries(0)[0]) == 3 and len(cache.entries(1)[0]) == n
+    cache.append(k_s[n:], v[n:], None if Dk is None else k_vec[n:])  # 7 tokens, in the buffer
+    q_s, q_vec = query(2, Dk)
+    dense = cache.dense_decode(q_s, 0.2, q_vec=q_vec)
+    torch.testing.assert_close(cache.decode(q_s, 0.2, n, q_vec=q_vec).output, dense)
+    # Merging equal keys is exact (same key, mean value, summed count), so dense decoding of the
+    # merged cache is attention over the tokens themselves, up to the vector keys it averaged.
+    if Dk is None:
+        torch.testing.assert_close(dense, reference(q_s, 0.2, k_s, v))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_every_dtype_sorts_like_float64(dtype):
+    # Keys on a grid every dtype holds exactly, with ties: the merge moves raw bits, so each dtype
+    # must give float64's order (key, then position), through bulk and buffered merges alike.
+    k_s = torch.randint(-8, 9, (200, 2)).to(F64) / 4
+    v = torch.randn(200, 1, 2, dtype=F64)
+    caches = []
+    for kind in (F64, dtype):
+        cache = SortedScalarCache(2, 1, 2, num_key_heads=2, buffer_size=16, dtype=kind)
+        cache.append(k_s[:120], v[:120])
+        for t in range(120, 200):
+            cache.append(k_s[t], v[t])
+        cache.flush()
+        caches.append(cache)
+    for h in range(2):
+        keys, positions, _, _ = caches[0].entries(h)
+        other_keys, other_positions, _, _ = caches[1].entries(h)
+        assert torch.equal(other_keys.to(F64), keys) and torch.equal(other_positions, positions)
+
+
 def test_density_merge_spares_the_sink_zone_and_merges_only_above_max_entries():
     k_s = torch.tensor([[-0.52], [-0.51], [0.01], [0.02], [0.31], [0.32]], dtype=F64)
     v = torch.randn(6, 1, 2, dtype=F64)
