@@ -12,8 +12,9 @@ exactly over the ``window`` nearest entries, and reports a rigorous upper bound 
 mass it left out.
 
 Layout (why not the seed's sorted array of values): values, and the vector keys of hybrid
-attention, stay in one append-only row table per value group, in arrival order; each key head
-keeps a sorted array of ``(scalar key, row)``. Grouped values (seed 002 "Grouped Value Attention")
+attention, stay in one append-only row table per value group, in arrival order (the G tables are
+slices of one tensor, so a step gathers every group's window with one read); each key head keeps a
+sorted array of ``(scalar key, row)``. Grouped values (seed 002 "Grouped Value Attention")
 then need no copy of a value per head, and keeping the order sorted moves 8 bytes per entry instead
 of a whole value row. New entries go to a small unsorted append buffer whose entries all join
 every window; when it holds ``buffer_size`` entries it is sorted and merged into the sorted array
