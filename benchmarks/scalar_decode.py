@@ -11,12 +11,15 @@ keys, queries and values of every token are collected: a cache of n tokens is n 
 bytes, i.e. n / 256 windows' keys side by side (the model attends within 256 tokens; no model here
 attends over a million). ``--tau-cap T`` trains (and caches) instead a model whose tau starts at
 T / 2 and never exceeds T, with ``L_spread`` 0.1: attention local in scalar space at the training
-length. ``--source synthetic`` draws keys and queries uniform on [-3, 3] (the fixed target range of
+length. ``--attention hybrid`` trains (and caches) the same recipe with hybrid heads, whose scores
+add ``<q, k> / sqrt(Dk)`` (vector keys of width 32, RoPE): both caches then also hold every token's
+vector key, and the sorted cache reads those of the window only (seed 002 "hybrid decoding").
+``--source synthetic`` draws keys and queries uniform on [-3, 3] (the fixed target range of
 L_spread) with ``--tau`` and random values instead.
 
-For each cache length n, one process prefills a ``SortedScalarCache`` and a dense cache (scalar keys
-``(Hk, n)`` and values ``(G, n, Dv)`` in arrival order, preallocated) with the same tokens, then
-alternates, round by round:
+For each cache length n, one process (under ``no_grad``, as generation runs) prefills a
+``SortedScalarCache`` and a dense cache (scalar keys ``(Hk, n)`` and values ``(G, n, Dv)`` in
+arrival order, preallocated) with the same tokens, then alternates, round by round:
 
 - sorted: ``--steps`` decoding steps, each appending the next token (buffer write, and the amortized
   merge: with ``--steps`` = ``--buffer-size`` every block holds exactly one merge) and decoding its
@@ -36,6 +39,8 @@ docs/scalar_decoding.md).
     python benchmarks/scalar_decode.py                       # n = 1e3 .. 1e6, trains once (~4 min)
     python benchmarks/scalar_decode.py --json                # the last line is JSON
     python benchmarks/scalar_decode.py --tau-cap 2e-3 --window 1024   # the bandwidth-capped model
+    python benchmarks/scalar_decode.py --tau-scaling length --window 1024            # the 1e6 target
+    python benchmarks/scalar_decode.py --attention hybrid --tau-scaling length --window 1024
 """
 
 from __future__ import annotations
