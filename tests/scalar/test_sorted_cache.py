@@ -284,6 +284,31 @@ def test_groups_of_different_lengths_decode_as_dense_attention(Dk):
         torch.testing.assert_close(dense, reference(q_s, 0.2, k_s, v))
 
 
+def test_rows_are_laid_out_in_key_order_whenever_a_table_doubles():
+    # One key head per group: after a relayout its sorted entries point to rows 0, 1, 2, ... (the
+    # window's rows are one contiguous run); tokens arriving later sit in arrival order until the
+    # table has doubled again.
+    k_s, v, _ = tokens(200, 2, 2, 3, None)
+    cache = SortedScalarCache(2, 2, 3, buffer_size=4, dtype=F64)
+
+    def laid_out(n):
+        return all(torch.equal(cache._orders[h].rows, torch.arange(n, dtype=torch.int32)) for h in range(2))
+
+    cache.append(k_s[:100], v[:100])  # a prefill: the table doubled from empty
+    assert laid_out(100)
+    cache.append(k_s[100:148], v[100:148])  # merged at once: 148 rows < 2 x 100
+    cache.flush()
+    assert len(cache) == 148 and not laid_out(148)
+    cache.append(k_s[148:200], v[148:200])
+    cache.flush()  # 200 rows: doubled since the prefill
+    assert laid_out(200)
+    q_s, _ = query(2, None)
+    torch.testing.assert_close(cache.decode(q_s, 0.3, 200).output, reference(q_s, 0.3, k_s, v))
+    for h in range(2):  # the entries themselves did not move
+        keys, positions, _, values = cache.entries(h)
+        assert torch.equal(keys, k_s[positions, h]) and torch.equal(values, v[positions, h])
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_every_dtype_sorts_like_float64(dtype):
     # Keys on a grid every dtype holds exactly, with ties: the merge moves raw bits, so each dtype

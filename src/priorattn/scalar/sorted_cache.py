@@ -254,6 +254,21 @@ class _RowTables:
         self.rows[group] = kept
         return (torch.cumsum(live, 0) - 1).to(torch.int32)
 
+    def permute(self, group: int, first: Tensor) -> Tensor:
+        """Reorder a group's rows: ``first`` (distinct rows) in that order, then the others as they
+        were; returns old row -> new row."""
+        rows = self.rows[group]
+        rest = torch.ones(rows, dtype=torch.bool)
+        rest[first.long()] = False
+        order = torch.cat([first.long(), torch.nonzero(rest).flatten()])
+        for name in self._FIELDS:
+            field = getattr(self, name)
+            if field is not None:
+                field[group, :rows] = field[group].index_select(0, order)
+        new_row = torch.empty(rows, dtype=torch.int32)
+        new_row[order] = torch.arange(rows, dtype=torch.int32)
+        return new_row
+
     def fit(self) -> None:
         """Release the capacity beyond the longest group's rows (after compaction)."""
         if max(self.rows) < self.capacity:
@@ -406,6 +421,7 @@ class SortedScalarCache:
         self._recent_hi = torch.empty(num_key_heads, recent, dtype=dtype)
         self._recent_len = self._recent_next = 0
         self._next_position = 0
+        self._laid_out = [0] * num_groups  # rows of each group's table at its last relayout
 
     # -- sizes ------------------------------------------------------------------------------------
 
@@ -528,6 +544,23 @@ class SortedScalarCache:
         if self.eviction is not None or self.merge is not None:
             self._apply_policies()
             self._pack()
+        self._relayout()
+
+    def _relayout(self) -> None:
+        """Rewrite a group's rows in the key order of its first key head once its table has doubled
+        since the last time, so that the window's rows are (nearly) one contiguous run: a window of
+        scattered rows costs a cache miss per row, which dominates a step at n = 1e6
+        (docs/scalar_decoding.md). Doubling keeps the cost at O(1) row moves per token, amortized,
+        and leaves at most the newer half of a table out of key order."""
+        per_group, store = self.num_key_heads // self.num_groups, self._store
+        for g in range(self.num_groups):
+            if store.rows[g] < 2 * self._laid_out[g]:
+                continue
+            orders = self._orders[g * per_group : (g + 1) * per_group]
+            new_row = store.permute(g, orders[0].rows)
+            for order in orders:  # the buffers are empty: they were just merged
+                order.rows.copy_(new_row[order.rows.long()])
+            self._laid_out[g] = store.rows[g]
 
     def _sink(self, keys: Tensor) -> Tensor:
         if self.sink_zone is None:
