@@ -335,10 +335,11 @@ def _merge_sorted(
     # and no per-block Python loop (so a larger buffer does not make the merge slower).
     is_new = np.zeros(keys.shape[0] + new_keys.shape[0], dtype=bool)
     is_new[(before + torch.arange(new_keys.shape[0])).numpy()] = True
+    is_old = ~is_new
     for old, new, out in ((keys, new_keys, out_keys), (rows, new_rows, out_rows)):
         out = _raw(out)
         out[is_new] = _raw(new)
-        out[~is_new] = _raw(old)
+        out[is_old] = _raw(old)
 
 
 def _raw(t: Tensor) -> np.ndarray:
