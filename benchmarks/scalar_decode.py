@@ -11,12 +11,15 @@ keys, queries and values of every token are collected: a cache of n tokens is n 
 bytes, i.e. n / 256 windows' keys side by side (the model attends within 256 tokens; no model here
 attends over a million). ``--tau-cap T`` trains (and caches) instead a model whose tau starts at
 T / 2 and never exceeds T, with ``L_spread`` 0.1: attention local in scalar space at the training
-length. ``--source synthetic`` draws keys and queries uniform on [-3, 3] (the fixed target range of
+length. ``--attention hybrid`` trains (and caches) the same recipe with hybrid heads, whose scores
+add ``<q, k> / sqrt(Dk)`` (vector keys of width 32, RoPE): both caches then also hold every token's
+vector key, and the sorted cache reads those of the window only (seed 002 "hybrid decoding").
+``--source synthetic`` draws keys and queries uniform on [-3, 3] (the fixed target range of
 L_spread) with ``--tau`` and random values instead.
 
-For each cache length n, one process prefills a ``SortedScalarCache`` and a dense cache (scalar keys
-``(Hk, n)`` and values ``(G, n, Dv)`` in arrival order, preallocated) with the same tokens, then
-alternates, round by round:
+For each cache length n, one process (under ``no_grad``, as generation runs) prefills a
+``SortedScalarCache`` and a dense cache (scalar keys ``(Hk, n)`` and values ``(G, n, Dv)`` in
+arrival order, preallocated) with the same tokens, then alternates, round by round:
 
 - sorted: ``--steps`` decoding steps, each appending the next token (buffer write, and the amortized
   merge: with ``--steps`` = ``--buffer-size`` every block holds exactly one merge) and decoding its
@@ -36,6 +39,8 @@ docs/scalar_decoding.md).
     python benchmarks/scalar_decode.py                       # n = 1e3 .. 1e6, trains once (~4 min)
     python benchmarks/scalar_decode.py --json                # the last line is JSON
     python benchmarks/scalar_decode.py --tau-cap 2e-3 --window 1024   # the bandwidth-capped model
+    python benchmarks/scalar_decode.py --tau-scaling length --window 1024            # the 1e6 target
+    python benchmarks/scalar_decode.py --attention hybrid --tau-scaling length --window 1024
 """
 
 from __future__ import annotations
@@ -70,6 +75,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--n", type=int, nargs="+", default=[1000, 10_000, 100_000, 1_000_000])
     parser.add_argument("--source", choices=("trained", "synthetic"), default="trained")
+    parser.add_argument(
+        "--attention",
+        choices=("scalar", "hybrid"),
+        default="scalar",
+        help="trained: the model's heads; hybrid adds scale <q, k> to every score (a separate cached run)",
+    )
     parser.add_argument("--train-steps", type=int, default=200, help="trained: optimizer steps (200)")
     parser.add_argument("--layer", type=int, default=3, help="trained: the layer whose heads are read (3)")
     parser.add_argument(
@@ -120,6 +131,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.tau_cap is not None and not args.tau_cap > 2 * TAU_FLOOR:
         parser.error(f"--tau-cap must exceed {2 * TAU_FLOOR} (tau starts at half the cap, above {TAU_FLOOR})")
+    if args.attention == "hybrid" and args.source != "trained":
+        parser.error("--attention hybrid reads a trained hybrid model's keys: use --source trained")
     args.key_heads = args.heads if args.key_heads is None else args.key_heads
     args.steps = args.buffer_size if args.steps is None else args.steps
     return args
@@ -127,7 +140,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 @dataclass
 class Tokens:
-    """Per token ``k_s (N, Hk)``, ``q_s (N, H)``, ``v (N, G, Dv)``; ``tau (H,)`` at the training length."""
+    """Per token ``k_s (N, Hk)``, ``q_s (N, H)``, ``v (N, G, Dv)``; ``tau (H,)`` at the training length;
+    hybrid heads' vector keys and queries ``k_vec (N, G, Dk)`` and ``q_vec (N, H, Dk)`` (else None)."""
 
     k_s: torch.Tensor
     q_s: torch.Tensor
@@ -135,6 +149,8 @@ class Tokens:
     tau: torch.Tensor
     train_len: int
     note: str
+    k_vec: torch.Tensor | None = None
+    q_vec: torch.Tensor | None = None
 
     def tau_at(self, n: int, scaling: str) -> torch.Tensor:
         return self.tau if scaling == "trained" else self.tau * (self.train_len / n) ** 2
@@ -152,14 +168,14 @@ def synthetic_tokens(args: argparse.Namespace, count: int) -> Tokens:
     return Tokens(uniform(count, args.key_heads), uniform(count, args.heads), v, tau, 256, note)
 
 
-def trained_run(steps: int, tau_cap: float | None = None) -> TrainResult:
+def trained_run(steps: int, tau_cap: float | None = None, attention: str = "scalar") -> TrainResult:
     """The regularized scalar run, trained on first use and reused from the cache after.
 
     With ``tau_cap`` the bandwidth starts at half the cap and never exceeds it, and L_spread weighs
     0.1 (the recipe of the sorted-window generation test in tests/train/test_scalar_training.py):
     attention local in scalar space, as seed 002's sorted-cache decoding presumes."""
     bandwidth = {} if tau_cap is None else dict(scalar_tau_init=tau_cap / 2, scalar_tau_cap=tau_cap)
-    model_config = preset("tiny", attention="scalar", **bandwidth)
+    model_config = preset("tiny", attention=attention, **bandwidth)
     config = TrainConfig(
         steps=steps,
         reg_align=0.1,
@@ -186,18 +202,24 @@ def trained_tokens(args: argparse.Namespace, run_dir: Path, count: int) -> Token
         raise SystemExit(f"the corpus holds {tokens.shape[0]} tokens, {count} needed")
     windows = tokens[: math.ceil(count / L) * L].view(-1, L)  # (W, L)
     attn, positions = model.blocks[args.layer].attn, torch.arange(L)
-    k_s, q_s, v = [], [], []
+    k_s, q_s, v, k_vec, q_vec = [], [], [], [], []
     for batch in tqdm(windows.split(64), desc=f"keys of layer {args.layer}", leave=False):
         x = model.embed(batch)
         for block in model.blocks[: args.layer]:
             x, _ = block(x, None, None, None)
-        _, q, _, k, values = attn.project(model.blocks[args.layer].attn_norm(x), positions)
-        k_s.append(k.permute(0, 2, 1, 3).flatten(0, 1).flatten(1))  # (B L, H): head g m + r
-        q_s.append(q.transpose(1, 2).flatten(0, 1))  # (B L, H)
+        q, q_scalar, k, k_scalar, values = attn.project(model.blocks[args.layer].attn_norm(x), positions)
+        k_s.append(k_scalar.permute(0, 2, 1, 3).flatten(0, 1).flatten(1))  # (B L, H): head g m + r
+        q_s.append(q_scalar.transpose(1, 2).flatten(0, 1))  # (B L, H)
         v.append(values.permute(0, 2, 1, 3).flatten(0, 1))  # (B L, G, D)
+        k_vec.append(k.permute(0, 2, 1, 3).flatten(0, 1))  # (B L, G, Dk), Dk = 0 unless hybrid
+        q_vec.append(q.permute(0, 2, 1, 3).flatten(0, 1))  # (B L, H, Dk)
     tau = attn.temperature.per_head().detach()
-    note = f"keys of layer {args.layer} of the trained, regularized scalar GPT {run_dir} (step {run.step})"
-    return Tokens(torch.cat(k_s)[:count], torch.cat(q_s)[:count], torch.cat(v)[:count], tau, L, note)
+    kind = run.model_config.attention
+    note = f"keys of layer {args.layer} of the trained, regularized {kind} GPT {run_dir} (step {run.step})"
+    vectors = [torch.cat(k_vec)[:count], torch.cat(q_vec)[:count]] if attn.content_dim else [None, None]
+    return Tokens(
+        torch.cat(k_s)[:count], torch.cat(q_s)[:count], torch.cat(v)[:count], tau, L, note, *vectors
+    )
 
 
 @torch.no_grad()
@@ -230,19 +252,26 @@ def compare_generation(args: argparse.Namespace, run_dir: Path) -> list[dict]:
     return rows
 
 
-def exact_mass(q_s, tau, keys, windows) -> tuple[torch.Tensor, torch.Tensor]:
-    """For one query per head over all ``keys (Hk, n)``, in float64: the exact attention mass on the
-    nearest ``windows`` keys ``(H, len(windows))``, and how many nearest keys hold 99.9% of it ``(H,)``."""
+def exact_mass(q_s, tau, keys, windows, q_vec=None, k_vec=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """For one query per head over all ``keys (Hk, n)`` (hybrid: ``q_vec (H, Dk)``, ``k_vec (G, n,
+    Dk)``), in float64: the exact attention mass on the nearest ``windows`` keys in scalar distance
+    ``(H, len(windows))``, and how many nearest keys hold 99.9% of it ``(H,)``."""
     H = q_s.shape[0]
     keys = keys.repeat_interleave(H // keys.shape[0], dim=0).double()
     distance = (q_s.double()[:, None] - keys).abs()
-    weights = torch.softmax(-(distance**2) / tau.double()[:, None], dim=-1)
+    scores = -(distance**2) / tau.double()[:, None]
+    if q_vec is not None:  # the cache's default scale 1 / sqrt(Dk); the products in float32 (memory)
+        G, _, Dk = k_vec.shape
+        content = torch.bmm(k_vec, q_vec.view(G, H // G, Dk).transpose(1, 2))  # (G, n, H / G)
+        scores += Dk**-0.5 * content.permute(0, 2, 1).reshape(H, -1).double()
+    weights = torch.softmax(scores, dim=-1)
     by_distance = weights.gather(1, distance.argsort(dim=1))
     captured = by_distance.cumsum(dim=1)
     needed = (captured < 0.999).sum(dim=1) + 1
     return captured[:, [min(window, keys.shape[1]) - 1 for window in windows]], needed
 
 
+@torch.no_grad()  # as in generation (GPT.generate): both routes alike
 def run_length(n: int, args: argparse.Namespace, tokens: Tokens) -> dict:
     Hk, G = tokens.k_s.shape[1], tokens.v.shape[1]
     H, Dv = tokens.q_s.shape[1], tokens.v.shape[2]
@@ -250,18 +279,31 @@ def run_length(n: int, args: argparse.Namespace, tokens: Tokens) -> dict:
     capacity = n + added
     k_s, q_s, values = tokens.k_s[:capacity], tokens.q_s[:capacity], tokens.v[:capacity]
     tau = tokens.tau_at(n, args.tau_scaling)
-    cache = SortedScalarCache(H, G, Dv, num_key_heads=Hk, buffer_size=args.buffer_size, capacity=capacity)
-    cache.append(k_s[:n], values[:n])
+    k_vec, q_vec = (
+        (None, None) if tokens.k_vec is None else (tokens.k_vec[:capacity], tokens.q_vec[:capacity])
+    )
+    hybrid = k_vec is not None
+    cache = SortedScalarCache(
+        H,
+        G,
+        Dv,
+        num_key_heads=Hk,
+        vector_key_dim=k_vec.shape[-1] if hybrid else None,
+        buffer_size=args.buffer_size,
+        capacity=capacity,
+    )
+    cache.append(k_s[:n], values[:n], k_vec[:n] if hybrid else None)
     dense_keys = k_s.T.contiguous()  # (Hk, capacity): a dense cache in arrival order
     dense_values = values.transpose(0, 1).contiguous()  # (G, capacity, Dv)
+    dense_vec = k_vec.transpose(0, 1).contiguous() if hybrid else None  # (G, capacity, Dk): hybrid only
     length = n
     sorted_times, dense_times, keys_read, rows_read, bounds = [], [], [], [], []
     for _ in range(args.rounds):
         steps = []
         start = time.perf_counter()
         for t in range(length, length + args.steps):  # token t is appended, then its query attends
-            cache.append(k_s[t], values[t])
-            steps.append(cache.decode(q_s[t], tau, args.window))
+            cache.append(k_s[t], values[t], k_vec[t] if hybrid else None)
+            steps.append(cache.decode(q_s[t], tau, args.window, q_vec=q_vec[t] if hybrid else None))
         sorted_times.append((time.perf_counter() - start) / args.steps)
         keys_read += [step.keys_read for step in steps]
         rows_read += [step.rows_read for step in steps]
@@ -271,21 +313,39 @@ def run_length(n: int, args: argparse.Namespace, tokens: Tokens) -> dict:
         for t in range(length - args.dense_steps, length):
             dense_keys[:, t] = k_s[t]  # write the step's token (already there: the same bytes)
             dense_values[:, t] = values[t]
-            scalar_attention_reference(q_s[t], tau, dense_keys[:, : t + 1], dense_values[:, : t + 1])
+            if hybrid:
+                dense_vec[:, t] = k_vec[t]
+            scalar_attention_reference(
+                q_s[t],
+                tau,
+                dense_keys[:, : t + 1],
+                dense_values[:, : t + 1],
+                q_vec=q_vec[t] if hybrid else None,
+                k_vec=dense_vec[:, : t + 1] if hybrid else None,
+            )
         dense_times.append((time.perf_counter() - start) / args.dense_steps)
     captured, needed = [], []
     generator = torch.Generator().manual_seed(args.seed)
     for t in torch.randint(length, (args.mass_queries,), generator=generator).tolist():
+        query_vec = q_vec[t] if hybrid else None
         mass, keys = exact_mass(
-            q_s[t], tau.expand(H), dense_keys[:, :length], [args.window, *args.mass_windows]
+            q_s[t],
+            tau.expand(H),
+            dense_keys[:, :length],
+            [args.window, *args.mass_windows],
+            query_vec,
+            dense_vec[:, :length] if hybrid else None,
         )
         captured.append(mass)
         needed.append(keys)
-        bounds.append(cache.decode(q_s[t], tau, args.window).mass_captured_bound.min().item())
+        bounds.append(
+            cache.decode(q_s[t], tau, args.window, q_vec=query_vec).mass_captured_bound.min().item()
+        )
     captured, needed = torch.cat(captured), torch.cat(needed)
     captured, by_window = captured[:, 0], captured[:, 1:]
     # Both caches hold the same tokens in tables of the same capacity (n + the decoded tokens).
-    sorted_bytes, dense_bytes = cache.nbytes(), dense_keys.nbytes + dense_values.nbytes
+    sorted_bytes = cache.nbytes()
+    dense_bytes = dense_keys.nbytes + dense_values.nbytes + (dense_vec.nbytes if hybrid else 0)
     sorted_s, dense_s = statistics.median(sorted_times), statistics.median(dense_times)
     return {
         "n": n,
@@ -316,7 +376,7 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     if args.generation:
-        rows = compare_generation(args, trained_run(args.train_steps, args.tau_cap).run_dir)
+        rows = compare_generation(args, trained_run(args.train_steps, args.tau_cap, args.attention).run_dir)
         print(f"# greedy, {args.prompt_tokens} prompt tokens, {args.new_tokens} new tokens")
         print("| window | first differing token | largest logit difference | mass outside bound (max) |")
         print("|---:|---:|---:|---:|")
@@ -331,9 +391,10 @@ def main(argv=None) -> None:
         return
     count = max(args.n) + args.rounds * args.steps
     if args.source == "trained":
-        run = trained_run(args.train_steps, args.tau_cap)
+        run = trained_run(args.train_steps, args.tau_cap, args.attention)
         print(
-            f"# trained run: tau cap {args.tau_cap}, validation loss {run.val_loss:.4f} nats/byte "
+            f"# trained {args.attention} run: tau cap {args.tau_cap}, "
+            f"validation loss {run.val_loss:.4f} nats/byte "
             f"(unigram {run.unigram_loss:.4f})"
         )
         tokens = trained_tokens(args, run.run_dir, count)

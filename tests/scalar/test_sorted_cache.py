@@ -262,6 +262,73 @@ def test_density_merge_of_equal_keys_is_exact_and_keeps_their_weight(Dk):
     assert (exact_outside <= step.mass_outside_bound + 1e-12).all()
 
 
+@pytest.mark.parametrize("Dk", [None, 3], ids=["scalar", "hybrid"])
+def test_groups_of_different_lengths_decode_as_dense_attention(Dk):
+    # Density merging acts on group 0 only (its keys crowd into a few bins), so the groups' row
+    # tables, one (G, capacity) storage, grow apart; later tokens go to each group at its own end.
+    n = 60
+    k_s, v, k_vec = tokens(n + 7, 2, 2, 4, Dk)
+    k_s[:n, 0] = torch.randint(0, 3, (n,)).to(F64) / 10 + 0.05  # 3 distinct keys, at bin centres
+    k_s[:, 1] = torch.randperm(n + 7).to(F64)  # one key per bin: nothing to merge
+    merge = DensityMerge(width=0.1, max_entries=2)
+    cache = filled(2, 2, 2, 4, Dk, k_s[:n], v[:n], None if Dk is None else k_vec[:n], 8, merge=merge)
+    cache.flush()
+    assert len(cache.entries(0)[0]) == 3 and len(cache.entries(1)[0]) == n
+    cache.append(k_s[n:], v[n:], None if Dk is None else k_vec[n:])  # 7 tokens, in the buffer
+    q_s, q_vec = query(2, Dk)
+    dense = cache.dense_decode(q_s, 0.2, q_vec=q_vec)
+    torch.testing.assert_close(cache.decode(q_s, 0.2, n, q_vec=q_vec).output, dense)
+    # Merging equal keys is exact (same key, mean value, summed count), so dense decoding of the
+    # merged cache is attention over the tokens themselves, up to the vector keys it averaged.
+    if Dk is None:
+        torch.testing.assert_close(dense, reference(q_s, 0.2, k_s, v))
+
+
+def test_rows_are_laid_out_in_key_order_whenever_a_table_doubles():
+    # One key head per group: after a relayout its sorted entries point to rows 0, 1, 2, ... (the
+    # window's rows are one contiguous run); tokens arriving later sit in arrival order until the
+    # table has doubled again.
+    k_s, v, _ = tokens(200, 2, 2, 3, None)
+    cache = SortedScalarCache(2, 2, 3, buffer_size=4, dtype=F64)
+
+    def laid_out(n):
+        return all(torch.equal(cache._orders[h].rows, torch.arange(n, dtype=torch.int32)) for h in range(2))
+
+    cache.append(k_s[:100], v[:100])  # a prefill: the table doubled from empty
+    assert laid_out(100)
+    cache.append(k_s[100:148], v[100:148])  # merged at once: 148 rows < 2 x 100
+    cache.flush()
+    assert len(cache) == 148 and not laid_out(148)
+    cache.append(k_s[148:200], v[148:200])
+    cache.flush()  # 200 rows: doubled since the prefill
+    assert laid_out(200)
+    q_s, _ = query(2, None)
+    torch.testing.assert_close(cache.decode(q_s, 0.3, 200).output, reference(q_s, 0.3, k_s, v))
+    for h in range(2):  # the entries themselves did not move
+        keys, positions, _, values = cache.entries(h)
+        assert torch.equal(keys, k_s[positions, h]) and torch.equal(values, v[positions, h])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_every_dtype_sorts_like_float64(dtype):
+    # Keys on a grid every dtype holds exactly, with ties: the merge moves raw bits, so each dtype
+    # must give float64's order (key, then position), through bulk and buffered merges alike.
+    k_s = torch.randint(-8, 9, (200, 2)).to(F64) / 4
+    v = torch.randn(200, 1, 2, dtype=F64)
+    caches = []
+    for kind in (F64, dtype):
+        cache = SortedScalarCache(2, 1, 2, num_key_heads=2, buffer_size=16, dtype=kind)
+        cache.append(k_s[:120], v[:120])
+        for t in range(120, 200):
+            cache.append(k_s[t], v[t])
+        cache.flush()
+        caches.append(cache)
+    for h in range(2):
+        keys, positions, _, _ = caches[0].entries(h)
+        other_keys, other_positions, _, _ = caches[1].entries(h)
+        assert torch.equal(other_keys.to(F64), keys) and torch.equal(other_positions, positions)
+
+
 def test_density_merge_spares_the_sink_zone_and_merges_only_above_max_entries():
     k_s = torch.tensor([[-0.52], [-0.51], [0.01], [0.02], [0.31], [0.32]], dtype=F64)
     v = torch.randn(6, 1, 2, dtype=F64)

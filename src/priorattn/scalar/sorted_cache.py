@@ -12,8 +12,9 @@ exactly over the ``window`` nearest entries, and reports a rigorous upper bound 
 mass it left out.
 
 Layout (why not the seed's sorted array of values): values, and the vector keys of hybrid
-attention, stay in one append-only row table per value group, in arrival order; each key head
-keeps a sorted array of ``(scalar key, row)``. Grouped values (seed 002 "Grouped Value Attention")
+attention, stay in one append-only row table per value group, in arrival order (the G tables are
+slices of one tensor, so a step gathers every group's window with one read); each key head keeps a
+sorted array of ``(scalar key, row)``. Grouped values (seed 002 "Grouped Value Attention")
 then need no copy of a value per head, and keeping the order sorted moves 8 bytes per entry instead
 of a whole value row. New entries go to a small unsorted append buffer whose entries all join
 every window; when it holds ``buffer_size`` entries it is sorted and merged into the sorted array
@@ -29,6 +30,7 @@ import functools
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -45,8 +47,6 @@ __all__ = [
 #: (measured: 600 us against 1.7 us for 4096 values). Dropping them moves an output by at most
 #: window * e^-80 ~ 1e-32 of its scale.
 EXP_FLOOR = -80.0
-#: Merges of at most this many new entries copy the blocks between them; longer ones scatter.
-SEGMENT_MERGE_MAX = 4096
 #: Row tables grow by this factor when full: amortized O(1) copies per insert with at most 25% slack.
 GROWTH = 1.25
 
@@ -138,73 +138,141 @@ def scalar_attention_reference(
     return (weights @ v).reshape(H, v.shape[-1])
 
 
-class _RowTable:
-    """One value group's rows in arrival order: values, vector keys (hybrid), positions, and the
-    log-counts of merged entries (allocated at the first density merge: until then every count is 1)."""
+class _RowTables:
+    """Every value group's rows in arrival order: values, vector keys (hybrid), positions, and the
+    log-counts of merged entries (allocated at the first density merge: until then every count is 1).
 
-    def __init__(self, value_dim: int, vector_key_dim: int | None, dtype: torch.dtype, capacity: int):
-        self.rows = 0
-        self.values = torch.empty(capacity, value_dim, dtype=dtype)
-        self.vec_keys = None if vector_key_dim is None else torch.empty(capacity, vector_key_dim, dtype=dtype)
-        self.positions = torch.empty(capacity, dtype=torch.int32)
+    The groups' tables are the slices ``[g]`` of one ``(G, capacity, ...)`` tensor per field, so that
+    a decoding step gathers the rows of every group with one ``index_select`` (and a token is
+    appended to every group with one write); each group fills its own ``rows[g]`` rows."""
+
+    def __init__(
+        self, groups: int, value_dim: int, vector_key_dim: int | None, dtype: torch.dtype, capacity: int
+    ):
+        self.rows = [0] * groups
+        self.values = torch.empty(groups, capacity, value_dim, dtype=dtype)
+        self.vec_keys = (
+            None if vector_key_dim is None else torch.empty(groups, capacity, vector_key_dim, dtype=dtype)
+        )
+        self.positions = torch.empty(groups, capacity, dtype=torch.int32)
         self.log_count: Tensor | None = None
-        self.max_log_count = 0.0  # bounds the count of any entry a step does not read
+        self.max_log_count = [0.0] * groups  # bounds the count of any entry a step does not read
         # Largest vector-key norm ever stored: bounds <q, k> of every entry outside a window. Means of
         # stored keys (merged entries) never exceed it, and eviction only removes keys.
-        self.max_vec_norm = 0.0
+        self.max_vec_norm = [0.0] * groups
 
     _FIELDS = ("values", "vec_keys", "positions", "log_count")
 
     def tensors(self) -> list[Tensor]:
         return [t for t in (getattr(self, name) for name in self._FIELDS) if t is not None]
 
-    def counts_of(self, rows: Tensor) -> Tensor:
-        """Log-counts of the given rows (0 for a token that stands for itself)."""
+    @property
+    def capacity(self) -> int:
+        return self.values.shape[1]
+
+    def flat(self, rows: Tensor) -> Tensor:
+        """Indices into the ``(G capacity, ...)`` view of the fields of the rows ``(G, r)`` of each group."""
+        return rows + torch.arange(0, len(self.rows) * self.capacity, self.capacity)[:, None]
+
+    def counts_of(self, group: int, rows: Tensor) -> Tensor:
+        """Log-counts of the given rows of a group (0 for a token that stands for itself)."""
         if self.log_count is None:
             return torch.zeros(rows.shape, dtype=self.values.dtype)
-        return _take(self.log_count, rows)
+        return _take(self.log_count[group], rows)
 
-    def reserve(self, rows: int) -> None:
-        if rows <= self.values.shape[0]:
-            return
-        capacity = max(rows, int(self.values.shape[0] * GROWTH) + 1)
+    def _resize(self, capacity: int) -> None:
         for name in self._FIELDS:
             old = getattr(self, name)
             if old is not None:
-                new = old.new_empty((capacity, *old.shape[1:]))
-                new[: self.rows] = old[: self.rows]
+                new = old.new_empty((old.shape[0], capacity, *old.shape[2:]))
+                kept = min(capacity, old.shape[1])
+                new[:, :kept] = old[:, :kept]
                 setattr(self, name, new)
 
-    def add(
-        self, values: Tensor, vec_keys: Tensor | None, positions: Tensor, log_count: Tensor | None = None
-    ) -> int:
-        """Append rows; returns the index of the first."""
-        L = values.shape[0]
-        self.reserve(self.rows + L)
-        rows = slice(self.rows, self.rows + L)
-        self.values[rows] = values
-        if vec_keys is not None:
-            self.vec_keys[rows] = vec_keys
-            if L:
-                self.max_vec_norm = max(self.max_vec_norm, vec_keys.norm(dim=-1).max().item())
-        self.positions[rows] = positions.to(torch.int32)
-        if log_count is not None and self.log_count is None:
-            self.log_count = self.values.new_zeros(self.values.shape[0])
-        if self.log_count is not None:
-            self.log_count[rows] = 0.0 if log_count is None else log_count
-        if log_count is not None and L:
-            self.max_log_count = max(self.max_log_count, log_count.max().item())
-        self.rows += L
-        return rows.start
+    def reserve(self, rows: int) -> None:
+        if rows > self.capacity:
+            self._resize(max(rows, int(self.capacity * GROWTH) + 1))
 
-    def keep(self, live: Tensor) -> Tensor:
-        """Drop the rows where ``live`` (bool, ``(rows,)``) is False; returns old row -> new row."""
+    def add_tokens(self, values: Tensor, vec_keys: Tensor | None, positions: Tensor) -> list[int]:
+        """Append tokens to every group (``values (L, G, Dv)``, ``vec_keys (L, G, Dk)``); returns the
+        first new row of each group."""
+        first = list(self.rows)
+        if len(set(first)) > 1:  # the groups' tables differ in length (merging or compaction)
+            return [
+                self.add(g, values[:, g], None if vec_keys is None else vec_keys[:, g], positions)
+                for g in range(len(first))
+            ]
+        L, start = values.shape[0], first[0]
+        self.reserve(start + L)
+        rows = slice(start, start + L)
+        self.values[:, rows] = values.transpose(0, 1)
+        self.positions[:, rows] = positions
+        if vec_keys is not None:
+            self.vec_keys[:, rows] = vec_keys.transpose(0, 1)
+            if L:
+                norms = vec_keys.norm(dim=-1).amax(dim=0).tolist()
+                self.max_vec_norm = [max(old, new) for old, new in zip(self.max_vec_norm, norms)]
+        if self.log_count is not None:
+            self.log_count[:, rows] = 0.0
+        self.rows = [start + L] * len(first)
+        return first
+
+    def add(
+        self,
+        group: int,
+        values: Tensor,
+        vec_keys: Tensor | None,
+        positions: Tensor,
+        log_count: Tensor | None = None,
+    ) -> int:
+        """Append rows to one group; returns the index of the first."""
+        L, start = values.shape[0], self.rows[group]
+        self.reserve(start + L)
+        rows = slice(start, start + L)
+        self.values[group, rows] = values
+        if vec_keys is not None:
+            self.vec_keys[group, rows] = vec_keys
+            if L:
+                self.max_vec_norm[group] = max(self.max_vec_norm[group], vec_keys.norm(dim=-1).max().item())
+        self.positions[group, rows] = positions
+        if log_count is not None and self.log_count is None:
+            self.log_count = self.values.new_zeros(self.values.shape[:2])
+        if self.log_count is not None:
+            self.log_count[group, rows] = 0.0 if log_count is None else log_count
+        if log_count is not None and L:
+            self.max_log_count[group] = max(self.max_log_count[group], log_count.max().item())
+        self.rows[group] += L
+        return start
+
+    def keep(self, group: int, live: Tensor) -> Tensor:
+        """Drop a group's rows where ``live`` (bool, ``(rows,)``) is False; returns old row -> new row."""
+        kept = int(live.sum())
         for name in self._FIELDS:
-            old = getattr(self, name)
-            if old is not None:
-                setattr(self, name, old[: self.rows][live].clone())
-        self.rows = int(live.sum())
+            field = getattr(self, name)
+            if field is not None:
+                field[group, :kept] = field[group, : self.rows[group]][live]
+        self.rows[group] = kept
         return (torch.cumsum(live, 0) - 1).to(torch.int32)
+
+    def permute(self, group: int, first: Tensor) -> Tensor:
+        """Reorder a group's rows: ``first`` (distinct rows) in that order, then the others as they
+        were; returns old row -> new row."""
+        rows = self.rows[group]
+        rest = torch.ones(rows, dtype=torch.bool)
+        rest[first.long()] = False
+        order = torch.cat([first.long(), torch.nonzero(rest).flatten()])
+        for name in self._FIELDS:
+            field = getattr(self, name)
+            if field is not None:
+                field[group, :rows] = field[group].index_select(0, order)
+        new_row = torch.empty(rows, dtype=torch.int32)
+        new_row[order] = torch.arange(rows, dtype=torch.int32)
+        return new_row
+
+    def fit(self) -> None:
+        """Release the capacity beyond the longest group's rows (after compaction)."""
+        if max(self.rows) < self.capacity:
+            self._resize(max(1, max(self.rows)))
 
 
 class _KeyOrder:
@@ -262,24 +330,24 @@ def _merge_sorted(
         lo, hi = int(before[i]), int(tied_end[i])
         tied_positions = positions[rows[lo:hi].long()]
         before[i] = lo + torch.searchsorted(tied_positions, positions[new_rows[i].long()]).item()
-    n, m = keys.shape[0], new_keys.shape[0]
-    new_places = before + torch.arange(m)
-    out_keys.index_copy_(0, new_places, new_keys)
-    out_rows.index_copy_(0, new_places, new_rows)
-    if m <= SEGMENT_MERGE_MAX:
-        # A buffer's worth of new entries: the sorted entries between two of them move as one
-        # contiguous block (memcpy), m + 1 blocks in all.
-        start = 0
-        for i, stop in enumerate([*before.tolist(), n]):
-            out_keys[start + i : stop + i] = keys[start:stop]
-            out_rows[start + i : stop + i] = rows[start:stop]
-            start = stop
-    else:
-        # A long prefill: each sorted entry moves right by the number of new entries placed before
-        # it, one O(n) scatter.
-        old_places = torch.arange(n) + torch.bincount(before, minlength=n + 1)[:n].cumsum(0)
-        out_keys.index_copy_(0, old_places, keys)
-        out_rows.index_copy_(0, old_places, rows)
+    # Each new entry lands at its place among the old ones plus the new ones before it; the old
+    # entries fill the other places in order: two boolean-mask copies per array, O(n + m) moves
+    # and no per-block Python loop (so a larger buffer does not make the merge slower).
+    is_new = np.zeros(keys.shape[0] + new_keys.shape[0], dtype=bool)
+    is_new[(before + torch.arange(new_keys.shape[0])).numpy()] = True
+    is_old = ~is_new
+    for old, new, out in ((keys, new_keys, out_keys), (rows, new_rows, out_rows)):
+        out = _raw(out)
+        out[is_new] = _raw(new)
+        out[is_old] = _raw(old)
+
+
+def _raw(t: Tensor) -> np.ndarray:
+    """A NumPy view of a 1-D tensor's bits (any dtype, bfloat16 included: the merge only moves them)."""
+    return t.view(_SAME_WIDTH_INT[t.element_size()]).numpy()
+
+
+_SAME_WIDTH_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 class SortedScalarCache:
@@ -343,7 +411,7 @@ class SortedScalarCache:
         self.value_dim, self.vector_key_dim = value_dim, vector_key_dim
         self.buffer_size, self.eviction, self.merge, self.sink_zone = buffer_size, eviction, merge, sink_zone
         self.dtype = dtype
-        self._tables = [_RowTable(value_dim, vector_key_dim, dtype, capacity) for _ in range(num_groups)]
+        self._store = _RowTables(num_groups, value_dim, vector_key_dim, dtype, capacity)
         self._buf_keys = torch.empty(num_key_heads, buffer_size, dtype=dtype)
         self._buf_rows = torch.empty(num_key_heads, buffer_size, dtype=torch.int32)
         self._orders = [_KeyOrder(self._buf_keys[h], self._buf_rows[h]) for h in range(num_key_heads)]
@@ -354,6 +422,7 @@ class SortedScalarCache:
         self._recent_hi = torch.empty(num_key_heads, recent, dtype=dtype)
         self._recent_len = self._recent_next = 0
         self._next_position = 0
+        self._laid_out = [0] * num_groups  # rows of each group's table at its last relayout
 
     # -- sizes ------------------------------------------------------------------------------------
 
@@ -361,12 +430,13 @@ class SortedScalarCache:
         """Entries of the fullest key head (all equal unless eviction or merging acted per head)."""
         return max(len(order) for order in self._orders)
 
-    def _table(self, key_head: int) -> _RowTable:
-        return self._tables[key_head // (self.num_key_heads // self.num_groups)]
+    def _group(self, key_head: int) -> int:
+        """The value group whose rows a key head's entries point to."""
+        return key_head // (self.num_key_heads // self.num_groups)
 
     def nbytes(self) -> int:
         """Bytes allocated by the cache (row tables at capacity, sorted arrays, buffers)."""
-        total = sum(t.nbytes for table in self._tables for t in table.tensors())
+        total = sum(t.nbytes for t in self._store.tensors())
         packed = (self._keys, self._rows, self._last, self._buf_keys, self._buf_rows)
         return total + sum(t.nbytes for t in (*packed, self._recent_lo, self._recent_hi))
 
@@ -415,13 +485,13 @@ class SortedScalarCache:
                 got = None if k_vec is None else tuple(k_vec.shape)
                 raise ValueError(f"a hybrid cache needs k_vec of shape {expected} (L, G, Dk), got {got}")
         for name, t in (("k_s", k_s), ("v", v), ("k_vec", k_vec)):
-            if t is not None and not (t.abs() < math.inf).all():  # NaN fails the comparison too
+            if t is not None and not torch.isfinite(t).all():
                 raise ValueError(
                     f"{name} has NaN or infinite entries: the cache only holds finite keys and values"
                 )
         if positions is None:
             last = self._next_position + L - 1
-            positions = torch.arange(self._next_position, last + 1)
+            positions = torch.arange(self._next_position, last + 1, dtype=torch.int32)
         elif positions.shape != (L,) or positions.is_floating_point():
             raise ValueError(
                 f"positions must be an integer tensor of shape ({L},), "
@@ -434,14 +504,13 @@ class SortedScalarCache:
         if last >= 2**31 - 1:
             raise ValueError(f"positions must lie below 2**31 - 1 (stored as int32), got {last}")
         self._next_position = max(self._next_position, last + 1)
-        k_s, v = k_s.to(self.dtype), v.to(self.dtype)
+        k_s, v, positions = k_s.to(self.dtype), v.to(self.dtype), positions.to(torch.int32)
         per_group = self.num_key_heads // self.num_groups
-        first_rows = [
-            table.add(v[:, g], None if k_vec is None else k_vec[:, g].to(self.dtype), positions)
-            for g, table in enumerate(self._tables)
-        ]
-        first_rows = torch.tensor(first_rows, dtype=torch.int32).repeat_interleave(per_group)
-        new_rows = first_rows[:, None] + torch.arange(L, dtype=torch.int32)  # (Hk, L)
+        first_rows = self._store.add_tokens(v, None if k_vec is None else k_vec.to(self.dtype), positions)
+        first_rows = torch.tensor(
+            [[first] for first in first_rows for _ in range(per_group)], dtype=torch.int32
+        )
+        new_rows = first_rows + torch.arange(L, dtype=torch.int32)  # (Hk, L)
         if self._orders[0].buf_len + L >= self.buffer_size:
             # A full buffer, or a prefill longer than it, is merged in one O(n + L log L) pass.
             self._merge_buffers(k_s.T, new_rows)
@@ -466,7 +535,7 @@ class SortedScalarCache:
         keys = torch.empty(self.num_key_heads, max(1, max(lengths)), dtype=self.dtype)
         rows = torch.empty(self.num_key_heads, keys.shape[1], dtype=torch.int32)
         for h, (order, n) in enumerate(zip(self._orders, lengths)):
-            positions = self._table(h).positions
+            positions = self._store.positions[self._group(h)]
             _merge_sorted(
                 order.keys, order.rows, new_keys[h], new_rows[h], positions, keys[h, :n], rows[h, :n]
             )
@@ -476,6 +545,23 @@ class SortedScalarCache:
         if self.eviction is not None or self.merge is not None:
             self._apply_policies()
             self._pack()
+        self._relayout()
+
+    def _relayout(self) -> None:
+        """Rewrite a group's rows in the key order of its first key head once its table has doubled
+        since the last time, so that the window's rows are (nearly) one contiguous run: a window of
+        scattered rows costs a cache miss per row, which dominates a step at n = 1e6
+        (docs/scalar_decoding.md). Doubling keeps the cost at O(1) row moves per token, amortized,
+        and leaves at most the newer half of a table out of key order."""
+        per_group, store = self.num_key_heads // self.num_groups, self._store
+        for g in range(self.num_groups):
+            if store.rows[g] < 2 * self._laid_out[g]:
+                continue
+            orders = self._orders[g * per_group : (g + 1) * per_group]
+            new_row = store.permute(g, orders[0].rows)
+            for order in orders:  # the buffers are empty: they were just merged
+                order.rows.copy_(new_row[order.rows.long()])
+            self._laid_out[g] = store.rows[g]
 
     def _sink(self, keys: Tensor) -> Tensor:
         if self.sink_zone is None:
@@ -484,17 +570,17 @@ class SortedScalarCache:
 
     def _apply_policies(self) -> None:
         for h, order in enumerate(self._orders):
-            table = self._table(h)
+            value_group = self._group(h)
             if self.eviction is not None and self._recent_len:
                 lo = self._recent_lo[h, : self._recent_len].min() - self.eviction.margin
                 hi = self._recent_hi[h, : self._recent_len].max() + self.eviction.margin
                 keep = ((order.keys >= lo) & (order.keys <= hi)) | self._sink(order.keys)
                 order.keys, order.rows = order.keys[keep], order.rows[keep]
             if self.merge is not None and order.keys.shape[0] > self.merge.max_entries:
-                self._density_merge(order, table)
+                self._density_merge(order, value_group)
         self._compact()
 
-    def _density_merge(self, order: _KeyOrder, table: _RowTable) -> None:
+    def _density_merge(self, order: _KeyOrder, value_group: int) -> None:
         # seed 002 "Density-based compression": entries in one bin of width `width` become one entry.
         keys, rows = order.keys, order.rows.long()
         sink = self._sink(keys)
@@ -505,7 +591,8 @@ class SortedScalarCache:
         runs = int(group[-1]) + 1
         if runs == keys.shape[0]:
             return
-        weight = table.counts_of(rows).exp()
+        store = self._store
+        weight = store.counts_of(value_group, rows).exp()
         run_weight = torch.zeros(runs, dtype=keys.dtype).index_add_(0, group, weight)
 
         def weighted_mean(x: Tensor) -> Tensor:
@@ -518,45 +605,50 @@ class SortedScalarCache:
         new_keys = weighted_mean(keys)[:, 0]
         first = torch.nonzero(starts).flatten()  # first entry of each run
         run_positions = torch.full((runs,), torch.iinfo(torch.int32).max, dtype=torch.int32)
-        run_positions = run_positions.scatter_reduce(0, group, table.positions[rows], "amin")
+        run_positions = run_positions.scatter_reduce(0, group, store.positions[value_group][rows], "amin")
         new_rows = order.rows[first].clone()
-        first_row = table.add(
-            weighted_mean(table.values[rows])[merged],
-            None if table.vec_keys is None else weighted_mean(table.vec_keys[rows])[merged],
+        first_row = store.add(
+            value_group,
+            weighted_mean(store.values[value_group][rows])[merged],
+            None if store.vec_keys is None else weighted_mean(store.vec_keys[value_group][rows])[merged],
             run_positions[merged],
             run_weight[merged].log(),
         )
-        new_rows[merged] = torch.arange(first_row, table.rows, dtype=torch.int32)
+        new_rows[merged] = torch.arange(first_row, store.rows[value_group], dtype=torch.int32)
         new_keys = torch.where(merged, new_keys, keys[first])  # singletons keep their exact key
         order.keys, order.rows = new_keys, new_rows
 
     def _compact(self) -> None:
         """Drop rows no key head references, once they are at least half of a table."""
-        per_group = self.num_key_heads // self.num_groups
-        for g, table in enumerate(self._tables):
+        per_group, store = self.num_key_heads // self.num_groups, self._store
+        compacted = False
+        for g in range(self.num_groups):
             orders = self._orders[g * per_group : (g + 1) * per_group]
-            if table.rows <= 2 * max(len(order) for order in orders):
+            if store.rows[g] <= 2 * max(len(order) for order in orders):
                 continue
-            live = torch.zeros(table.rows, dtype=torch.bool)
+            live = torch.zeros(store.rows[g], dtype=torch.bool)
             for order in orders:
                 live[order.rows.long()] = True
                 live[order.buf_rows[: order.buf_len].long()] = True
-            if int(live.sum()) * 2 > table.rows:
+            if int(live.sum()) * 2 > store.rows[g]:
                 continue
-            new_row = table.keep(live)
+            new_row = store.keep(g, live)
+            compacted = True
             for order in orders:
                 order.rows = new_row[order.rows.long()]
                 order.buf_rows[: order.buf_len] = new_row[order.buf_rows[: order.buf_len].long()]
+        if compacted:
+            store.fit()
 
     # -- reading ----------------------------------------------------------------------------------
 
     def entries(self, key_head: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """Every entry of one key head, sorted entries first then the buffer: ``keys (n,)``,
         ``positions (n,)``, ``log_count (n,)``, ``values (n, Dv)``."""
-        order, table = self._orders[key_head], self._table(key_head)
+        order, g, store = self._orders[key_head], self._group(key_head), self._store
         rows = torch.cat([order.rows, order.buf_rows[: order.buf_len]]).long()
         keys = torch.cat([order.keys, order.buf_keys[: order.buf_len]])
-        return keys, table.positions[rows].long(), table.counts_of(rows), table.values[rows]
+        return keys, store.positions[g][rows].long(), store.counts_of(g, rows), store.values[g][rows]
 
     def _check_query(self, q_s, tau, window, q_vec) -> Tensor:
         H = self.num_heads
@@ -566,12 +658,12 @@ class SortedScalarCache:
             )
         if not (isinstance(q_s, Tensor) and q_s.shape == (H,)):
             raise ValueError(f"q_s must be a tensor of shape ({H},) (one scalar query per head), got {q_s!r}")
-        if not (q_s.abs() < math.inf).all():  # NaN fails the comparison too
+        if not torch.isfinite(q_s).all():
             raise ValueError("q_s has NaN or infinite entries")
         tau = torch.as_tensor(tau, dtype=self.dtype)
         if tau.shape not in ((), (H,)):
             raise ValueError(f"tau must be a float or a tensor of shape ({H},), got shape {tuple(tau.shape)}")
-        if not ((tau > 0) & (tau < math.inf)).all():
+        if not torch.isfinite(tau.log()).all():  # exactly when 0 < tau < inf (and not NaN)
             raise ValueError(f"tau must be finite and > 0 for every head, got {tau.tolist()}")
         if self.vector_key_dim is not None:
             if q_vec is None or q_vec.shape != (H, self.vector_key_dim):
@@ -621,48 +713,43 @@ class SortedScalarCache:
         longest, two_w = max(self._sizes), 2 * window
         blocks = math.ceil(math.log2(longest / window + 1)) + 1 if longest > window else 1
         offsets, places = _offsets(window, blocks)
-        insertion = torch.searchsorted(self._keys, q)[..., None]  # (Hk, per_key, 1)
-        spots = insertion + offsets  # (Hk, per_key, 2 window + 2 blocks)
-        read = torch.minimum(spots.clamp(min=0), self._last)
+        spots = torch.searchsorted(self._keys, q)[..., None] + offsets  # (Hk, per_key, 2 window + 2 blocks)
+        read = spots.clamp(min=0).clamp_(max=self._last)
         flat = read + self._row_start
-        square = (q[..., None] - _take(self._keys.view(-1), flat)) ** 2  # squared scalar distances
-        all_rows = _take(self._rows.view(-1), flat)
-        # The slice's places outside the row (or in its padding) are at an infinite distance.
-        slice_square = torch.where(read[..., :two_w] == spots[..., :two_w], square[..., :two_w], math.inf)
+        # Places outside the row (or in its padding) are at an infinite distance.
+        square = torch.where(read == spots, (q[..., None] - torch.take(self._keys, flat)).square_(), math.inf)
+        slice_square = square[..., :two_w]
         from_left = (slice_square[..., :window] < slice_square[..., window:]).sum(dim=2, keepdim=True)
         chosen = places - from_left  # (Hk, per_key, window) places in the slice
-        window_square, rows = slice_square.gather(2, chosen), all_rows[..., :two_w].gather(2, chosen)
+        window_square = slice_square.gather(2, chosen)
+        rows = torch.take(self._rows, flat.gather(2, chosen))
         left_out = slice_square.scatter(2, chosen, math.inf)  # the slice's entries outside the window
         # The append buffer's entries (at most buffer_size, not yet sorted) are all in the window.
         buffered = self._orders[0].buf_len
         if buffered:
-            buffer_square = (q[..., None] - self._buf_keys[:, None, :buffered]) ** 2
+            buffer_square = (q[..., None] - self._buf_keys[:, None, :buffered]).square_()
             window_square = torch.cat([window_square, buffer_square], 2)
             rows = torch.cat([rows, self._buf_rows[:, None, :buffered].expand(Hk, per_key, buffered)], 2)
-        rows = rows.reshape(G, per_group, -1)  # each group reads its own table
+        store = self._store
+        rows = rows.view(G, per_group * rows.shape[2])  # each group reads its own table
+        flat = store.flat(rows).view(-1)  # one read of every group's rows
+        R = rows.shape[1] // per_group  # rows read per query head
         # seed 002: score = -(q_s - k_s)^2 / tau [+ scale <q, k>] (+ log count of merged entries);
         # places outside the cache have an infinite distance, so a score of -inf.
-        scores = window_square * neg_inv_tau
-        merged = any(table.log_count is not None for table in self._tables)
+        scores = window_square.mul_(neg_inv_tau).view(H, 1, R)
+        merged = store.log_count is not None
         if merged:
-            log_count = [table.counts_of(r) for table, r in zip(self._tables, rows)]
-            scores = scores + torch.stack(log_count).view_as(scores)
+            scores = scores + _take(store.log_count.view(-1), flat).view_as(scores)
         if q_vec is not None:
-            q_vec_g = q_vec.view(G, per_group, 1, -1)
-            content = [
-                (q_vec_g[g] @ _take(table.vec_keys, rows[g]).transpose(1, 2))[:, 0]
-                for g, table in enumerate(self._tables)
-            ]
-            scores = scores + scale * torch.stack(content).view_as(scores)
+            vec_keys = store.vec_keys.view(-1, self.vector_key_dim).index_select(0, flat)
+            scores = scores + scale * torch.bmm(q_vec.view(H, 1, -1), vec_keys.view(H, R, -1).transpose(1, 2))
         top = scores.amax(dim=2, keepdim=True)
         shifted = scores - top
-        weights = shifted.masked_fill(shifted < EXP_FLOOR, -math.inf).exp()
-        inside_mass = weights.sum(dim=2)  # (Hk, per_key)
-        weights_g = weights.view(G, per_group, 1, -1)
-        outputs = [
-            (weights_g[g] @ _take(table.values, rows[g]))[:, 0] for g, table in enumerate(self._tables)
-        ]
-        output = (outputs[0] if G == 1 else torch.cat(outputs)) / inside_mass.view(H, 1)
+        weights = shifted.masked_fill_(shifted < EXP_FLOOR, -math.inf).exp_()  # (H, 1, R)
+        inside_mass = weights.sum(dim=2).view(Hk, per_key)
+        # bmm, not matmul: the same product in half the time for these small shapes (20 against 39 µs).
+        values = store.values.view(-1, self.value_dim).index_select(0, flat).view(H, R, -1)
+        output = torch.bmm(weights, values).view(H, -1).div_(inside_mass.view(H, 1))
 
         # The bound on the mass outside the window. Every score is at most
         # -d^2 / tau + [|scale| |q| max|k| (hybrid)] + max log count, for d a lower bound on the
@@ -673,20 +760,22 @@ class SortedScalarCache:
         def per_key_head(per_table: list[float]) -> Tensor:
             return torch.tensor(per_table, dtype=self.dtype).repeat_interleave(Hk // G)[:, None]
 
-        lift = -top[..., 0]
+        lift = top.view(Hk, per_key).neg()
         if merged:
-            lift = lift + per_key_head([table.max_log_count for table in self._tables])
+            lift = lift + per_key_head(store.max_log_count)
         if q_vec is not None:
-            max_norm = per_key_head([table.max_vec_norm for table in self._tables])
+            max_norm = per_key_head(store.max_vec_norm)
             lift = lift + abs(scale) * q_vec.norm(dim=1).view(Hk, per_key) * max_norm
-        terms = left_out * neg_inv_tau
         if blocks > 1:
             # Edges start at the slice's outermost entries; block j holds the entries between edge j
             # and edge j + 1 (beyond the slice), all at least as far as edge j.
             edges = read[..., two_w:].view(Hk, per_key, 2, blocks)
-            counts = (edges[..., 1:] - edges[..., :-1]).abs().to(self.dtype)
+            log_counts = edges.diff(dim=3).abs_().to(self.dtype).log_()
             edge_square = square[..., two_w:].view(Hk, per_key, 2, blocks)[..., :-1]
-            terms = torch.cat([terms, (counts.log() + edge_square * neg_inv_tau[..., None]).flatten(2)], 2)
+            block_terms = log_counts + edge_square * neg_inv_tau[..., None]
+            terms = torch.cat([left_out.mul_(neg_inv_tau), block_terms.flatten(2)], 2)
+        else:
+            terms = left_out.mul_(neg_inv_tau)
         # Raising a term only loosens the bound, so raising the smallest to EXP_FLOOR below the
         # largest keeps it rigorous (and adds at most e^EXP_FLOOR per term).
         terms = torch.maximum(terms, terms.amax(dim=2, keepdim=True) + EXP_FLOOR)
@@ -717,7 +806,7 @@ class SortedScalarCache:
         outputs = []
         for h_key, order in enumerate(self._orders):
             heads = slice(h_key * heads_per_key, (h_key + 1) * heads_per_key)
-            table = self._table(h_key)
+            g, store = self._group(h_key), self._store
             rows = torch.cat([order.rows, order.buf_rows[: order.buf_len]]).long()
             keys = torch.cat([order.keys, order.buf_keys[: order.buf_len]])
             outputs.append(
@@ -725,10 +814,10 @@ class SortedScalarCache:
                     q_s[heads].to(self.dtype),
                     tau[heads],
                     keys[None],
-                    table.values[rows][None],
-                    log_count=table.counts_of(rows)[None],
+                    store.values[g][rows][None],
+                    log_count=store.counts_of(g, rows)[None],
                     q_vec=None if q_vec is None else q_vec[heads].to(self.dtype),
-                    k_vec=None if q_vec is None else table.vec_keys[rows][None],
+                    k_vec=None if q_vec is None else store.vec_keys[g][rows][None],
                     scale=scale,
                 )
             )
