@@ -74,9 +74,9 @@ def test_a_slope_re_centred_on_every_run_of_queries_saves_only_o_of_l(prior, mon
     assert saved_elements(run) > 30 * B * H * L * width
 
 
-def test_the_cpu_route_flushes_subnormals_only_while_it_runs():
+def test_the_cpu_route_flushes_subnormals_on_its_own_thread_only():
     """Tiny weights of distant keys make the CPU kernel's backward slow when they are subnormal; the
-    route flushes them in its own kernel calls and leaves the thread's mode as it found it."""
+    route's kernel calls run on a thread that flushes them, and the caller's mode stays its own."""
     q, k, v = (torch.randn(1, 2, 300, 8, requires_grad=True) for _ in range(3))
 
     def flushes() -> bool:

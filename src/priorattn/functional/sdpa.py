@@ -6,13 +6,22 @@ is ever built. Queries run in chunks only where needed, each against only the ke
 see (``spans.py``: one mask-free call per document of a packed row, bands of queries under a
 sliding window); a boolean mask is handed to SDPA only where no mask-free kernel fits, a few
 million cells at a time, and a key-linear slope is re-centred on each chunk's queries.
+
+On the CPU a prior's calls run through the flash kernel's own forward and backward
+(:class:`FoldedCalls`): the backward rebuilds each call's ``q'`` and ``k'`` from q, k, v and the
+lanes instead of keeping them, so a slope re-centred on every run of queries costs O(L) memory,
+not a ``k'`` per run (at L = 16384, 1.87x plain SDPA's peak memory before, 1.11x after:
+docs/benchmarks.md), and the kernel calls flush float32 subnormals, which made its backward 2-3x
+slower under a slope.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -211,23 +220,23 @@ def with_gaps(parts: list[Tensor], calls: list[Call], like: Tensor, length: int)
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
 
 
-@contextmanager
-def subnormals_flushed() -> Iterator[None]:
-    """This thread's CPU flushes subnormal floats to zero within the block, as it did before it.
+@functools.cache
+def flushing_thread() -> ThreadPoolExecutor:
+    """The thread :class:`FoldedCalls` runs its kernel calls on: it flushes subnormal floats to zero.
 
-    A slope drives most weights of distant keys towards zero, and those between 2^-149 and 2^-126
-    (float32 subnormals) cost the CPU kernel's backward up to 80x a normal weight (measured in
-    docs/benchmarks.md). Such a weight is below 2^-126 of the row's largest, far under float32's
-    resolution of an output, so flushing it to zero changes no result at float32 precision.
-    Only this thread: worker threads started before keep their own mode.
+    A slope drives the weights of distant keys towards zero, and those between 2^-149 and 2^-126
+    (float32 subnormals) made the CPU kernel's backward 2-3x slower on one thread and 5x on two
+    (docs/benchmarks.md). Such a weight is below 2^-126 of its row's largest, far under float32's
+    resolution of an output, so flushing it changes no result at float32 precision. The mode is
+    per thread, and OpenMP workers take it from the thread that starts them: the workers this
+    thread starts flush too, while the caller's threads keep their own mode.
     """
-    if torch.tensor(2.0**-149) * 2 == 0 or not torch.set_flush_denormal(True):  # already, or cannot
-        yield
-        return
-    try:
-        yield
-    finally:
-        torch.set_flush_denormal(False)
+    return ThreadPoolExecutor(1, "priorattn-flush", initializer=torch.set_flush_denormal, initargs=(True,))
+
+
+def on_flushing_thread(work: Callable[..., Any], *args: Any) -> Any:
+    """``work(*args)`` on :func:`flushing_thread`, the caller waiting for it."""
+    return flushing_thread().submit(work, *args).result()
 
 
 class FoldedCalls(torch.autograd.Function):
@@ -241,67 +250,87 @@ class FoldedCalls(torch.autograd.Function):
     the merged output and log-sum-exp that is exactly the softmax gradient restricted to those
     keys, as in :class:`LowerRightCausal`) and carries their gradients back by autograd to q, k, v
     and the lanes, so learnable priors train. Keys come in blocks of at most ``KEY_BLOCK``, merged
-    by their log-sum-exps, so no more than one block of ``k'`` exists at a time.
+    by their log-sum-exps, so no more than one block of ``k'`` exists at a time. Both passes run
+    on :func:`flushing_thread`.
     """
 
     @staticmethod
-    @subnormals_flushed()
     def forward(ctx, fold: Fold, calls: list[Call], q, k, v, q_lanes, k_lanes, key_bias, slope, factor):
         """``key_bias`` comes as a lane ``(B or 1, H, Lk, 1)``, so every key input is cut along dim -2."""
-        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-        outs, lses = [], []
-        for call in calls:
-            rows = call.rows
-            lanes = FoldLanes(span_of(q_lanes, rows), k_lanes, key_bias, slope)
-            q2 = flash_queries(fold, span_of(q, rows), lanes, span_of(factor, rows))
-            merged = None
-            for block in key_blocks(call):
-                cols = block.cols
-                lanes = FoldLanes(q_lanes, span_of(k_lanes, cols), span_of(key_bias, cols), slope)
-                k2, v2 = flash_keys(fold, span_of(k, cols), span_of(v, cols), lanes, rows, cols)
-                part = flash(q2, k2, v2, 0.0, block.causal, attn_mask=block.bias(q2.dtype), scale=1.0)
-                merged = part if merged is None else merge(merged, part)
-            outs.append(merged[0].to(q2.dtype))
-            lses.append(merged[1])
-        like = q.new_empty(q.shape[0], fold.heads, 0, fold.width)  # (B, H, 0, width)
-        out = with_gaps(outs, calls, like, q.shape[2])
-        lse = with_gaps(lses, calls, like[..., 0].to(torch.promote_types(q.dtype, torch.float32)), q.shape[2])
+        sources = dict(zip(SOURCES, (q, k, v, q_lanes, k_lanes, key_bias, slope, factor)))
+        out, lse = on_flushing_thread(folded_forward, fold, calls, sources)
         ctx.save_for_backward(q, k, v, q_lanes, k_lanes, key_bias, slope, factor, out, lse)
         ctx.fold, ctx.calls = fold, calls
         return out[..., : v.shape[-1]]
 
     @staticmethod
-    @subnormals_flushed()
     def backward(ctx, grad_out: Tensor):
         *saved, out, lse = ctx.saved_tensors
         sources = dict(zip(SOURCES, saved))
-        fold, totals = ctx.fold, dict.fromkeys(SOURCES)
-        grad_out = to_width(grad_out, fold.width)
-        flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-        with torch.enable_grad():
-            slope = detached(sources["slope"])  # every call's q' and k' read it
-            for call in ctx.calls:
-                rows = call.rows
-                g, o, l = grad_out[..., rows, :].contiguous(), out[..., rows, :], lse[..., rows]
-                mine = {name: detached(span_of(sources[name], rows)) for name in ("q", "q_lanes", "factor")}
-                lanes = FoldLanes(mine["q_lanes"], sources["k_lanes"], sources["key_bias"], slope)
-                q2 = flash_queries(fold, mine["q"], lanes, mine["factor"])
-                dq2 = None
-                for block in key_blocks(call):
-                    cols = block.cols
-                    theirs = {name: detached(span_of(sources[name], cols)) for name in KEY_SOURCES}
-                    lanes = FoldLanes(sources["q_lanes"], theirs["k_lanes"], theirs["key_bias"], slope)
-                    k2, v2 = flash_keys(fold, theirs["k"], theirs["v"], lanes, rows, cols)
-                    inputs = (q2.detach(), k2.detach(), v2.detach())
-                    mask = block.bias(q2.dtype)
-                    dq, dk2, dv2 = flash_backward(
-                        g, *inputs, o, l, 0.0, block.causal, attn_mask=mask, scale=1.0
-                    )
-                    dq2 = dq if dq2 is None else dq2 + dq
-                    collect(totals, sources, (k2, v2), (dk2, dv2), {**theirs, "slope": slope}, cols)
-                collect(totals, sources, (q2,), (dq2,), {**mine, "slope": slope}, rows)
+        totals = on_flushing_thread(folded_backward, ctx.fold, ctx.calls, sources, out, lse, grad_out)
         needed = dict(zip(SOURCES, ctx.needs_input_grad[2:]))
         return None, None, *(totals[name] if needed[name] else None for name in SOURCES)
+
+
+@torch.no_grad()
+def folded_forward(fold: Fold, calls: list[Call], sources: dict[str, Tensor | None]) -> tuple[Tensor, Tensor]:
+    """:class:`FoldedCalls`' output, ``width`` lanes wide, and its log-sum-exp."""
+    q, k, v, q_lanes, k_lanes, key_bias, slope, factor = (sources[name] for name in SOURCES)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    outs, lses = [], []
+    for call in calls:
+        rows = call.rows
+        lanes = FoldLanes(span_of(q_lanes, rows), k_lanes, key_bias, slope)
+        q2 = flash_queries(fold, span_of(q, rows), lanes, span_of(factor, rows))
+        merged = None
+        for block in key_blocks(call):
+            cols = block.cols
+            lanes = FoldLanes(q_lanes, span_of(k_lanes, cols), span_of(key_bias, cols), slope)
+            k2, v2 = flash_keys(fold, span_of(k, cols), span_of(v, cols), lanes, rows, cols)
+            part = flash(q2, k2, v2, 0.0, block.causal, attn_mask=block.bias(q2.dtype), scale=1.0)
+            merged = part if merged is None else merge(merged, part)
+        outs.append(merged[0].to(q2.dtype))
+        lses.append(merged[1])
+    like = q.new_empty(q.shape[0], fold.heads, 0, fold.width)  # (B, H, 0, width)
+    out = with_gaps(outs, calls, like, q.shape[2])
+    lse = with_gaps(lses, calls, like[..., 0].to(torch.promote_types(q.dtype, torch.float32)), q.shape[2])
+    return out, lse
+
+
+def folded_backward(
+    fold: Fold,
+    calls: list[Call],
+    sources: dict[str, Tensor | None],
+    out: Tensor,
+    lse: Tensor,
+    grad_out: Tensor,
+) -> dict[str, Tensor | None]:
+    """The gradients of :class:`FoldedCalls`' sources: each call's ``q'`` and each block's ``k'``,
+    ``v'`` rebuilt with autograd from leaves of their sources, the kernel's own backward on them."""
+    totals = dict.fromkeys(SOURCES)
+    grad_out = to_width(grad_out, fold.width)
+    flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    with torch.enable_grad():
+        slope = detached(sources["slope"])  # every call's q' and k' read it
+        for call in calls:
+            rows = call.rows
+            g, o, l = grad_out[..., rows, :].contiguous(), out[..., rows, :], lse[..., rows]
+            mine = {name: detached(span_of(sources[name], rows)) for name in ("q", "q_lanes", "factor")}
+            lanes = FoldLanes(mine["q_lanes"], sources["k_lanes"], sources["key_bias"], slope)
+            q2 = flash_queries(fold, mine["q"], lanes, mine["factor"])
+            dq2 = None
+            for block in key_blocks(call):
+                cols = block.cols
+                theirs = {name: detached(span_of(sources[name], cols)) for name in KEY_SOURCES}
+                lanes = FoldLanes(sources["q_lanes"], theirs["k_lanes"], theirs["key_bias"], slope)
+                k2, v2 = flash_keys(fold, theirs["k"], theirs["v"], lanes, rows, cols)
+                inputs = (q2.detach(), k2.detach(), v2.detach())
+                mask = block.bias(q2.dtype)
+                dq, dk2, dv2 = flash_backward(g, *inputs, o, l, 0.0, block.causal, attn_mask=mask, scale=1.0)
+                dq2 = dq if dq2 is None else dq2 + dq
+                collect(totals, sources, (k2, v2), (dk2, dv2), {**theirs, "slope": slope}, cols)
+            collect(totals, sources, (q2,), (dq2,), {**mine, "slope": slope}, rows)
+    return totals
 
 
 #: The inputs of :class:`FoldedCalls` after ``fold`` and ``calls``, and those cut by key columns.
