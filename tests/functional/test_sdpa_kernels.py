@@ -104,6 +104,19 @@ def test_the_cpu_route_flushes_subnormals_on_its_own_thread_only():
     assert after == [False, False, True, True]
 
 
+def test_a_forked_process_runs_the_cpu_route_on_a_flushing_thread_of_its_own():
+    """The parent's flushing thread does not exist in a forked child: the child starts its own."""
+    import multiprocessing
+
+    q = torch.randn(1, 2, 50, 8)
+    expected = priorattn.attention(q, q, q, prior=ALiBi(2), causal=True, backend="sdpa")
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        out = pool.apply_async(
+            priorattn.attention, (q, q, q), dict(prior=ALiBi(2), causal=True, backend="sdpa")
+        )
+        assert torch.equal(out.get(timeout=60), expected)
+
+
 def test_importing_the_library_leaves_torch_dynamo_unloaded():
     """The public bottom-right kernel's torch module pulls in torch._dynamo and sympy (about a second
     and 70 MB); only non-CPU devices use it, so it is imported there, not with the library."""

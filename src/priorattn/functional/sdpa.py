@@ -18,6 +18,7 @@ slower under a slope.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -221,7 +222,7 @@ def with_gaps(parts: list[Tensor], calls: list[Call], like: Tensor, length: int)
 
 
 @functools.cache
-def flushing_thread() -> ThreadPoolExecutor:
+def flushing_thread(process: int) -> ThreadPoolExecutor:
     """The thread :class:`FoldedCalls` runs its kernel calls on: it flushes subnormal floats to zero.
 
     A slope drives the weights of distant keys towards zero, and those between 2^-149 and 2^-126
@@ -229,14 +230,15 @@ def flushing_thread() -> ThreadPoolExecutor:
     (docs/benchmarks.md). Such a weight is below 2^-126 of its row's largest, far under float32's
     resolution of an output, so flushing it changes no result at float32 precision. The mode is
     per thread, and OpenMP workers take it from the thread that starts them: the workers this
-    thread starts flush too, while the caller's threads keep their own mode.
+    thread starts flush too, while the caller's threads keep their own mode. Callers on several
+    threads take turns. One per ``process`` id: a forked child does not have its parent's thread.
     """
     return ThreadPoolExecutor(1, "priorattn-flush", initializer=torch.set_flush_denormal, initargs=(True,))
 
 
 def on_flushing_thread(work: Callable[..., Any], *args: Any) -> Any:
     """``work(*args)`` on :func:`flushing_thread`, the caller waiting for it."""
-    return flushing_thread().submit(work, *args).result()
+    return flushing_thread(os.getpid()).submit(work, *args).result()
 
 
 class FoldedCalls(torch.autograd.Function):
