@@ -117,6 +117,19 @@ def test_a_forked_process_runs_the_cpu_route_on_a_flushing_thread_of_its_own():
         assert torch.equal(out.get(timeout=60), expected)
 
 
+@pytest.mark.parametrize("Lq", [0, 3])
+def test_a_prior_whose_queries_see_no_key_gives_zeros_and_a_zero_query_gradient(Lq):
+    q = torch.randn(1, 2, Lq, 8, requires_grad=True)
+    k = torch.randn(1, 2, 3, 8, requires_grad=True)
+    doc_ids = (torch.tensor([[5, 6, 7]])[:, :Lq], torch.tensor([[1, 2, 3]]))
+    out = priorattn.attention(
+        q, k, k, prior=GOAT(2, 2, slope=False), causal=False, doc_ids=doc_ids, backend="sdpa"
+    )
+    assert torch.equal(out, torch.zeros_like(out))
+    out.sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q))
+
+
 def test_importing_the_library_leaves_torch_dynamo_unloaded():
     """The public bottom-right kernel's torch module pulls in torch._dynamo and sympy (about a second
     and 70 MB); only non-CPU devices use it, so it is imported there, not with the library."""

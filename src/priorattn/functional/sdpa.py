@@ -218,7 +218,7 @@ def with_gaps(parts: list[Tensor], calls: list[Call], like: Tensor, length: int)
         if part is not None:
             pieces.append(part)
         done = call.rows.stop
-    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
+    return torch.cat([like, *pieces], dim=2) if len(pieces) != 1 else pieces[0]
 
 
 @functools.cache
@@ -270,6 +270,8 @@ class FoldedCalls(torch.autograd.Function):
         *saved, out, lse = ctx.saved_tensors
         sources = dict(zip(SOURCES, saved))
         totals = on_flushing_thread(folded_backward, ctx.fold, ctx.calls, sources, out, lse, grad_out)
+        if totals["q"] is None:  # no query sees a key: a zero gradient, as every output is one
+            totals["q"] = torch.zeros_like(sources["q"])
         needed = dict(zip(SOURCES, ctx.needs_input_grad[2:]))
         return None, None, *(totals[name] if needed[name] else None for name in SOURCES)
 
