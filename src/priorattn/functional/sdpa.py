@@ -10,9 +10,9 @@ million cells at a time, and a key-linear slope is re-centred on each chunk's qu
 On the CPU a prior's calls run through the flash kernel's own forward and backward
 (:class:`FoldedCalls`): the backward rebuilds each call's ``q'`` and ``k'`` from q, k, v and the
 lanes instead of keeping them, so a slope re-centred on every run of queries costs O(L) memory,
-not a ``k'`` per run (at L = 16384, 1.87x plain SDPA's peak memory before, 1.11x after:
-docs/benchmarks.md), and the kernel calls flush float32 subnormals, which made its backward 2-3x
-slower under a slope.
+not a ``k'`` per run (at L = 16384, 1.73x-1.87x plain SDPA's peak memory before, 1.06x-1.11x
+after: docs/benchmarks.md), and the kernel calls run on a thread that flushes float32
+subnormals, which made the route 2-7x plain SDPA's time under a slope.
 """
 
 from __future__ import annotations
@@ -245,7 +245,7 @@ class FoldedCalls(torch.autograd.Function):
     """The calls of one batch group through the CPU flash kernel, keeping only what they share.
 
     Autograd through the calls keeps every call's ``q'``, ``k'``, ``v'`` for the backward; with a
-    slope, every run of queries has keys of its own centre, ``O(L^2 / run)`` lanes in all (1.5x
+    slope, every run of queries has keys of its own centre, ``O(L^2 / run)`` lanes in all (1.7x-1.9x
     plain SDPA's peak memory at L = 16384, docs/benchmarks.md). Here the forward keeps q, k, v,
     the lanes' sources, the output and its log-sum-exp; the backward rebuilds each call's ``q'``
     and, one key block at a time, ``k'`` and ``v'``, runs the kernel's own backward on them (with
