@@ -17,6 +17,7 @@ causal SDPA) as their baseline.
 
     python benchmarks/attention.py              # L = 1024 4096 16384, about 15 minutes
     python benchmarks/attention.py --quick      # L = 512 1024, a sanity run
+    python benchmarks/attention.py --lengths 16384 --priors ALiBi GOAT --backends sdpa  # some rows
 """
 
 from __future__ import annotations
@@ -239,6 +240,17 @@ def build(case: Case, L: int, dtype: torch.dtype) -> Run:
 def all_cases(with_peer: bool) -> list[Case]:
     layers = [PLAIN_LAYER, GOAT_LAYER, *([PEER_LAYER] if with_peer else [])]
     return [*op_cases(), *layers]
+
+
+def selected_cases(cases: list[Case], priors: list[str] | None, backends: list[str] | None) -> list[Case]:
+    """The cases the filters name, plus the plain SDPA baselines their ratios need."""
+    chosen = [
+        case
+        for case in cases
+        if (priors is None or case.prior in priors) and (backends is None or case.backend in backends)
+    ]
+    bases = [base for base in (PLAIN, PLAIN_LAYER) if any(c.layer == base.layer for c in chosen)]
+    return [case for case in cases if case in chosen or case in bases]
 
 
 def find_case(prior: str, backend: str) -> Case:
@@ -465,6 +477,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per route (median)")
     parser.add_argument("--quick", action="store_true", help="lengths 512 1024: a sanity run")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
+    parser.add_argument("--priors", nargs="+", help="only these priors or layer rows (e.g. ALiBi layer-GOAT)")
+    parser.add_argument("--backends", nargs="+", help="only these backends (e.g. sdpa memeff)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     parser.add_argument(
@@ -554,7 +568,7 @@ def main(argv: list[str] | None = None) -> None:
     with_peer = goat_peer() is not None
     if not with_peer:
         print("note: goat-attention is not installed; the peer rows are skipped", file=sys.stderr)
-    cases = all_cases(with_peer)
+    cases = selected_cases(all_cases(with_peer), args.priors, args.backends)
     rows = []
     with tqdm(total=len(cases) * args.rounds * len(args.lengths), file=sys.stderr, unit="sample") as bar:
         for L in args.lengths:

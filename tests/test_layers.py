@@ -11,7 +11,7 @@ from factories import PRIOR_NAMES, make_prior
 
 from priorattn import KVCache, PriorMultiheadAttention, SSMax
 from priorattn.encodings import RoPE, Sinusoidal
-from priorattn.functional import api
+from priorattn.functional import api, sdpa
 from priorattn.priors import GGD, GOAT, ALiBi, Uniform
 
 # Narrow heads keep these tests small, so folded priors often take most lanes: that warning is
@@ -234,15 +234,22 @@ def test_goat_head_keeps_its_width(monkeypatch):
     assert module.out_proj.in_features == 4 * head_dim
 
     widths = []
-    sdpa = torch.nn.functional.scaled_dot_product_attention
+    queries, keys = sdpa.flash_queries, sdpa.flash_keys  # what the CPU flash kernel is given
 
-    def spy(q, k, v, **kwargs):
-        widths.append((q.shape[-1], k.shape[-1], v.shape[-1]))
-        return sdpa(q, k, v, **kwargs)
+    def spy_queries(*args):
+        q = queries(*args)
+        widths.append(q.shape[-1])
+        return q
 
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    def spy_keys(*args):
+        k, v = keys(*args)
+        widths.extend([k.shape[-1], v.shape[-1]])
+        return k, v
+
+    monkeypatch.setattr(sdpa, "flash_queries", spy_queries)
+    monkeypatch.setattr(sdpa, "flash_keys", spy_keys)
     module(torch.randn(1, 5, 128))
-    assert widths == [(head_dim, head_dim, head_dim)]
+    assert widths == [head_dim, head_dim, head_dim]
 
 
 def test_unfolded_prior_keeps_every_lane_for_content():

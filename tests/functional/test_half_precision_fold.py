@@ -11,16 +11,18 @@ from priorattn.functional.masks import Masking
 from priorattn.priors import GOAT, ALiBi
 
 
-def kernel_dtypes(monkeypatch) -> list[torch.dtype]:
-    """The dtypes the SDPA route hands its kernel, one per call, recorded while the test runs."""
-    seen = []
-    attend = sdpa.attend
+def kernel_dtypes(monkeypatch) -> set[torch.dtype]:
+    """The dtypes of the queries the SDPA route hands its CPU flash kernel (forward and backward),
+    recorded while the test runs."""
+    seen = set()
+    flash_queries = sdpa.flash_queries
 
-    def spy(q2, k2, v2, call):
-        seen.append(q2.dtype)
-        return attend(q2, k2, v2, call)
+    def spy(*args):
+        q2 = flash_queries(*args)
+        seen.add(q2.dtype)
+        return q2
 
-    monkeypatch.setattr(sdpa, "attend", spy)
+    monkeypatch.setattr(sdpa, "flash_queries", spy)
     return seen
 
 
@@ -43,7 +45,7 @@ def test_bfloat16_alibi_over_256_positions_stays_bfloat16_with_the_error_of_no_p
     no rounding of its own, so the error is that of plain bfloat16 attention on the same inputs."""
     seen = kernel_dtypes(monkeypatch)
     error = run(ALiBi(4), 257, torch.bfloat16, start)  # positions spread over 256
-    assert seen == [torch.bfloat16]
+    assert seen == {torch.bfloat16}
     gen = torch.Generator().manual_seed(257)
     q, k, v = (torch.randn(1, 4, 257, 16, generator=gen, dtype=torch.float64).bfloat16() for _ in range(3))
     plain = priorattn.attention(q, k, v).double() - priorattn.attention(*(t.double() for t in (q, k, v)))
@@ -53,7 +55,7 @@ def test_bfloat16_alibi_over_256_positions_stays_bfloat16_with_the_error_of_no_p
 def test_bfloat16_slope_over_more_positions_computes_in_float32(monkeypatch):
     seen = kernel_dtypes(monkeypatch)
     error = run(ALiBi(4), 258, torch.bfloat16)  # an offset of 257 would round
-    assert seen == [torch.float32]
+    assert seen == {torch.float32}
     assert error <= 2**-8
 
 
@@ -64,7 +66,7 @@ def test_learned_bfloat16_slope_rounds_once(monkeypatch):
     with torch.no_grad():
         prior.slope.copy_(torch.tensor([0.3, 0.11, 0.017, 0.0051]))
     assert run(prior, 200, torch.bfloat16) <= 2**-6
-    assert seen == [torch.bfloat16]
+    assert seen == {torch.bfloat16}
 
 
 def masking(q_pos, k_pos, starts=None):

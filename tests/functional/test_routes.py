@@ -209,6 +209,21 @@ def test_flex_route_trains_on_cuda_and_matches_reference(case, dtype):
     check_route("flex", {**o, **FLEX_CASES[case]}, dtype, "cuda")
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@settings(max_examples=40, deadline=None)
+@given(o=problems(), key_block=st.integers(1, 7), slope_runs=st.booleans())
+def test_sdpa_route_in_small_key_blocks_and_slope_runs_matches_reference(dtype, o, key_block, slope_runs):
+    """The CPU route's calls take their keys in blocks of ``KEY_BLOCK``, merged by log-sum-exp in
+    the forward and each with the kernel's own backward; shrunk here so that most calls have
+    several blocks (and, with ``slope_runs``, slopes re-centred every few queries)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sdpa, "KEY_BLOCK", key_block)
+        if slope_runs:
+            for low in (torch.float64, torch.float32):  # runs of 2^3 / |slope| queries
+                patch.setitem(prior_inputs.SLOPE_MAGNITUDE, low, 2.0**3)
+        check_route("sdpa", o, dtype)
+
+
 @st.composite
 def decode_steps(draw):
     """A random call of ``problems`` cut to a decode step: a few queries against a longer cache."""
@@ -415,6 +430,7 @@ LONG_CASES = {
 @pytest.fixture
 def low_thresholds(monkeypatch):
     monkeypatch.setattr(sdpa, "MASK_CHUNK_CELLS", 1 << 12)
+    monkeypatch.setattr(sdpa, "KEY_BLOCK", 48)
     monkeypatch.setattr(memeff, "MAX_ROWS", 64)
     for dtype in (torch.float64, torch.float32):  # slope runs of 2^6 / 0.5 = 128 queries
         monkeypatch.setitem(prior_inputs.SLOPE_MAGNITUDE, dtype, 2.0**6)
@@ -436,6 +452,7 @@ def test_long_masked_route_matches_reference(backend, prior, case, low_threshold
 def test_sdpa_route_with_the_public_lower_right_kernel_matches_reference(case, low_thresholds, monkeypatch):
     """The kernel other devices use (public SDPA and torch's bottom-right causal bias), run here."""
     monkeypatch.setattr(sdpa, "lower_right_kernel", lambda device: sdpa.public_lower_right_causal)
+    monkeypatch.setattr(sdpa, "folded_calls_kernel", lambda device: sdpa.autograd_calls)
     check_route("sdpa", {**LONG, **LONG_CASES[case], "prior": "goat"}, torch.float64)
 
 

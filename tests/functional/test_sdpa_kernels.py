@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+import priorattn
+from priorattn.functional import prior_inputs, sdpa
 from priorattn.functional.sdpa import LowerRightCausal, lower_right_kernel, public_lower_right_causal
+from priorattn.priors import GOAT, ALiBi
 
 
 def dense_lower_right(q, k, v):
@@ -30,6 +33,101 @@ def test_the_cpu_flash_kernel_runs_only_on_the_cpu():
     assert lower_right_kernel(torch.device("cpu")) == LowerRightCausal.apply
     assert lower_right_kernel(torch.device("cuda")) is public_lower_right_causal
     assert lower_right_kernel(torch.device("meta")) is public_lower_right_causal
+
+
+def test_a_prior_takes_the_flash_kernel_and_its_backward_only_on_the_cpu():
+    assert sdpa.folded_calls_kernel(torch.device("cpu")) is sdpa.folded_calls
+    assert sdpa.folded_calls_kernel(torch.device("cuda")) is sdpa.autograd_calls
+
+
+def saved_elements(run) -> int:
+    """Elements of the distinct tensors autograd keeps for the backward of ``run()``."""
+    kept = {}
+
+    def keep(t):
+        kept[(t.untyped_storage().data_ptr(), t.storage_offset(), t.shape)] = t.numel()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        run()
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("prior", [ALiBi(4), GOAT(4, 4, init="recency")], ids=["alibi", "goat"])
+def test_a_slope_re_centred_on_every_run_of_queries_saves_only_o_of_l(prior, monkeypatch):
+    """Issue 13: autograd through the re-centred runs kept each run's k' = [k, lanes, slope lane],
+    O(L^2 / run) in all (1.5x plain SDPA's peak memory at L = 16384). The route keeps q, k, v, the
+    lanes, the output and its log-sum-exp, and rebuilds each run's q' and k' in the backward."""
+    monkeypatch.setitem(prior_inputs.SLOPE_MAGNITUDE, torch.float32, 2.0**4)  # runs of 64 queries
+    monkeypatch.setattr(sdpa, "KEY_BLOCK", 256)
+    B, H, L, D = 1, 4, 2048, 16
+    q, k, v = (torch.randn(B, H, L, D, requires_grad=True) for _ in range(3))
+
+    def run():
+        priorattn.attention(q, k, v, prior=prior, causal=True, backend="sdpa")
+
+    width = D + prior.fold_width
+    # q, k, v, the output (width lanes) and the lanes' sources: about 4 B H L width.
+    assert saved_elements(run) <= 5 * B * H * L * width
+    # Autograd through the runs keeps every run's k' and v': 2 x 16.5 L x width for 32 runs.
+    monkeypatch.setattr(sdpa, "folded_calls_kernel", lambda device: sdpa.autograd_calls)
+    assert saved_elements(run) > 30 * B * H * L * width
+
+
+def test_the_cpu_route_flushes_subnormals_on_its_own_thread_only():
+    """Tiny weights of distant keys make the CPU kernel's backward slow when they are subnormal; the
+    route's kernel calls run on a thread that flushes them, and the caller's mode stays its own."""
+    q, k, v = (torch.randn(1, 2, 300, 8, requires_grad=True) for _ in range(3))
+
+    def flushes() -> bool:
+        return bool(torch.tensor(2.0**-149) * 2 == 0)
+
+    during, after = [], []
+    build = sdpa.flash_queries
+
+    def watched(*args):
+        during.append(flushes())
+        return build(*args)
+
+    for before in (False, True):
+        torch.set_flush_denormal(before)
+        try:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(sdpa, "flash_queries", watched)
+                out = priorattn.attention(q, k, v, prior=ALiBi(2), causal=True, backend="sdpa")
+                after.append(flushes())
+                out.sum().backward()
+                after.append(flushes())
+        finally:
+            torch.set_flush_denormal(False)
+    assert during == [True] * 4  # forward and backward, each way
+    assert after == [False, False, True, True]
+
+
+def test_a_forked_process_runs_the_cpu_route_on_a_flushing_thread_of_its_own():
+    """The parent's flushing thread does not exist in a forked child: the child starts its own."""
+    import multiprocessing
+
+    q = torch.randn(1, 2, 50, 8)
+    expected = priorattn.attention(q, q, q, prior=ALiBi(2), causal=True, backend="sdpa")
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        out = pool.apply_async(
+            priorattn.attention, (q, q, q), dict(prior=ALiBi(2), causal=True, backend="sdpa")
+        )
+        assert torch.equal(out.get(timeout=60), expected)
+
+
+@pytest.mark.parametrize("Lq", [0, 3])
+def test_a_prior_whose_queries_see_no_key_gives_zeros_and_a_zero_query_gradient(Lq):
+    q = torch.randn(1, 2, Lq, 8, requires_grad=True)
+    k = torch.randn(1, 2, 3, 8, requires_grad=True)
+    doc_ids = (torch.tensor([[5, 6, 7]])[:, :Lq], torch.tensor([[1, 2, 3]]))
+    out = priorattn.attention(
+        q, k, k, prior=GOAT(2, 2, slope=False), causal=False, doc_ids=doc_ids, backend="sdpa"
+    )
+    assert torch.equal(out, torch.zeros_like(out))
+    out.sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q))
 
 
 def test_importing_the_library_leaves_torch_dynamo_unloaded():

@@ -88,30 +88,34 @@ def fold_dtype(slope: Tensor | None, dtype: torch.dtype, masking: Masking) -> to
     return torch.float32
 
 
+def content_queries(q: Tensor, scale: float, factor: Tensor | None) -> Tensor:
+    """``scale * q`` (times the SSMax factor), in the dtype of ``q``."""
+    return q * scale if factor is None else (q * scale * factor).to(q.dtype)
+
+
+def query_lanes(q: Tensor, q_lanes: Tensor, factor: Tensor | None, scale_prior: bool) -> Tensor:
+    """The fold's q lanes ``(.., H, lq, P)`` of ``q``'s rows, as ``(B, H, lq, P)`` in ``q``'s dtype;
+    times the SSMax factor when it scales the prior."""
+    if factor is not None and scale_prior:
+        q_lanes = q_lanes * factor
+    B, H, lq = q.shape[:3]
+    return q_lanes.to(q.dtype).expand(B, H, lq, q_lanes.shape[-1])
+
+
 def lane_inputs(
     q: Tensor,
     k: Tensor,
     lanes: FoldLanes,
-    rows: slice,
-    cols: slice,
     scale: float,
     factor: Tensor | None,
     scale_prior: bool,
 ) -> tuple[Tensor, Tensor]:
-    """``[scale * q, q_lanes]`` and ``[k, k_lanes]`` for query ``rows`` and key ``cols``.
-
-    ``q`` and ``k`` arrive sliced; the result has the dtype of ``q``.
-    """
-    B, H, lq = q.shape[:3]
-    content = (q * scale if factor is None else q * scale * factor).to(q.dtype)
+    """``[scale * q, q_lanes]`` and ``[k, k_lanes]``, in the dtype of ``q``."""
+    content = content_queries(q, scale, factor)
     if lanes.q.shape[-1] == 0:  # key terms only (ALiBi): no lanes to append, no copies
         return content, k
-    q_lanes = lanes.q[..., rows, :]
-    if factor is not None and scale_prior:
-        q_lanes = q_lanes * factor
-    q_lanes = q_lanes.to(q.dtype).expand(B, H, lq, q_lanes.shape[-1])
-    k_lanes = lanes.k[..., cols, :].to(k.dtype)
-    k_lanes = k_lanes.expand(B, k.shape[1], *k_lanes.shape[-2:])
+    k_lanes = lanes.k.to(k.dtype).expand(k.shape[0], k.shape[1], *lanes.k.shape[-2:])
+    q_lanes = query_lanes(q, lanes.q, factor, scale_prior)
     return torch.cat([content, q_lanes], dim=-1), torch.cat([k, k_lanes], dim=-1)
 
 
@@ -172,8 +176,7 @@ def split_prior(
     """Fold the prior where it folds, else tabulate it by lag, else leave it dense."""
     if prior is not None and prior.can_fold(masking.causal):
         lanes = prior.fold(masking.q_pos, masking.k_pos)
-        everything = slice(None)
-        q2, k2 = lane_inputs(q, k, lanes, everything, everything, scale, factor, scale_prior)
+        q2, k2 = lane_inputs(q, k, lanes, scale, factor, scale_prior)
         key_bias = None if lanes.key_bias is None else lanes.key_bias.to(q.dtype)
         slope = None if lanes.slope is None else lanes.slope.to(q.dtype)
         return PriorInputs(q2, k2, key_bias=key_bias, slope=slope)

@@ -6,70 +6,89 @@ is ever built. Queries run in chunks only where needed, each against only the ke
 see (``spans.py``: one mask-free call per document of a packed row, bands of queries under a
 sliding window); a boolean mask is handed to SDPA only where no mask-free kernel fits, a few
 million cells at a time, and a key-linear slope is re-centred on each chunk's queries.
+
+On the CPU a prior's calls run through the flash kernel's own forward and backward
+(:class:`FoldedCalls`): the backward rebuilds each call's ``q'`` and ``k'`` from q, k, v and the
+lanes instead of keeping them, so a slope re-centred on every run of queries costs O(L) memory,
+not a ``k'`` per run (at L = 16384, 1.73x-1.87x plain SDPA's peak memory before, 1.06x-1.11x
+after: docs/benchmarks.md), and the kernel calls run on a thread that flushes float32
+subnormals, which made the route 2-7x plain SDPA's time under a slope.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from ..priors import FoldLanes, Prior
-from ..priors.base import cat_lanes
 from ..ssmax import Scaling
 from .grouped import grouped_scores, grouped_values
 from .masks import Masking
-from .prior_inputs import centred_keys, fold_dtype, slope_precision, slope_span
+from .prior_inputs import centred_keys, content_queries, fold_dtype, query_lanes, slope_precision, slope_span
 from .reference import compute_dtype
 from .spans import Call, Kind, batch_groups, cut, key_spans, select_rows, span_calls, visible_counts
 
 #: Largest number of (query, key) cells of a boolean mask handed to SDPA in one call.
 MASK_CHUNK_CELLS = 1 << 22
+#: Most keys one kernel call of a folded route takes; longer calls merge blocks by log-sum-exp, so
+#: the backward rebuilds no more of ``k'`` than this at a time.
+KEY_BLOCK = 4096
 #: A decode step has at most this many queries (see :func:`sdpa_bias_attention`).
 DECODE_QUERIES = 16
 #: Largest bias tile ``B * H * Lq * Lk`` a decode step builds (64 MB in float32).
 BIAS_TILE_CELLS = 1 << 24
 
 
-def sdpa_inputs(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    lanes: FoldLanes | None,
-    masking: Masking,
-    rows: slice,
-    cols: slice,
-    scale: float,
-    factor: Tensor | None,
-    scale_prior: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``q'``, ``k'``, ``v'`` of one SDPA call; ``q`` holds query ``rows``, ``k``, ``v`` key ``cols``.
+@dataclass(frozen=True)
+class Fold:
+    """What turns one call's q, k, v and lanes into SDPA's inputs of ``heads`` heads and ``width``
+    lanes (seed 000 Eq. 20-24): ``q' = [scale * q, q_lanes, 1, m_h]``, ``k' = [k, k_lanes, u_h(j),
+    k_pos[j] - centre]`` (the last two lanes for a key bias and a slope), ``v`` padded to ``width``."""
 
-    The prior's lanes are gathered at their own small shape (shared by the batch, and by the heads
-    on the key side unless a key bias is per head) and cast first, so each of ``q'`` and ``k'`` is
-    one concatenation: the only passes over the content a prior adds (issue 13, bf16 training).
-    """
-    content = (q * scale if factor is None else q * scale * factor).to(q.dtype)
-    if lanes is None:
-        return content, k, v
-    q_lanes, k_lanes = [lanes.q[..., rows, :]], [lanes.k[..., cols, :]]
-    if lanes.key_bias is not None:  # <1, u_h(j)>: per-head key lane
-        q_lanes.append(lanes.q.new_ones(1, 1, 1, 1))
-        k_lanes.append(lanes.key_bias[..., cols, None])
-    if lanes.slope is not None:  # <m_h, k_pos[j] - centre>: shared key lane
-        q_lanes.append(lanes.slope[:, None, None])
-        k_lanes.append(centred_keys(masking, rows, cols, lanes.slope.dtype)[:, None, :, None])
-    q_lanes, k_lanes = cat_lanes(q_lanes), cat_lanes(k_lanes)
-    if factor is not None and scale_prior:
-        q_lanes = q_lanes * factor
-    B, H, lq = q.shape[:3]
-    if k_lanes.shape[-3] not in (1, k.shape[1]):  # a per-head key lane: one key head per query head
-        k, v = k.repeat_interleave(H // k.shape[1], 1), v.repeat_interleave(H // k.shape[1], 1)
-    q2 = torch.cat([content, q_lanes.to(q.dtype).expand(B, H, lq, -1)], dim=-1)
-    k_lanes = k_lanes.to(k.dtype).expand(B, k.shape[1], *k_lanes.shape[-2:])
-    return q2, torch.cat([k, k_lanes], dim=-1), v
+    masking: Masking
+    scale: float
+    scale_prior: bool
+    heads: int
+    width: int
+
+    def queries(self, q: Tensor, lanes: FoldLanes, factor: Tensor | None) -> Tensor:
+        """``q'`` of one call: ``q``, ``lanes.q`` and ``factor`` hold its query rows."""
+        content = content_queries(q, self.scale, factor)
+        B, H, lq = q.shape[:3]
+        q_lanes = [lanes.q.expand(B, H, lq, lanes.q.shape[-1])]
+        if lanes.key_bias is not None:  # <1, u_h(j)>
+            q_lanes.append(lanes.q.new_ones(1, 1, 1, 1).expand(B, H, lq, 1))
+        if lanes.slope is not None:  # <m_h, k_pos[j] - centre>
+            q_lanes.append(lanes.slope[:, None, None].to(lanes.q.dtype).expand(B, H, lq, 1))
+        if len(q_lanes) == 1 and not lanes.q.shape[-1]:
+            return content
+        q_lanes = torch.cat(q_lanes, dim=-1)
+        return torch.cat([content, query_lanes(q, q_lanes, factor, self.scale_prior)], dim=-1)
+
+    def keys(self, k: Tensor, v: Tensor, lanes: FoldLanes, rows: slice, cols: slice) -> tuple[Tensor, Tensor]:
+        """``k'`` and the padded ``v`` of query ``rows`` against key ``cols``: ``k``, ``v``, ``lanes.k``
+        and ``lanes.key_bias`` hold those columns. A key bias is per head: the keys take every head."""
+        if lanes.key_bias is not None and k.shape[1] != self.heads:
+            group = self.heads // k.shape[1]
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        B, Hk, lk = k.shape[:3]
+        k_lanes = [lanes.k.to(k.dtype).expand(B, Hk, lk, lanes.k.shape[-1])]
+        if lanes.key_bias is not None:
+            k_lanes.append(lanes.key_bias[..., None].to(k.dtype).expand(B, Hk, lk, 1))
+        if lanes.slope is not None:
+            offset = centred_keys(self.masking, rows, cols, k.dtype)  # (B or 1, lk)
+            k_lanes.append(offset[:, None, :, None].expand(B, Hk, lk, 1))
+        if len(k_lanes) > 1 or lanes.k.shape[-1]:
+            k = torch.cat([k, *k_lanes], dim=-1)
+        return k, v if v.shape[-1] == self.width else F.pad(v, (0, self.width - v.shape[-1]))
 
 
 class LowerRightCausal(torch.autograd.Function):
@@ -113,6 +132,248 @@ class LowerRightCausal(torch.autograd.Function):
             )
             dq, dk, dv = dq + dq_old, torch.cat([dk_old, dk], dim=2), torch.cat([dv_old, dv], dim=2)
         return dq[..., :Dk], dk[..., :Dk], dv[..., :Dv]
+
+
+@dataclass(frozen=True)
+class Block:
+    """Keys ``cols`` of one call, taken by one kernel call: all visible, causal (a square block
+    over the call's newest keys), or through a boolean ``mask`` ``(B or 1, 1, lq, lk)``."""
+
+    cols: slice
+    causal: bool = False
+    mask: Tensor | None = None
+
+    def bias(self, dtype: torch.dtype) -> Tensor | None:
+        """The mask as the additive bias the flash kernel takes."""
+        if self.mask is None:
+            return None
+        return torch.zeros(self.mask.shape, dtype=dtype, device=self.mask.device).masked_fill_(
+            ~self.mask, -torch.inf
+        )
+
+
+def key_blocks(call: Call) -> list[Block]:
+    """``call``'s keys in blocks of at most KEY_BLOCK (a masked call's keys are one block)."""
+    start, stop = call.cols.start, call.cols.stop
+    if call.kind is Kind.MASKED:
+        return [Block(call.cols, mask=call.mask)]
+    if call.kind is Kind.FULL:
+        return [Block(cols) for cols in cut(start, stop, KEY_BLOCK)]
+    newest = stop - (call.rows.stop - call.rows.start)  # bottom-right causal: older keys, then a square
+    return [*(Block(cols) for cols in cut(start, newest, KEY_BLOCK)), Block(slice(newest, stop), causal=True)]
+
+
+def merge(a: tuple[Tensor, Tensor], b: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+    """Softmax outputs and log-sum-exps of the same queries over two sets of keys, as one."""
+    (out_a, lse_a), (out_b, lse_b) = a, b
+    lse = torch.logaddexp(lse_a, lse_b)
+    return out_a * (lse_a - lse).exp()[..., None] + out_b * (lse_b - lse).exp()[..., None], lse
+
+
+def to_width(t: Tensor, width: int) -> Tensor:
+    """``t`` with zero lanes up to ``width``: the flash kernel wants one head width for q, k, v."""
+    return t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1]))
+
+
+def every_head(k: Tensor, heads: int) -> Tensor:
+    """Grouped keys or values repeated to ``heads`` heads: the flash kernel wants as many as q."""
+    return k if k.shape[1] == heads else k.repeat_interleave(heads // k.shape[1], 1)
+
+
+def lanes_of(lanes: FoldLanes, rows: slice, cols: slice) -> FoldLanes:
+    """The lanes of query ``rows`` and key ``cols`` (views)."""
+    key_bias = None if lanes.key_bias is None else lanes.key_bias[..., cols]
+    return FoldLanes(lanes.q[..., rows, :], lanes.k[..., cols, :], key_bias, lanes.slope)
+
+
+def span_of(t: Tensor | None, span: slice) -> Tensor | None:
+    """``t[..., span, :]``: a call's rows of q or of q lanes, or a block's columns of k, v, k lanes."""
+    return None if t is None else t[..., span, :]
+
+
+def detached(t: Tensor | None) -> Tensor | None:
+    """A leaf of ``t``'s values, to rebuild from it with autograd in a backward."""
+    return None if t is None else t.detach().requires_grad_()
+
+
+def add_at(total: Tensor | None, like: Tensor, grad: Tensor | None, span: slice) -> Tensor | None:
+    """``total`` (None: zero) plus ``grad`` at ``[..., span, :]`` of a tensor shaped as ``like``;
+    a ``grad`` that covers all of ``like`` and comes first is taken as it is, without a copy."""
+    if grad is None:
+        return total
+    if span.start == 0 and span.stop == like.shape[-2]:
+        return grad if total is None else total + grad
+    total = torch.zeros_like(like) if total is None else total
+    total[..., span, :] += grad
+    return total
+
+
+def with_gaps(parts: list[Tensor], calls: list[Call], like: Tensor, length: int) -> Tensor:
+    """The calls' parts of rows in one tensor shaped as ``like`` with ``length`` rows (dim 2),
+    zeros in the rows no call reads."""
+    pieces, done = [], 0
+    for part, call in zip([*parts, None], [*calls, Call(slice(length, length), slice(0), Kind.FULL)]):
+        if call.rows.start > done:
+            pieces.append(like.new_zeros(*like.shape[:2], call.rows.start - done, *like.shape[3:]))
+        if part is not None:
+            pieces.append(part)
+        done = call.rows.stop
+    return torch.cat([like, *pieces], dim=2) if len(pieces) != 1 else pieces[0]
+
+
+@functools.cache
+def flushing_thread(process: int) -> ThreadPoolExecutor:
+    """The thread :class:`FoldedCalls` runs its kernel calls on: it flushes subnormal floats to zero.
+
+    A slope drives the weights of distant keys towards zero, and those between 2^-149 and 2^-126
+    (float32 subnormals) made the CPU kernel's backward 2-3x slower on one thread and 5x on two
+    (docs/benchmarks.md). Such a weight is below 2^-126 of its row's largest, far under float32's
+    resolution of an output, so flushing it changes no result at float32 precision. The mode is
+    per thread, and OpenMP workers take it from the thread that starts them: the workers this
+    thread starts flush too, while the caller's threads keep their own mode. Callers on several
+    threads take turns. One per ``process`` id: a forked child does not have its parent's thread.
+    """
+    return ThreadPoolExecutor(1, "priorattn-flush", initializer=torch.set_flush_denormal, initargs=(True,))
+
+
+def on_flushing_thread(work: Callable[..., Any], *args: Any) -> Any:
+    """``work(*args)`` on :func:`flushing_thread`, the caller waiting for it."""
+    return flushing_thread(os.getpid()).submit(work, *args).result()
+
+
+class FoldedCalls(torch.autograd.Function):
+    """The calls of one batch group through the CPU flash kernel, keeping only what they share.
+
+    Autograd through the calls keeps every call's ``q'``, ``k'``, ``v'`` for the backward; with a
+    slope, every run of queries has keys of its own centre, ``O(L^2 / run)`` lanes in all (1.7x-1.9x
+    plain SDPA's peak memory at L = 16384, docs/benchmarks.md). Here the forward keeps q, k, v,
+    the lanes' sources, the output and its log-sum-exp; the backward rebuilds each call's ``q'``
+    and, one key block at a time, ``k'`` and ``v'``, runs the kernel's own backward on them (with
+    the merged output and log-sum-exp that is exactly the softmax gradient restricted to those
+    keys, as in :class:`LowerRightCausal`) and carries their gradients back by autograd to q, k, v
+    and the lanes, so learnable priors train. Keys come in blocks of at most ``KEY_BLOCK``, merged
+    by their log-sum-exps, so no more than one block of ``k'`` exists at a time. Both passes run
+    on :func:`flushing_thread`.
+    """
+
+    @staticmethod
+    def forward(ctx, fold: Fold, calls: list[Call], q, k, v, q_lanes, k_lanes, key_bias, slope, factor):
+        """``key_bias`` comes as a lane ``(B or 1, H, Lk, 1)``, so every key input is cut along dim -2."""
+        sources = dict(zip(SOURCES, (q, k, v, q_lanes, k_lanes, key_bias, slope, factor)))
+        out, lse = on_flushing_thread(folded_forward, fold, calls, sources)
+        ctx.save_for_backward(q, k, v, q_lanes, k_lanes, key_bias, slope, factor, out, lse)
+        ctx.fold, ctx.calls = fold, calls
+        return out[..., : v.shape[-1]]
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        *saved, out, lse = ctx.saved_tensors
+        sources = dict(zip(SOURCES, saved))
+        totals = on_flushing_thread(folded_backward, ctx.fold, ctx.calls, sources, out, lse, grad_out)
+        if totals["q"] is None:  # no query sees a key: a zero gradient, as every output is one
+            totals["q"] = torch.zeros_like(sources["q"])
+        needed = dict(zip(SOURCES, ctx.needs_input_grad[2:]))
+        return None, None, *(totals[name] if needed[name] else None for name in SOURCES)
+
+
+@torch.no_grad()
+def folded_forward(fold: Fold, calls: list[Call], sources: dict[str, Tensor | None]) -> tuple[Tensor, Tensor]:
+    """:class:`FoldedCalls`' output, ``width`` lanes wide, and its log-sum-exp."""
+    q, k, v, q_lanes, k_lanes, key_bias, slope, factor = (sources[name] for name in SOURCES)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    outs, lses = [], []
+    for call in calls:
+        rows = call.rows
+        lanes = FoldLanes(span_of(q_lanes, rows), k_lanes, key_bias, slope)
+        q2 = flash_queries(fold, span_of(q, rows), lanes, span_of(factor, rows))
+        merged = None
+        for block in key_blocks(call):
+            cols = block.cols
+            lanes = FoldLanes(q_lanes, span_of(k_lanes, cols), span_of(key_bias, cols), slope)
+            k2, v2 = flash_keys(fold, span_of(k, cols), span_of(v, cols), lanes, rows, cols)
+            part = flash(q2, k2, v2, 0.0, block.causal, attn_mask=block.bias(q2.dtype), scale=1.0)
+            merged = part if merged is None else merge(merged, part)
+        outs.append(merged[0].to(q2.dtype))
+        lses.append(merged[1])
+    like = q.new_empty(q.shape[0], fold.heads, 0, fold.width)  # (B, H, 0, width)
+    out = with_gaps(outs, calls, like, q.shape[2])
+    lse = with_gaps(lses, calls, like[..., 0].to(torch.promote_types(q.dtype, torch.float32)), q.shape[2])
+    return out, lse
+
+
+def folded_backward(
+    fold: Fold,
+    calls: list[Call],
+    sources: dict[str, Tensor | None],
+    out: Tensor,
+    lse: Tensor,
+    grad_out: Tensor,
+) -> dict[str, Tensor | None]:
+    """The gradients of :class:`FoldedCalls`' sources: each call's ``q'`` and each block's ``k'``,
+    ``v'`` rebuilt with autograd from leaves of their sources, the kernel's own backward on them."""
+    totals = dict.fromkeys(SOURCES)
+    grad_out = to_width(grad_out, fold.width)
+    flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    with torch.enable_grad():
+        slope = detached(sources["slope"])  # every call's q' and k' read it
+        for call in calls:
+            rows = call.rows
+            g, o, l = grad_out[..., rows, :].contiguous(), out[..., rows, :], lse[..., rows]
+            mine = {name: detached(span_of(sources[name], rows)) for name in ("q", "q_lanes", "factor")}
+            lanes = FoldLanes(mine["q_lanes"], sources["k_lanes"], sources["key_bias"], slope)
+            q2 = flash_queries(fold, mine["q"], lanes, mine["factor"])
+            dq2 = None
+            for block in key_blocks(call):
+                cols = block.cols
+                theirs = {name: detached(span_of(sources[name], cols)) for name in KEY_SOURCES}
+                lanes = FoldLanes(sources["q_lanes"], theirs["k_lanes"], theirs["key_bias"], slope)
+                k2, v2 = flash_keys(fold, theirs["k"], theirs["v"], lanes, rows, cols)
+                inputs = (q2.detach(), k2.detach(), v2.detach())
+                mask = block.bias(q2.dtype)
+                dq, dk2, dv2 = flash_backward(g, *inputs, o, l, 0.0, block.causal, attn_mask=mask, scale=1.0)
+                dq2 = dq if dq2 is None else dq2 + dq
+                collect(totals, sources, (k2, v2), (dk2, dv2), {**theirs, "slope": slope}, cols)
+            collect(totals, sources, (q2,), (dq2,), {**mine, "slope": slope}, rows)
+    return totals
+
+
+#: The inputs of :class:`FoldedCalls` after ``fold`` and ``calls``, and those cut by key columns.
+SOURCES = ("q", "k", "v", "q_lanes", "k_lanes", "key_bias", "slope", "factor")
+KEY_SOURCES = ("k", "v", "k_lanes", "key_bias")
+
+
+def flash_queries(fold: Fold, q: Tensor, lanes: FoldLanes, factor: Tensor | None) -> Tensor:
+    """``q'`` as the flash kernel takes it: ``width`` lanes."""
+    return to_width(fold.queries(q, lanes, factor), fold.width)
+
+
+def flash_keys(
+    fold: Fold, k: Tensor, v: Tensor, lanes: FoldLanes, rows: slice, cols: slice
+) -> tuple[Tensor, Tensor]:
+    """``k'`` and ``v'`` as the flash kernel takes them: ``width`` lanes, one head per query head;
+    ``lanes.key_bias`` is a lane ``(.., lk, 1)``."""
+    key_bias = None if lanes.key_bias is None else lanes.key_bias[..., 0]
+    k2, v2 = fold.keys(k, v, lanes._replace(key_bias=key_bias), rows, cols)
+    return every_head(to_width(k2, fold.width), fold.heads), every_head(v2, fold.heads)
+
+
+def collect(
+    totals: dict[str, Tensor | None],
+    sources: dict[str, Tensor | None],
+    outputs: tuple[Tensor, ...],
+    grads: tuple[Tensor, ...],
+    leaves: dict[str, Tensor | None],
+    span: slice,
+) -> None:
+    """Add to ``totals`` the gradients ``grads`` of ``outputs`` carry to ``leaves``, each the
+    ``[..., span, :]`` of its source (the slope: all of it)."""
+    leaves = {name: leaf for name, leaf in leaves.items() if leaf is not None}
+    found = torch.autograd.grad(outputs, list(leaves.values()), grads, allow_unused=True)
+    for name, grad in zip(leaves, found):
+        if name == "slope" and grad is not None:
+            totals[name] = grad if totals[name] is None else totals[name] + grad
+        elif name != "slope":
+            totals[name] = add_at(totals[name], sources[name], grad, span)
 
 
 class Runs:
@@ -234,18 +495,46 @@ def folded_attention(
     """The prior folded into q/k lanes, through the calls of :func:`plan_calls`; rows that see no
     key return zeros."""
     counts = visible_counts(masking, spans) if ssmax is not None else None
-    lanes = None if prior is None else prior.fold(masking.q_pos, masking.k_pos)
-    scale_prior = ssmax is not None and ssmax.scale_prior
+    factor = None if counts is None else ssmax.factor(counts)  # (B or 1, H, Lq, 1)
     dtype = q.dtype
-    if lanes is not None:  # a half-precision slope computes in float32 rather than in tiny query runs
+    if prior is None:
+        lanes = FoldLanes(q.new_zeros(1, q.shape[2], 0), q.new_zeros(1, k.shape[2], 0))
+    else:  # a half-precision slope computes in float32 rather than in tiny query runs
+        lanes = prior.fold(masking.q_pos, masking.k_pos)
         compute = fold_dtype(lanes.slope, dtype, masking)
         q, k, v = q.to(compute), k.to(compute), v.to(compute)
-    step = None if lanes is None else slope_span(lanes.slope, slope_precision(q.dtype, masking))
-    B, H, Lq = q.shape[:3]
-    Dv, width = v.shape[-1], q.shape[-1] + (0 if lanes is None else lanes.width)
-    if width > Dv:  # the flash kernel wants one head width for q, k and v (else SDPA takes a slow path)
-        v = F.pad(v, (0, width - Dv))
+    step = slope_span(lanes.slope, slope_precision(q.dtype, masking))
+    width = max(q.shape[-1] + lanes.width, v.shape[-1])
+    fold = Fold(masking, scale, ssmax is not None and ssmax.scale_prior, q.shape[1], width)
     calls = plan_calls(masking, spans, step)
+    # No prior: the calls take q, k, v as they are, and autograd saves no copies.
+    run_calls = autograd_calls if prior is None else folded_calls_kernel(q.device)
+    return run_calls(fold, calls, q, k, v, lanes, factor).to(dtype)
+
+
+def folded_calls(
+    fold: Fold, calls: list[Call], q: Tensor, k: Tensor, v: Tensor, lanes: FoldLanes, factor: Tensor | None
+) -> Tensor:
+    """:class:`FoldedCalls`, with the lanes as separate inputs (autograd tracks tensors only)."""
+    key_bias = None if lanes.key_bias is None else lanes.key_bias[..., None]
+    return FoldedCalls.apply(fold, calls, q, k, v, lanes.q, lanes.k, key_bias, lanes.slope, factor)
+
+
+def folded_calls_kernel(device: torch.device) -> Callable[..., Tensor]:
+    """How a prior's calls run: through the CPU flash kernel's forward and backward where they exist
+    (the CPU, eagerly), else with autograd through public SDPA (other devices, and ``torch.compile``,
+    which traces public operators and finds no thread state to keep)."""
+    if device.type == "cpu" and not torch.compiler.is_compiling():
+        return folded_calls
+    return autograd_calls
+
+
+def autograd_calls(
+    fold: Fold, calls: list[Call], q: Tensor, k: Tensor, v: Tensor, lanes: FoldLanes, factor: Tensor | None
+) -> Tensor:
+    """The calls through public SDPA with autograd (any device): the backward keeps every call's
+    ``q'``, ``k'``, ``v'``."""
+    B, H, Lq, Dv = *q.shape[:3], v.shape[-1]
     queries = Runs(q, [bound for c in calls for bound in (c.rows.start, c.rows.stop)])
     keys = Runs(k, [bound for c in calls for bound in (c.cols.start, c.cols.stop)])
     values = Runs(v, keys.bounds)
@@ -257,25 +546,14 @@ def folded_attention(
         rows, cols = call.rows, call.cols
         if rows.start > done:
             outputs.append(unseen[:, :, done : rows.start])
-        factor = None if counts is None else ssmax.factor(counts[:, rows])
-        q2, k2, v2 = sdpa_inputs(
-            queries[rows],
-            keys[cols],
-            values[cols],
-            lanes,
-            masking,
-            rows,
-            cols,
-            scale,
-            factor,
-            scale_prior,
-        )
+        call_lanes = lanes_of(lanes, rows, cols)
+        q2 = fold.queries(queries[rows], call_lanes, None if factor is None else factor[..., rows, :])
+        k2, v2 = fold.keys(keys[cols], values[cols], call_lanes, rows, cols)
         outputs.append(attend(q2, k2, v2, call)[..., :Dv])
         done = rows.stop
     if done < Lq:
         outputs.append(unseen[:, :, done:])
-    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
-    return out.to(dtype)
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
 def is_decode_step(q: Tensor, k: Tensor) -> bool:

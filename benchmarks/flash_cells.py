@@ -1,0 +1,64 @@
+"""Cost per (query, key) cell of the CPU flash kernel, for the shapes of the `sdpa` route's calls.
+
+With a slope the route cuts the queries into runs (1024 for ALiBi's steepest slope in float32),
+each one unmasked call over its older keys (in blocks of ``KEY_BLOCK``) and one causal square over
+its newest: this prints what those calls cost per cell, forward and backward, against one causal
+call over all of L, and what float32 subnormal weights (logits 95 below a row's largest, as a slope
+gives distant keys) cost the backward with and without flushing them.
+
+    OMP_NUM_THREADS=1 python benchmarks/flash_cells.py [--length 16384] [--run 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+HEADS, WIDTH = 4, 64
+
+
+def seconds(lq: int, lk: int, causal: bool, distant: float | None = None) -> tuple[float, float]:
+    """Forward and backward seconds of one call; ``distant``: the logit offset of all but 8 keys."""
+    q = torch.randn(1, HEADS, lq, WIDTH) / 8
+    k, v = torch.randn(1, HEADS, lk, WIDTH), torch.randn(1, HEADS, lk, WIDTH)
+    if distant is not None:  # a lane that puts all but the newest 8 keys `distant` below
+        q[..., -1], k[..., -1] = 1.0, torch.where(torch.arange(lk) < lk - 8, distant, 0.0)
+    start = time.perf_counter()
+    out, lse = FLASH(q, k, v, 0.0, causal, scale=1.0)
+    middle = time.perf_counter()
+    FLASH_BACKWARD(torch.randn_like(out), q, k, v, out, lse, 0.0, causal, scale=1.0)
+    return middle - start, time.perf_counter() - middle
+
+
+def per_cell(label: str, lq: int, lk: int, causal: bool) -> None:
+    forward, backward = seconds(lq, lk, causal)
+    cells = lq * lk / (2 if causal else 1)
+    print(f"| {label} | {forward / cells * 1e9:.1f} | {backward / cells * 1e9:.1f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--length", type=int, default=16384)
+    parser.add_argument("--run", type=int, default=1024)
+    parser.add_argument("--key-block", type=int, default=4096)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    print(f"{torch.get_num_threads()} threads, head width {WIDTH}, {HEADS} heads")
+    seconds(256, 256, True)  # warm-up
+    torch.set_flush_denormal(True)
+    print("| call | forward ns / cell | backward ns / cell |\n|---|---:|---:|")
+    per_cell(f"causal {args.length}", args.length, args.length, True)
+    per_cell(f"unmasked {args.run} x {args.key_block}", args.run, args.key_block, False)
+    per_cell(f"causal square {args.run}", args.run, args.run, True)
+    for flush in (False, True):
+        torch.set_flush_denormal(flush)
+        backward = seconds(args.run, 2 * args.run, False, distant=-95.0)[1]
+        print(f"subnormal weights, flushed={flush}: backward {backward:.3f} s ({args.run} x {2 * args.run})")
+
+
+if __name__ == "__main__":
+    main()
