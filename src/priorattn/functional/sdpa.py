@@ -301,14 +301,18 @@ def sdpa_bias_attention(
     content lanes do. Hidden keys take the lowest finite logit and get zero weight, so rows that see
     no key (or only keys with a -inf log-prior) return zeros, as on the reference route.
     """
-    Lq = q.shape[2]
+    Lq, Lk = q.shape[2], k.shape[2]
     dtype = compute_dtype(q.dtype)
-    bias = prior.log_prior(masking.q_pos, masking.k_pos).to(dtype)  # (B or 1, H, Lq, Lk)
+    if masking.starts is None:
+        bias = prior.log_prior(masking.q_pos, masking.k_pos)  # (B or 1, H, Lq, Lk)
+    else:  # positions are runs (a generation's): the prior's tables give views, no work per key
+        bias = prior.log_prior_of_runs(masking.q_start, Lq, masking.k_start, Lk, q.device)  # (H or 1, Lq, Lk)
+    bias = bias.to(dtype)
     # The usual step, one newest query under a plain causal mask, sees every key: nothing to hide.
     visible = None if masking.plain_causal and Lq == 1 else masking.visible()  # (B or 1, 1, Lq, Lk)
     q = q.to(dtype) * scale
     if ssmax is not None:
-        counts = torch.full((1, 1), k.shape[2]) if visible is None else visible.sum(-1)[:, 0]
+        counts = torch.full((1, 1), Lk) if visible is None else visible.sum(-1)[:, 0]
         factor = ssmax.factor(counts.to(q.device)).to(dtype)  # (B or 1, H, Lq, 1)
         q = q * factor
         if ssmax.scale_prior:
