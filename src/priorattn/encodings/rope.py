@@ -8,12 +8,6 @@ from torch import Tensor, nn
 from ..checks import describe, is_integer_tensor
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    """``[x1, x2] -> [-x2, x1]`` on the last dim: lane ``r`` pairs with lane ``r + D/2``."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
 class RoPE(nn.Module):
     """Rotate lanes ``(r, r + D/2)`` of q or k by the angle ``theta_r * p / interpolation``.
 
@@ -44,6 +38,21 @@ class RoPE(nn.Module):
         lanes = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device)
         return self.base ** (-lanes / self.head_dim)
 
+    def rotations(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """``cos`` and ``sin`` of the angles of integer ``positions`` ``(L,)`` or ``(B, L)``, each
+        ``(L, D/2)`` or ``(B, 1, L, D/2)`` in ``dtype``: made once for a layer's q and k."""
+        angle = (positions.to(torch.float64) / self.interpolation)[..., None] * self.freqs(positions.device)
+        if angle.dim() == 3:
+            angle = angle[:, None]  # (B, 1, L, D/2)
+        return angle.cos().to(dtype), angle.sin().to(dtype)
+
+    @staticmethod
+    def rotate(x: Tensor, rotations: tuple[Tensor, Tensor]) -> Tensor:
+        """``x`` ``(B, H, L, D)`` rotated by :meth:`rotations`: lanes ``(r, r + D/2)`` as a pair."""
+        cos, sin = rotations
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate ``x: (B, H, L, D)`` to integer ``positions: (L,)`` or ``(B, L)``."""
         if not isinstance(x, Tensor) or x.dim() != 4 or x.shape[-1] != self.head_dim:
@@ -55,12 +64,7 @@ class RoPE(nn.Module):
                 f"positions must be an integer tensor of shape ({L},) or ({B}, {L}), "
                 f"got {describe(positions)}"
             )
-        angle = (positions.to(torch.float64) / self.interpolation)[..., None] * self.freqs(x.device)
-        angle = torch.cat([angle, angle], dim=-1)  # (L, D) or (B, L, D)
-        if angle.dim() == 3:
-            angle = angle[:, None]  # (B, 1, L, D)
-        cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
-        return x * cos + rotate_half(x) * sin
+        return self.rotate(x, self.rotations(positions, x.dtype))
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, base={self.base:g}, interpolation={self.interpolation:g}"
