@@ -21,6 +21,8 @@ each round); ``concat`` is the earlier ``extend``, swapped in for its rounds.
    as ``GPT.generate`` does; the priors take turns (the order rotates each round) and each goes on
    from its own caches, so the caches grow by ``S`` per round as in a generation. Tokens/s from the
    median step time over all rounds, and its ratio to NoPE's (issue 13's target: >= 0.9x).
+   Sections 3 and 4 time the CPU time of the thread (``time.thread_time``; run them with one
+   thread): on a shared machine wall time also counts the time other jobs hold the core.
 
     python benchmarks/decode.py            # N = 2048 4096 8192, P = 4096 16384, 3 rounds, ~6 minutes
     python benchmarks/decode.py --quick    # N = 512 1024, P = 1024, 2 rounds
@@ -31,11 +33,11 @@ each round); ``concat`` is the earlier ``extend``, swapped in for its rounds.
    default) through each row of :data:`DECODERS`, for the ``tiny`` and ``small`` presets, no
    gradients, as ``GPT.generate`` starts. Each pass runs in a fresh subprocess (``--one PRESET ROW
    P``) that builds the model, warms up on a 1024-token prompt, then times the prefill and reports
-   its peak RSS (``VmHWM``); the rows take turns, the order rotating each round. A baseline
+   its peak RSS (``VmHWM``); the rows take turns, the order rotating each round (one by default). A baseline
    subprocess builds the NoPE model and warms up only, so memory is given whole and above it.
    Ratios are to NoPE's (issue 13's targets: time <= 1.3x, memory <= 1.2x).
 
-    python benchmarks/decode.py --prefill --json                 # P = 32768, tiny and small, 2 rounds
+    python benchmarks/decode.py --prefill --json                 # P = 32768, tiny and small, 1 round
 """
 
 from __future__ import annotations
@@ -162,9 +164,9 @@ def prior_decode(name: str, P: int, steps: int, rounds: int) -> dict[str, float]
     for r in range(rounds):
         for row in rows[r % len(rows) :] + rows[: r % len(rows)]:
             for _ in range(steps):
-                start = time.perf_counter()
+                start = time.thread_time()
                 _, _, caches[row] = models[row](token, caches=caches[row])
-                times[row].append(time.perf_counter() - start)
+                times[row].append(time.thread_time() - start)
     return {row: statistics.median(times[row]) for row in rows}
 
 
@@ -199,9 +201,9 @@ def prefill_one(name: str, row: str, P: int) -> None:
     model(prompt[:, :PREFILL_WARM_UP])
     seconds = 0.0
     if row != "baseline":
-        start = time.perf_counter()
+        start = time.thread_time()
         model(prompt)
-        seconds = time.perf_counter() - start
+        seconds = time.thread_time() - start
     print(json.dumps(dict(seconds=seconds, peak_mb=peak_rss_mb())))
 
 
@@ -250,7 +252,7 @@ def main() -> None:
     parser.add_argument("--preset", default="tiny", help="section 3's model size (default tiny)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
     parser.add_argument("--steps", type=int, default=16, help="section 3: decode steps per round")
-    parser.add_argument("--rounds", type=int, help="sections 3 and 4: rounds (default 5 and 2)")
+    parser.add_argument("--rounds", type=int, help="sections 3 and 4: rounds (default 5 and 1)")
     parser.add_argument("--json", action="store_true", help="section 3's or 4's results as JSON, last line")
     parser.add_argument("--prefill", action="store_true", help="section 4 only: prefill with every prior")
     parser.add_argument("--presets", nargs="+", default=["tiny", "small"], help="section 4's model sizes")
@@ -266,7 +268,7 @@ def main() -> None:
         return
     if args.prefill:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-        print_prefill(args.presets, args.prompt, args.rounds or 2, args.json)
+        print_prefill(args.presets, args.prompt, args.rounds or 1, args.json)
         return
     if args.priors:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
