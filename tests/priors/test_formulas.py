@@ -160,14 +160,18 @@ def test_log_prior_of_runs_equals_log_prior_and_reads_table_views(name):
             q_pos, k_pos = torch.arange(q_start, q_start + Lq), torch.arange(k_start, k_start + Lk)
             expected = prior.log_prior(q_pos, k_pos)  # under autograd: evaluated
             with torch.no_grad():
-                tile = prior.log_prior_of_runs(q_start, Lq, k_start, Lk, q_pos.device)
+                tile = prior.log_prior_of_runs(q_start, Lq, k_start, Lk, q_pos.device, torch.float64)
+                tile32 = prior.log_prior_of_runs(q_start, Lq, k_start, Lk, q_pos.device, torch.float32)
             torch.testing.assert_close(tile, expected, rtol=0, atol=1e-12)
+            assert tile32.dtype == torch.float32  # the float64 prior's values, cast
+            torch.testing.assert_close(tile32, expected.float(), rtol=1e-6, atol=1e-6)
 
     check()
     if name in ("alibi", "ggd", "ggd_negative"):  # the whole tile is one view of the reversed table
         with torch.no_grad():
-            tile = prior.log_prior_of_runs(40, 1, 0, 41, torch.device("cpu"))
-        assert tile.untyped_storage().data_ptr() == prior.by_lag.reversed.untyped_storage().data_ptr()
+            tile = prior.log_prior_of_runs(40, 1, 0, 41, torch.device("cpu"), torch.float32)
+        copy = prior.by_lag.copies[torch.float32, True]
+        assert tile.untyped_storage().data_ptr() == copy.untyped_storage().data_ptr()
     learnable = [p for p in prior.parameters() if p.requires_grad]
     if learnable:
         with torch.no_grad():

@@ -304,10 +304,9 @@ def sdpa_bias_attention(
     Lq, Lk = q.shape[2], k.shape[2]
     dtype = compute_dtype(q.dtype)
     if masking.starts is None:
-        bias = prior.log_prior(masking.q_pos, masking.k_pos)  # (B or 1, H, Lq, Lk)
+        bias = prior.log_prior(masking.q_pos, masking.k_pos).to(dtype)  # (B or 1, H, Lq, Lk)
     else:  # positions are runs (a generation's): the prior's tables give views, no work per key
-        bias = prior.log_prior_of_runs(masking.q_start, Lq, masking.k_start, Lk, q.device)  # (H or 1, Lq, Lk)
-    bias = bias.to(dtype)
+        bias = prior.log_prior_of_runs(masking.q_start, Lq, masking.k_start, Lk, q.device, dtype)
     # The usual step, one newest query under a plain causal mask, sees every key: nothing to hide.
     visible = None if masking.plain_causal and Lq == 1 else masking.visible()  # (B or 1, 1, Lq, Lk)
     q = q.to(dtype) * scale

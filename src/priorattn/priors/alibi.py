@@ -35,8 +35,10 @@ class ALiBi(Prior):
         distance = relative_positions(q_pos, k_pos, self.slopes.dtype).abs()
         return -per_head(self.slopes) * distance
 
-    def log_prior_of_runs(self, q_start: int, Lq: int, k_start: int, Lk: int, device: torch.device) -> Tensor:
-        return self.by_lag.toeplitz(q_start, Lq, k_start, Lk, device)
+    def log_prior_of_runs(
+        self, q_start: int, Lq: int, k_start: int, Lk: int, device: torch.device, dtype: torch.dtype
+    ) -> Tensor:
+        return self.by_lag.toeplitz(q_start, Lq, k_start, Lk, device, dtype)
 
     def of_lag(self, lag: Tensor) -> Tensor:
         """``-m_h |d|`` at lags ``d`` ``(n,)``, ``(H, n)``."""

@@ -58,12 +58,15 @@ class Prior(nn.Module):
         """Dense log-prior ``(..., H, Lq, Lk)`` for integer positions ``(..., Lq)`` and ``(..., Lk)``."""
         raise NotImplementedError
 
-    def log_prior_of_runs(self, q_start: int, Lq: int, k_start: int, Lk: int, device: torch.device) -> Tensor:
+    def log_prior_of_runs(
+        self, q_start: int, Lq: int, k_start: int, Lk: int, device: torch.device, dtype: torch.dtype
+    ) -> Tensor:
         """:meth:`log_prior` ``(H or 1, Lq, Lk)`` of positions ``q_start + arange(Lq)`` and
-        ``k_start + arange(Lk)``. A decode step over a cache of run positions asks for this: priors
-        whose terms sit in a :class:`PositionTable` return views of it instead of reading it per key."""
+        ``k_start + arange(Lk)``, cast to ``dtype``. A decode step over a cache of run positions asks
+        for this: priors whose terms sit in a :class:`PositionTable` return views of it instead of
+        reading it per key."""
         q_pos = torch.arange(q_start, q_start + Lq, device=device)
-        return self.log_prior(q_pos, torch.arange(k_start, k_start + Lk, device=device))
+        return self.log_prior(q_pos, torch.arange(k_start, k_start + Lk, device=device)).to(dtype)
 
     @property
     def is_relative(self) -> bool:
@@ -150,14 +153,15 @@ class PositionTable:
 
     ``f`` maps integers ``(n,)`` to per-head values ``(H, n)``; a read returns ``(H, *x.shape)``.
     A :meth:`run` of consecutive integers, rising or falling, is a view of the table (a falling
-    one of its reversed copy, made once per table): no work per integer at all.
+    one of its reversed copy, and in another dtype of a cast copy, each made once per table): no
+    work per integer at all.
     """
 
     def __init__(self, owner: nn.Module, f: Callable[[Tensor], Tensor]):
         self.owner, self.f = owner, f
         self.state: tuple | None = None  # what the table was computed from
         self.values: Tensor | None = None  # f(arange(n)), (H, n)
-        self.reversed: Tensor | None = None  # values.flip(-1), made when a falling run asks for it
+        self.copies: dict[tuple[torch.dtype, bool], Tensor] = {}  # (dtype, reversed) -> values cast, flipped
 
     def __call__(self, x: Tensor) -> Tensor:
         if not self._keeps(x.device) or x.numel() == 0 or int(x.min()) < 0:
@@ -168,25 +172,36 @@ class PositionTable:
         # index_select: several times faster than advanced indexing ``values[:, x]``
         return values.index_select(1, x.flatten()).unflatten(-1, x.shape)
 
-    def run(self, start: int, length: int, step: int, device: torch.device) -> Tensor:
-        """``f(start), f(start + step), ...``: ``length`` integers, ``step`` 1 or -1, as ``(H, length)``."""
+    def run(
+        self, start: int, length: int, step: int, device: torch.device, dtype: torch.dtype | None = None
+    ) -> Tensor:
+        """``f(start), f(start + step), ...``: ``length`` integers, ``step`` 1 or -1, as ``(H, length)``
+        in ``dtype`` (default ``f``'s)."""
         last = start + step * (length - 1)
         values = None
         if self._keeps(device) and length > 0 and min(start, last) >= 0:
             values = self._covering(max(start, last) + 1, length, device)
         if values is None:
-            return self.evaluate(torch.arange(start, last + step, step, device=device))
-        if step == 1:
-            return values[:, start : start + length]
-        if self.reversed is None:
-            self.reversed = values.flip(-1)
-        first = values.shape[-1] - 1 - start  # where f(start) sits in the reversed copy
-        return self.reversed[:, first : first + length]
+            return self.evaluate(torch.arange(start, last + step, step, device=device)).to(dtype)
+        dtype = values.dtype if dtype is None else dtype
+        if (dtype, step == -1) not in self.copies:
+            cast = values.to(dtype)
+            self.copies[dtype, step == -1] = cast.flip(-1) if step == -1 else cast
+        first = start if step == 1 else values.shape[-1] - 1 - start  # where f(start) sits in the copy
+        return self.copies[dtype, step == -1][:, first : first + length]
 
-    def toeplitz(self, q_start: int, Lq: int, k_start: int, Lk: int, device: torch.device) -> Tensor:
+    def toeplitz(
+        self,
+        q_start: int,
+        Lq: int,
+        k_start: int,
+        Lk: int,
+        device: torch.device,
+        dtype: torch.dtype | None = None,
+    ) -> Tensor:
         """``f(q_pos[i] - k_pos[j])`` ``(H, Lq, Lk)`` for runs ``q_pos = q_start + arange(Lq)`` and
         ``k_pos = k_start + arange(Lk)``: row ``i`` is a falling run of lags."""
-        rows = [self.run(q_start + i - k_start, Lk, -1, device) for i in range(Lq)]
+        rows = [self.run(q_start + i - k_start, Lk, -1, device, dtype) for i in range(Lq)]
         return rows[0][:, None] if Lq == 1 else torch.stack(rows, dim=1)
 
     def evaluate(self, x: Tensor) -> Tensor:
@@ -205,11 +220,11 @@ class PositionTable:
             if n > 2 * count:
                 return None
             size = n if self.values is None else max(n, 2 * self.values.shape[-1])
-            self.values, self.reversed = self.f(torch.arange(size, device=device)), None
+            self.values, self.copies = self.f(torch.arange(size, device=device)), {}
         return self.values
 
     def _drop_if_stale(self) -> None:
         owner = self.owner
         state = tuple((t.data_ptr(), t._version, t.dtype) for t in (*owner.parameters(), *owner.buffers()))
         if self.state != state:
-            self.state, self.values, self.reversed = state, None, None
+            self.state, self.values, self.copies = state, None, {}
