@@ -296,7 +296,9 @@ def sdpa_bias_attention(
     With few queries the tile is smaller than the keys: folding would rebuild ``[k, k_lanes]`` (and
     pad ``v``) for every cached key at every step, an O(Lk D) copy as costly as the attention itself,
     while the tile is O(H Lk). Any prior fits, folding or not, and the tile is the reference's own
-    ``log_prior``. The products are taken directly rather than through SDPA: its CPU kernel would
+    ``log_prior``; on run positions (a generation's) ``log_prior_of_runs``, which priors with
+    position tables answer with a view of them, so building the tile costs nothing per key. The
+    products are taken directly rather than through SDPA: its CPU kernel would
     fall back to its slower math path whenever q/k and v differ in width, as a folding prior's
     content lanes do. Hidden keys take the lowest finite logit and get zero weight, so rows that see
     no key (or only keys with a -inf log-prior) return zeros, as on the reference route.
