@@ -282,6 +282,15 @@ def is_decode_step(q: Tensor, k: Tensor) -> bool:
     return Lq <= DECODE_QUERIES and Lq < Lk and B * H * Lq * Lk <= BIAS_TILE_CELLS
 
 
+def flash_takes(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> bool:
+    """Whether a decode step may run the CPU flash kernel with the tile as its mask: one width and
+    one head count for q, k and v, in float32 or float64 (half precision computes in float32 here),
+    and no gradient asked of the tile (the kernel's backward gives none to its mask)."""
+    same = q.shape[1] == k.shape[1] and q.shape[-1] == k.shape[-1] == v.shape[-1]
+    plain = q.dtype == k.dtype == v.dtype == bias.dtype and q.dtype in (torch.float32, torch.float64)
+    return same and plain and q.device.type == "cpu" and not (torch.is_grad_enabled() and bias.requires_grad)
+
+
 def sdpa_bias_attention(
     q: Tensor,
     k: Tensor,
@@ -318,6 +327,12 @@ def sdpa_bias_attention(
         q = q * factor
         if ssmax.scale_prior:
             bias = bias * factor
+    if visible is None and flash_takes(q, k, v, bias):
+        # Heads and widths agree (a prior that does not fold, as GGD): the CPU flash kernel takes the
+        # tile as its additive mask and reads k and v once, without a separate softmax pass.
+        B, H = q.shape[:2]
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        return flash(q, k, v, 0.0, False, attn_mask=bias.expand(B, H, Lq, Lk), scale=1.0)[0]
     logits = grouped_scores(q, k.to(dtype)) + bias
     if visible is None:
         return grouped_values(torch.softmax(logits, dim=-1), v.to(dtype)).to(v.dtype)
