@@ -21,11 +21,23 @@ each round); ``concat`` is the earlier ``extend``, swapped in for its rounds.
    as ``GPT.generate`` does; the priors take turns (the order rotates each round) and each goes on
    from its own caches, so the caches grow by ``S`` per round as in a generation. Tokens/s from the
    median step time over all rounds, and its ratio to NoPE's (issue 13's target: >= 0.9x).
+   Sections 3 and 4 time the CPU time of the thread (``time.thread_time``; run them with one
+   thread): on a shared machine wall time also counts the time other jobs hold the core.
 
     python benchmarks/decode.py            # N = 2048 4096 8192, P = 4096 16384, 3 rounds, ~6 minutes
     python benchmarks/decode.py --quick    # N = 512 1024, P = 1024, 2 rounds
     python benchmarks/decode.py --priors --json                  # P = 1k 4k 16k 32k, tiny
     python benchmarks/decode.py --priors --preset small --lengths 1024 4096
+
+4. Prefill with every prior (``--prefill``): one forward pass of a ``P``-token prompt (32k by
+   default) through each row of :data:`DECODERS`, for the ``tiny`` and ``small`` presets, no
+   gradients, as ``GPT.generate`` starts. Each pass runs in a fresh subprocess (``--one PRESET ROW
+   P``) that builds the model, warms up on a 1024-token prompt, then times the prefill and reports
+   its peak RSS (``VmHWM``); the rows take turns, the order rotating each round (one by default). A baseline
+   subprocess builds the NoPE model and warms up only, so memory is given whole and above it.
+   Ratios are to NoPE's (issue 13's targets: time <= 1.3x, memory <= 1.2x).
+
+    python benchmarks/decode.py --prefill --json                 # P = 32768, tiny and small, 1 round
 """
 
 from __future__ import annotations
@@ -34,9 +46,12 @@ import argparse
 import contextlib
 import json
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
+from attention import peak_rss_mb  # this script's directory is on sys.path
 
 from priorattn import KVCache
 from priorattn.models import GPT, preset
@@ -149,9 +164,9 @@ def prior_decode(name: str, P: int, steps: int, rounds: int) -> dict[str, float]
     for r in range(rounds):
         for row in rows[r % len(rows) :] + rows[: r % len(rows)]:
             for _ in range(steps):
-                start = time.perf_counter()
+                start = time.thread_time()
                 _, _, caches[row] = models[row](token, caches=caches[row])
-                times[row].append(time.perf_counter() - start)
+                times[row].append(time.thread_time() - start)
     return {row: statistics.median(times[row]) for row in rows}
 
 
@@ -172,6 +187,64 @@ def print_prior_decode(name: str, lengths: list[int], steps: int, rounds: int, a
         print(json.dumps(dict(preset=name, steps=steps, rounds=rounds, results=results)))
 
 
+#: Prompt length of the prefill subprocesses' warm-up (loads the kernels every route uses).
+PREFILL_WARM_UP = 1024
+
+
+@torch.no_grad()
+def prefill_one(name: str, row: str, P: int) -> None:
+    """Child process: one ``P``-token prefill of ``row`` after a short warm-up; prints seconds and
+    peak RSS as JSON. Row ``baseline`` is the NoPE model and its warm-up alone."""
+    torch.manual_seed(0)
+    model = GPT(preset(name, **DECODERS["nope" if row == "baseline" else row])).eval()
+    prompt = torch.randint(256, (1, P), generator=torch.Generator().manual_seed(0))
+    model(prompt[:, :PREFILL_WARM_UP])
+    seconds = 0.0
+    if row != "baseline":
+        start = time.thread_time()
+        model(prompt)
+        seconds = time.thread_time() - start
+    print(json.dumps(dict(seconds=seconds, peak_mb=peak_rss_mb())))
+
+
+def run_prefill(name: str, row: str, P: int) -> dict[str, float]:
+    threads = str(torch.get_num_threads())
+    cmd = [sys.executable, __file__, "--one", name, row, str(P), "--threads", threads]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def print_prefill(names: list[str], P: int, rounds: int, as_json: bool) -> None:
+    rows = list(DECODERS)
+    print(f"\n4. Prefill of a {P}-token prompt, one fresh subprocess per pass, {rounds} rounds:\n")
+    print(
+        "| preset | prior | seconds | time / nope | peak MB | above base MB | memory / nope | above / nope |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    results = []
+    for name in names:
+        baseline = run_prefill(name, "baseline", P)["peak_mb"]
+        seconds, peak = {row: [] for row in rows}, {row: [] for row in rows}
+        for r in range(rounds):
+            for row in rows[r % len(rows) :] + rows[: r % len(rows)]:
+                one = run_prefill(name, row, P)
+                seconds[row].append(one["seconds"])
+                peak[row].append(one["peak_mb"])
+        time_s = {row: statistics.median(seconds[row]) for row in rows}
+        peak_mb = {row: max(peak[row]) for row in rows}
+        above = {row: peak_mb[row] - baseline for row in rows}
+        for row in rows:
+            print(
+                f"| {name} | {row} | {time_s[row]:.1f} | {time_s[row] / time_s['nope']:.2f}x "
+                f"| {peak_mb[row]:.0f} | {above[row]:.0f} | {peak_mb[row] / peak_mb['nope']:.2f}x "
+                f"| {above[row] / above['nope']:.2f}x |",
+                flush=True,
+            )
+        results.append(dict(preset=name, baseline_mb=baseline, seconds=seconds, peak_mb=peak_mb))
+    if as_json:
+        print(json.dumps(dict(prompt=P, rounds=rounds, results=results)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short generations, a sanity run")
@@ -179,12 +252,27 @@ def main() -> None:
     parser.add_argument("--preset", default="tiny", help="section 3's model size (default tiny)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
     parser.add_argument("--steps", type=int, default=16, help="section 3: decode steps per round")
-    parser.add_argument("--rounds", type=int, default=5, help="section 3: rounds")
-    parser.add_argument("--json", action="store_true", help="section 3's results as JSON, last line")
+    parser.add_argument("--rounds", type=int, help="sections 3 and 4: rounds (default 5 and 1)")
+    parser.add_argument("--json", action="store_true", help="section 3's or 4's results as JSON, last line")
+    parser.add_argument("--prefill", action="store_true", help="section 4 only: prefill with every prior")
+    parser.add_argument("--presets", nargs="+", default=["tiny", "small"], help="section 4's model sizes")
+    parser.add_argument("--prompt", type=int, default=32768, help="section 4: prompt length")
+    parser.add_argument("--one", nargs=3, metavar=("PRESET", "ROW", "P"), help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.one:
+        name, row, P = args.one
+        prefill_one(name, row, int(P))
+        return
+    if args.prefill:
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+        print_prefill(args.presets, args.prompt, args.rounds or 1, args.json)
+        return
     if args.priors:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-        print_prior_decode(args.preset, args.lengths, args.steps, args.rounds, args.json)
+        print_prior_decode(args.preset, args.lengths, args.steps, args.rounds or 5, args.json)
         return
     generations, prompts, rounds, steps = [2048, 4096, 8192], [4096, 16384], 3, 32
     if args.quick:

@@ -256,7 +256,8 @@ class PriorMultiheadAttention(nn.Module):
         k = self.k_proj(x).view(B, L, Hkv, Dq).transpose(1, 2)  # (B, Hkv, L, Dq)
         v = self.v_proj(x).view(B, L, Hkv, D).transpose(1, 2)  # (B, Hkv, L, D)
         if self.rope is not None:
-            q, k = self.rope(q, positions), self.rope(k, positions)
+            rotations = self.rope.rotations(positions, q.dtype)  # once for q and k
+            q, k = self.rope.rotate(q, rotations), self.rope.rotate(k, rotations)
         new = KVCache(k, v, positions, doc_ids, key_padding_mask)
         cache = new if cache is None else cache.extend(new)
         y = attention(

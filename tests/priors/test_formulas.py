@@ -159,6 +159,39 @@ def test_goat_terms_stay_in_the_parameters_dtype_under_autocast():
     assert meta.log_prior(pos[0].to("meta"), pos[0].to("meta")).shape == (2, 40, 40)
 
 
+@pytest.mark.parametrize("name", ["alibi", "ggd", "ggd_negative", "goat", "goat_noslope", "sum"])
+def test_log_prior_of_runs_equals_log_prior_and_reads_table_views(name):
+    """A decode step's tile from ``log_prior_of_runs``: outside autograd views of the priors'
+    tables (a falling run of lags, the sink's rising run of keys), as the log-prior evaluated under
+    autograd; also where the tables grow, after a parameter changes, for several queries, and for
+    negative lags or far positions, which are evaluated."""
+    prior = make_prior(name, 2, seed=7)
+    runs = [(4, 1, 0, 5), (11, 3, 0, 14), (40, 1, 0, 41), (3, 2, 5, 4), (10**6, 1, 10**6 - 3, 4)]
+
+    def check():
+        for q_start, Lq, k_start, Lk in runs:
+            q_pos, k_pos = torch.arange(q_start, q_start + Lq), torch.arange(k_start, k_start + Lk)
+            expected = prior.log_prior(q_pos, k_pos)  # under autograd: evaluated
+            with torch.no_grad():
+                tile = prior.log_prior_of_runs(q_start, Lq, k_start, Lk, q_pos.device, torch.float64)
+                tile32 = prior.log_prior_of_runs(q_start, Lq, k_start, Lk, q_pos.device, torch.float32)
+            torch.testing.assert_close(tile, expected, rtol=0, atol=1e-12)
+            assert tile32.dtype == torch.float32  # the float64 prior's values, cast
+            torch.testing.assert_close(tile32, expected.float(), rtol=1e-6, atol=1e-6)
+
+    check()
+    if name in ("alibi", "ggd", "ggd_negative"):  # the whole tile is one view of the reversed table
+        with torch.no_grad():
+            tile = prior.log_prior_of_runs(40, 1, 0, 41, torch.device("cpu"), torch.float32)
+        copy = prior.by_lag.copies[torch.float32, True]
+        assert tile.untyped_storage().data_ptr() == copy.untyped_storage().data_ptr()
+    learnable = [p for p in prior.parameters() if p.requires_grad]
+    if learnable:
+        with torch.no_grad():
+            learnable[0].add_(0.25)  # an optimizer step: tables and their reversed copies are stale
+        check()
+
+
 def test_goat_without_frequencies_is_its_sink_and_slope():
     prior = GOAT(2, 0, sink_freqs=2, sink_hidden=4).double()
     with torch.no_grad():

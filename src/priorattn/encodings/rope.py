@@ -8,12 +8,6 @@ from torch import Tensor, nn
 from ..checks import describe, is_integer_tensor
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    """``[x1, x2] -> [-x2, x1]`` on the last dim: lane ``r`` pairs with lane ``r + D/2``."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
-
-
 class RoPE(nn.Module):
     """Rotate lanes ``(r, r + D/2)`` of q or k by the angle ``theta_r * p / interpolation``.
 
@@ -23,8 +17,9 @@ class RoPE(nn.Module):
     squeezes positions into the trained range (position interpolation: ``p -> p / interpolation``).
 
     Angles are formed in float64, then cast to the input's dtype: at position 10^5 a float32 angle
-    is off by ~0.01 rad. No parameters, no buffers: the frequencies are rebuilt per call in float64,
-    so ``.float()`` or ``.half()`` on a parent module cannot round them.
+    is off by ~0.01 rad. No parameters, no buffers: the frequencies are plain float64 tensors, so
+    ``.float()`` or ``.half()`` on a parent module cannot round them. A layer makes the rotations
+    of its positions once (:meth:`rotations`) and applies them to q and k (:meth:`rotate`).
     """
 
     def __init__(self, head_dim: int, base: float = 10_000.0, interpolation: float = 1.0):
@@ -38,11 +33,31 @@ class RoPE(nn.Module):
         self.head_dim = head_dim
         self.base = float(base)
         self.interpolation = float(interpolation)
+        # Per lane ``[theta, theta]`` (lanes r and r + D/2 turn together) and the sign of the sine
+        # that multiplies lane ``(r + D/2) mod D`` in a rotation: plain float64 tensors, not buffers.
+        theta = self.freqs()
+        self.lane_freqs = torch.cat([theta, theta])
+        self.sine_signs = torch.cat([-torch.ones_like(theta), torch.ones_like(theta)])
 
     def freqs(self, device: torch.device | None = None) -> Tensor:
         """``theta_r = base^(-2r / D)`` as ``(D/2,)`` float64."""
         lanes = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device)
         return self.base ** (-lanes / self.head_dim)
+
+    def rotations(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """``cos`` and signed ``sin`` per lane for integer ``positions`` ``(L,)`` or ``(B, L)``, each
+        ``(L, D)`` or ``(B, 1, L, D)`` in ``dtype``: made once for a layer's q and k."""
+        device = positions.device
+        angle = (positions.to(torch.float64) / self.interpolation)[..., None] * self.lane_freqs.to(device)
+        if angle.dim() == 3:
+            angle = angle[:, None]  # (B, 1, L, D)
+        return angle.cos().to(dtype), (angle.sin() * self.sine_signs.to(device)).to(dtype)
+
+    def rotate(self, x: Tensor, rotations: tuple[Tensor, Tensor]) -> Tensor:
+        """``x`` ``(B, H, L, D)`` rotated by :meth:`rotations`: ``[x1, x2] -> [x1 c - x2 s, x2 c + x1 s]``,
+        the halves swapped by one ``roll``."""
+        cos, signed_sin = rotations
+        return x * cos + x.roll(self.head_dim // 2, dims=-1) * signed_sin
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate ``x: (B, H, L, D)`` to integer ``positions: (L,)`` or ``(B, L)``."""
@@ -55,12 +70,7 @@ class RoPE(nn.Module):
                 f"positions must be an integer tensor of shape ({L},) or ({B}, {L}), "
                 f"got {describe(positions)}"
             )
-        angle = (positions.to(torch.float64) / self.interpolation)[..., None] * self.freqs(x.device)
-        angle = torch.cat([angle, angle], dim=-1)  # (L, D) or (B, L, D)
-        if angle.dim() == 3:
-            angle = angle[:, None]  # (B, 1, L, D)
-        cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
-        return x * cos + rotate_half(x) * sin
+        return self.rotate(x, self.rotations(positions, x.dtype))
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, base={self.base:g}, interpolation={self.interpolation:g}"

@@ -563,6 +563,15 @@ def is_decode_step(q: Tensor, k: Tensor) -> bool:
     return Lq <= DECODE_QUERIES and Lq < Lk and B * H * Lq * Lk <= BIAS_TILE_CELLS
 
 
+def flash_takes(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> bool:
+    """Whether a decode step may run the CPU flash kernel with the tile as its mask: one width and
+    one head count for q, k and v, in float32 or float64 (half precision computes in float32 here),
+    and no gradient asked of the tile (the kernel's backward gives none to its mask)."""
+    same = q.shape[1] == k.shape[1] and q.shape[-1] == k.shape[-1] == v.shape[-1]
+    plain = q.dtype == k.dtype == v.dtype == bias.dtype and q.dtype in (torch.float32, torch.float64)
+    return same and plain and q.device.type == "cpu" and not (torch.is_grad_enabled() and bias.requires_grad)
+
+
 def sdpa_bias_attention(
     q: Tensor,
     k: Tensor,
@@ -577,23 +586,34 @@ def sdpa_bias_attention(
     With few queries the tile is smaller than the keys: folding would rebuild ``[k, k_lanes]`` (and
     pad ``v``) for every cached key at every step, an O(Lk D) copy as costly as the attention itself,
     while the tile is O(H Lk). Any prior fits, folding or not, and the tile is the reference's own
-    ``log_prior``. The products are taken directly rather than through SDPA: its CPU kernel would
+    ``log_prior``; on run positions (a generation's) ``log_prior_of_runs``, which priors with
+    position tables answer with a view of them, so building the tile costs nothing per key. The
+    products are taken directly rather than through SDPA: its CPU kernel would
     fall back to its slower math path whenever q/k and v differ in width, as a folding prior's
     content lanes do. Hidden keys take the lowest finite logit and get zero weight, so rows that see
     no key (or only keys with a -inf log-prior) return zeros, as on the reference route.
     """
-    Lq = q.shape[2]
+    Lq, Lk = q.shape[2], k.shape[2]
     dtype = compute_dtype(q.dtype)
-    bias = prior.log_prior(masking.q_pos, masking.k_pos).to(dtype)  # (B or 1, H, Lq, Lk)
+    if masking.starts is None:
+        bias = prior.log_prior(masking.q_pos, masking.k_pos).to(dtype)  # (B or 1, H, Lq, Lk)
+    else:  # positions are runs (a generation's): the prior's tables give views, no work per key
+        bias = prior.log_prior_of_runs(masking.q_start, Lq, masking.k_start, Lk, q.device, dtype)
     # The usual step, one newest query under a plain causal mask, sees every key: nothing to hide.
     visible = None if masking.plain_causal and Lq == 1 else masking.visible()  # (B or 1, 1, Lq, Lk)
     q = q.to(dtype) * scale
     if ssmax is not None:
-        counts = torch.full((1, 1), k.shape[2]) if visible is None else visible.sum(-1)[:, 0]
+        counts = torch.full((1, 1), Lk) if visible is None else visible.sum(-1)[:, 0]
         factor = ssmax.factor(counts.to(q.device)).to(dtype)  # (B or 1, H, Lq, 1)
         q = q * factor
         if ssmax.scale_prior:
             bias = bias * factor
+    if visible is None and flash_takes(q, k, v, bias):
+        # Heads and widths agree (a prior that does not fold, as GGD): the CPU flash kernel takes the
+        # tile as its additive mask and reads k and v once, without a separate softmax pass.
+        B, H = q.shape[:2]
+        flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        return flash(q, k, v, 0.0, False, attn_mask=bias.expand(B, H, Lq, Lk), scale=1.0)[0]
     logits = grouped_scores(q, k.to(dtype)) + bias
     if visible is None:
         return grouped_values(torch.softmax(logits, dim=-1), v.to(dtype)).to(v.dtype)

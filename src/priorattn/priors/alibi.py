@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .base import FoldLanes, Prior, alibi_slopes, per_head, relative_positions
+from .base import FoldLanes, PositionTable, Prior, alibi_slopes, per_head, relative_positions
 
 
 class ALiBi(Prior):
@@ -25,6 +25,7 @@ class ALiBi(Prior):
         self.register_buffer(
             "slopes", slopes if slopes.is_floating_point() else slopes.to(torch.get_default_dtype())
         )
+        self.by_lag = PositionTable(self, self.of_lag)
 
     @property
     def is_relative(self) -> bool:
@@ -33,6 +34,15 @@ class ALiBi(Prior):
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         distance = relative_positions(q_pos, k_pos, self.slopes.dtype).abs()
         return -per_head(self.slopes) * distance
+
+    def log_prior_of_runs(
+        self, q_start: int, Lq: int, k_start: int, Lk: int, device: torch.device, dtype: torch.dtype
+    ) -> Tensor:
+        return self.by_lag.toeplitz(q_start, Lq, k_start, Lk, device, dtype)
+
+    def of_lag(self, lag: Tensor) -> Tensor:
+        """``-m_h |d|`` at lags ``d`` ``(n,)``, ``(H, n)``."""
+        return -self.slopes[:, None] * lag.to(self.slopes.dtype).abs()
 
     def can_fold(self, causal: bool) -> bool:
         return causal

@@ -4,7 +4,7 @@ A prior is a small ``nn.Module`` that knows its log-prior ``K_h(i, j)`` over que
 Attention routes ask it for what they need:
 
 - ``log_prior(q_pos, k_pos)``: the dense definition, ``(..., H, Lq, Lk)``. Every route is tested
-  against it.
+  against it. ``log_prior_of_runs`` is the same on positions that are runs (a decode step's).
 - ``fold(q_pos, k_pos)``: the log-prior in bilinear form, :class:`FoldLanes` (q/k lanes plus
   key-only terms and a key-linear slope), equal to it up to a per-query constant (softmax ignores
   those), so one unmodified SDPA call can apply it (seed 000 Eq. 17-24). Only priors with
@@ -59,6 +59,16 @@ class Prior(nn.Module):
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """Dense log-prior ``(..., H, Lq, Lk)`` for integer positions ``(..., Lq)`` and ``(..., Lk)``."""
         raise NotImplementedError
+
+    def log_prior_of_runs(
+        self, q_start: int, Lq: int, k_start: int, Lk: int, device: torch.device, dtype: torch.dtype
+    ) -> Tensor:
+        """:meth:`log_prior` ``(H or 1, Lq, Lk)`` of positions ``q_start + arange(Lq)`` and
+        ``k_start + arange(Lk)``, cast to ``dtype``. A decode step over a cache of run positions asks
+        for this: priors whose terms sit in a :class:`PositionTable` return views of it instead of
+        reading it per key."""
+        q_pos = torch.arange(q_start, q_start + Lq, device=device)
+        return self.log_prior(q_pos, torch.arange(k_start, k_start + Lk, device=device)).to(dtype)
 
     @property
     def is_relative(self) -> bool:
@@ -153,41 +163,87 @@ class PositionTable:
 
     A decode step asks a prior for its terms at every cached key although one key is new and the
     parameters stay fixed while generating; these terms depend on positions only, so outside
-    autograd they are read from the table by index and ``f`` runs once per new position (the table
-    doubles when a position passes its end). It is rebuilt when a parameter or buffer of ``owner``
+    autograd they are read from the table and ``f`` runs once per new position (the table doubles
+    when a position passes its end). It is rebuilt when a parameter or buffer of ``owner``
     changes, in place (an optimizer step) or replaced. ``f`` is evaluated as before under autograd,
     ``torch.compile``, off the CPU (reading the positions' range would wait for the device), at
     negative integers, and for a few far positions (a table reaching them would cost more than
     they do: it is built only up to twice the number of integers asked for).
 
     ``f`` maps integers ``(n,)`` to per-head values ``(H, n)``; a read returns ``(H, *x.shape)``.
+    A :meth:`run` of consecutive integers, rising or falling, is a view of the table (a falling
+    one of its reversed copy, and in another dtype of a cast copy, each made once per table): no
+    work per integer at all.
     """
 
     def __init__(self, owner: nn.Module, f: Callable[[Tensor], Tensor]):
         self.owner, self.f = owner, f
         self.state: tuple | None = None  # what the table was computed from
         self.values: Tensor | None = None  # f(arange(n)), (H, n)
+        self.copies: dict[tuple[torch.dtype, bool], Tensor] = {}  # (dtype, reversed) -> values cast, flipped
 
     def __call__(self, x: Tensor) -> Tensor:
-        if torch.is_grad_enabled() or torch.compiler.is_compiling() or x.device.type != "cpu":
+        if not self._keeps(x.device) or x.numel() == 0 or int(x.min()) < 0:
             return self.evaluate(x)
-        if x.numel() == 0 or int(x.min()) < 0:
+        values = self._covering(int(x.max()) + 1, x.numel(), x.device)
+        if values is None:
             return self.evaluate(x)
-        n = int(x.max()) + 1
-        self._drop_if_stale()
-        if self.values is None or self.values.shape[-1] < n:
-            if n > 2 * x.numel():
-                return self.evaluate(x)
-            size = n if self.values is None else max(n, 2 * self.values.shape[-1])
-            self.values = self.f(torch.arange(size, device=x.device))
         # index_select: several times faster than advanced indexing ``values[:, x]``
-        return self.values.index_select(1, x.flatten()).unflatten(-1, x.shape)
+        return values.index_select(1, x.flatten()).unflatten(-1, x.shape)
+
+    def run(
+        self, start: int, length: int, step: int, device: torch.device, dtype: torch.dtype | None = None
+    ) -> Tensor:
+        """``f(start), f(start + step), ...``: ``length`` integers, ``step`` 1 or -1, as ``(H, length)``
+        in ``dtype`` (default ``f``'s)."""
+        last = start + step * (length - 1)
+        values = None
+        if self._keeps(device) and length > 0 and min(start, last) >= 0:
+            values = self._covering(max(start, last) + 1, length, device)
+        if values is None:
+            return self.evaluate(torch.arange(start, last + step, step, device=device)).to(dtype)
+        dtype = values.dtype if dtype is None else dtype
+        if (dtype, step == -1) not in self.copies:
+            cast = values.to(dtype)
+            self.copies[dtype, step == -1] = cast.flip(-1) if step == -1 else cast
+        first = start if step == 1 else values.shape[-1] - 1 - start  # where f(start) sits in the copy
+        return self.copies[dtype, step == -1][:, first : first + length]
+
+    def toeplitz(
+        self,
+        q_start: int,
+        Lq: int,
+        k_start: int,
+        Lk: int,
+        device: torch.device,
+        dtype: torch.dtype | None = None,
+    ) -> Tensor:
+        """``f(q_pos[i] - k_pos[j])`` ``(H, Lq, Lk)`` for runs ``q_pos = q_start + arange(Lq)`` and
+        ``k_pos = k_start + arange(Lk)``: row ``i`` is a falling run of lags."""
+        rows = [self.run(q_start + i - k_start, Lk, -1, device, dtype) for i in range(Lq)]
+        return rows[0][:, None] if Lq == 1 else torch.stack(rows, dim=1)
 
     def evaluate(self, x: Tensor) -> Tensor:
         return self.f(x.flatten()).unflatten(-1, x.shape)
+
+    @staticmethod
+    def _keeps(device: torch.device) -> bool:
+        """Whether a table may be kept: see the class docstring."""
+        return not torch.is_grad_enabled() and not torch.compiler.is_compiling() and device.type == "cpu"
+
+    def _covering(self, n: int, count: int, device: torch.device) -> Tensor | None:
+        """The table, grown to hold ``f(0 .. n - 1)`` at least, or None when ``n`` is too far for
+        ``count`` integers asked for."""
+        self._drop_if_stale()
+        if self.values is None or self.values.shape[-1] < n:
+            if n > 2 * count:
+                return None
+            size = n if self.values is None else max(n, 2 * self.values.shape[-1])
+            self.values, self.copies = self.f(torch.arange(size, device=device)), {}
+        return self.values
 
     def _drop_if_stale(self) -> None:
         owner = self.owner
         state = tuple((t.data_ptr(), t._version, t.dtype) for t in (*owner.parameters(), *owner.buffers()))
         if self.state != state:
-            self.state, self.values = state, None
+            self.state, self.values, self.copies = state, None, {}

@@ -57,6 +57,11 @@ class GGD(Prior):
         lag = q_pos[..., :, None] - k_pos[..., None, :]  # (..., Lq, Lk)
         return self.by_lag(lag).movedim(0, -3)  # (..., H, Lq, Lk)
 
+    def log_prior_of_runs(
+        self, q_start: int, Lq: int, k_start: int, Lk: int, device: torch.device, dtype: torch.dtype
+    ) -> Tensor:
+        return self.by_lag.toeplitz(q_start, Lq, k_start, Lk, device, dtype)
+
     def of_lag(self, lag: Tensor) -> Tensor:
         """``b`` at lags ``d = i - j`` ``(n,)``, ``(H, n)``."""
         offset = -lag.to(self.theta_alpha.dtype)  # j - i

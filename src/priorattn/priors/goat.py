@@ -176,6 +176,14 @@ class GOAT(Prior):
             K = K + self.sink(k_pos)[..., :, None, :]
         return K
 
+    def log_prior_of_runs(
+        self, q_start: int, Lq: int, k_start: int, Lk: int, device: torch.device, dtype: torch.dtype
+    ) -> Tensor:
+        if self.sink is None:
+            return self.by_lag.toeplitz(q_start, Lq, k_start, Lk, device, dtype)
+        K = self.by_lag.toeplitz(q_start, Lq, k_start, Lk, device)  # (H, Lq, Lk)
+        return (K + self.sink.by_position.run(k_start, Lk, 1, device)[:, None, :]).to(dtype)
+
     def relative(self, lag: Tensor) -> Tensor:
         """Terms of lag ``d = i - j``, ``(H, n)``: ``sum_r alpha cos(w_r d) + beta sin(w_r d) - m |d|``."""
         cos, sin = phases(lag, self.freqs)  # (n, R)
