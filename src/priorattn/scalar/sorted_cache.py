@@ -50,7 +50,7 @@ EXP_FLOOR = -80.0
 #: Row tables and sorted arrays grow by this factor when full: amortized O(1) copies per insert
 #: with at most 25% slack.
 GROWTH = 1.25
-#: A merge copies the old entries run by run (one copy per new entry) when the old entries outnumber
+#: A merge moves the old entries in place, run by run (one copy per new entry), when they outnumber
 #: the new ones this many times (a buffer into a long array), and through boolean masks otherwise.
 SEGMENTS_PER_ENTRY = 256
 
@@ -341,29 +341,36 @@ def _merge_sorted(
     out_rows: Tensor,
 ) -> None:
     """Merge new entries (sorted, ``before`` from ``_insertion_points``) into the sorted arrays,
-    writing ``out_keys`` and ``out_rows`` (length n + m) in O(n + m)."""
-    n, m = keys.shape[0], new_keys.shape[0]
-    places = (before + torch.arange(m)).numpy()  # each new entry's place among old and new
-    if m * SEGMENTS_PER_ENTRY <= n:
-        # A buffer into a long array: the old entries between two insertion points move as one
-        # contiguous copy, shifted by the new entries before them (m + 1 copies at memory speed;
-        # 3x faster than the masks below at n = 1e6, m = 256: docs/scalar_decoding.md).
-        bounds = [0, *before.tolist(), n]
-        for old, new, out in ((keys, new_keys, out_keys), (rows, new_rows, out_rows)):
-            source, target = _raw(old), _raw(out)
-            for j in range(m + 1):
-                target[bounds[j] + j : bounds[j + 1] + j] = source[bounds[j] : bounds[j + 1]]
-            target[places] = _raw(new)
-        return
-    # Many new entries (a prefill): the old entries fill the places the new ones leave, in order:
-    # two boolean-mask copies per array, O(n + m) moves and no per-entry Python loop.
-    is_new = np.zeros(n + m, dtype=bool)
-    is_new[places] = True
+    writing ``out_keys`` and ``out_rows`` (length n + m) in O(n + m), for a bulk append (a prefill):
+    the old entries fill the places the new ones leave, in order, with two boolean-mask copies per
+    array and no per-entry Python loop."""
+    is_new = np.zeros(keys.shape[0] + new_keys.shape[0], dtype=bool)
+    is_new[(before + torch.arange(new_keys.shape[0])).numpy()] = True
     is_old = ~is_new
     for old, new, out in ((keys, new_keys, out_keys), (rows, new_rows, out_rows)):
         out = _raw(out)
         out[is_new] = _raw(new)
         out[is_old] = _raw(old)
+
+
+def _insert_in_place(
+    keys: Tensor, rows: Tensor, n: int, new_keys: Tensor, new_rows: Tensor, before: Tensor
+) -> None:
+    """Insert new entries (sorted, ``before`` from ``_insertion_points``) into sorted arrays that
+    hold ``n`` entries and have room for the new ones, in place, for a buffer into a long array:
+    the old entries between two insertion points move as one contiguous copy, right by the number
+    of new entries before them, the last run first. m + 1 copies at memory speed, no mask and no
+    new array: 1.5x faster than ``_merge_sorted`` at n = 1e6, m = 256 (docs/scalar_decoding.md)."""
+    m = new_keys.shape[0]
+    places = (before + torch.arange(m)).numpy()  # each new entry's place among old and new
+    starts = before.tolist()
+    for array, new in ((keys, new_keys), (rows, new_rows)):
+        target, end = _raw(array), n
+        for j in range(m - 1, -1, -1):
+            # NumPy copies overlapping slices as if through a buffer (memmove).
+            target[starts[j] + j + 1 : end + j + 1] = target[starts[j] : end]
+            end = starts[j]
+        target[places] = _raw(new)
 
 
 def _raw(t: Tensor) -> np.ndarray:
@@ -440,7 +447,6 @@ class SortedScalarCache:
         self._buf_rows = torch.empty(num_key_heads, buffer_size, dtype=torch.int32)
         self._orders = [_KeyOrder(self._buf_keys[h], self._buf_rows[h]) for h in range(num_key_heads)]
         self._pack()
-        self._spare: tuple[Tensor, Tensor] | None = None  # the arrays the next merge writes
         # The range of the queries of the last `recent` steps, per key head (geometric eviction).
         recent = eviction.recent if eviction is not None else 0
         self._recent_lo = torch.empty(num_key_heads, recent, dtype=dtype)
@@ -462,7 +468,7 @@ class SortedScalarCache:
     def nbytes(self) -> int:
         """Bytes allocated by the cache (row tables at capacity, sorted arrays, buffers)."""
         total = sum(t.nbytes for t in self._store.tensors())
-        packed = (self._keys, self._rows, self._last, self._buf_keys, self._buf_rows, *(self._spare or ()))
+        packed = (self._keys, self._rows, self._last, self._buf_keys, self._buf_rows)
         return total + sum(t.nbytes for t in (*packed, self._recent_lo, self._recent_hi))
 
     def _pack(self) -> None:
@@ -552,37 +558,33 @@ class SortedScalarCache:
         self._merge_buffers(self._buf_keys[:, :0], self._buf_rows[:, :0])
 
     def _merge_buffers(self, more_keys: Tensor, more_rows: Tensor) -> None:
-        """Merge each key head's buffer and ``more_keys (Hk, L)`` into the packed sorted arrays.
-
-        The merge writes into a spare pair of arrays (the ones the previous merge read), so that it
-        allocates nothing while the entries fit: new arrays, with room for ``GROWTH`` times the
-        entries, only as often as the row tables grow (amortized O(1) per token)."""
+        """Merge each key head's buffer and ``more_keys (Hk, L)`` into the packed sorted arrays: in
+        place while the new entries are few and fit in the arrays' +inf padding, else into new
+        arrays with room for ``GROWTH`` times the entries (amortized O(1) copies per token)."""
         buffered = self._orders[0].buf_len
         new_keys = torch.cat([self._buf_keys[:, :buffered], more_keys], dim=1)
         new_rows = torch.cat([self._buf_rows[:, :buffered], more_rows], dim=1)
-        lengths = [order.keys.shape[0] + new_keys.shape[1] for order in self._orders]
-        if self._spare is None or max(lengths) > self._spare[0].shape[1]:
-            fits = max(lengths) <= self._keys.shape[1]  # then a spare like the current arrays
-            width = self._keys.shape[1] if fits else max(1, int(max(lengths) * GROWTH))
-            self._spare = (
-                torch.full((self.num_key_heads, width), math.inf, dtype=self.dtype),
-                torch.zeros(self.num_key_heads, width, dtype=torch.int32),
-            )
-        keys, rows = self._spare
+        m = new_keys.shape[1]
+        lengths = [order.keys.shape[0] + m for order in self._orders]
+        in_place = max(lengths) <= self._keys.shape[1] and m * SEGMENTS_PER_ENTRY <= min(lengths) - m
+        if in_place:
+            keys, rows = self._keys, self._rows
+        else:
+            width = max(1, int(max(lengths) * GROWTH))
+            keys = torch.full((self.num_key_heads, width), math.inf, dtype=self.dtype)
+            rows = torch.zeros(self.num_key_heads, width, dtype=torch.int32)  # +inf keys keep rows sorted
         for h, (order, n) in enumerate(zip(self._orders, lengths)):
             positions = self._store.positions[self._group(h)]
             sorted_new = _insertion_points(order.keys, order.rows, new_keys[h], new_rows[h], positions)
-            _merge_sorted(order.keys, order.rows, *sorted_new, keys[h, :n], rows[h, :n])
+            if in_place:
+                _insert_in_place(keys[h], rows[h], n - m, *sorted_new)
+            else:
+                _merge_sorted(order.keys, order.rows, *sorted_new, keys[h, :n], rows[h, :n])
             order.keys, order.rows, order.buf_len = keys[h, :n], rows[h, :n], 0
-        # The arrays just read are the next spare: their keys are +inf (the padding that keeps a row
-        # sorted) beyond lengths no longer than the next merge writes, as entries only accumulate
-        # without eviction and merging (which repack the arrays and drop the spare below).
-        self._spare = (self._keys, self._rows) if self._keys.shape == keys.shape else None
         self._set_packed(keys, rows, lengths)
         if self.eviction is not None or self.merge is not None:
             self._apply_policies()
             self._pack()
-            self._spare = None
         self._relayout()
 
     def _relayout(self) -> None:
