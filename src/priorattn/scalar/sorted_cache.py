@@ -19,8 +19,8 @@ then need no copy of a value per head, and keeping the order sorted moves 8 byte
 of a whole value row. New entries go to a small unsorted append buffer whose entries all join
 every window; when it holds ``buffer_size`` entries it is sorted and merged into the sorted array
 in one O(n) pass, in place (the old entries move run by run into the array's padding). A step
-costs O(log n + window + buffer_size) scalar reads and ``window + buffer_size`` row reads at most; an insert costs O(1) plus an amortized
-O(n / buffer_size) share of the merges (the seed's O(log n) insertion needs a tree; in a flat
+costs O(log n + window + buffer_size) scalar reads and ``window + buffer_size`` row reads at most;
+an insert costs O(1) plus an amortized O(n / buffer_size) share of the merges (the seed's O(log n) insertion needs a tree; in a flat
 tensor each insertion would shift O(n) entries). Measured costs: docs/scalar_decoding.md.
 """
 
