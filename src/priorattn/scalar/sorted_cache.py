@@ -20,8 +20,9 @@ of a whole value row. New entries go to a small unsorted append buffer whose ent
 every window; when it holds ``buffer_size`` entries it is sorted and merged into the sorted array
 in one O(n) pass, in place (the old entries move run by run into the array's padding). A step
 costs O(log n + window + buffer_size) scalar reads and ``window + buffer_size`` row reads at most;
-an insert costs O(1) plus an amortized O(n / buffer_size) share of the merges (the seed's O(log n) insertion needs a tree; in a flat
-tensor each insertion would shift O(n) entries). Measured costs: docs/scalar_decoding.md.
+an insert costs O(1) plus an amortized O(n / buffer_size) share of the merges (the seed's
+O(log n) insertion needs a tree; in a flat tensor each insertion would shift O(n) entries).
+Measured costs: docs/scalar_decoding.md.
 """
 
 from __future__ import annotations
