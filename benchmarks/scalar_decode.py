@@ -46,7 +46,7 @@ docs/scalar_decoding.md).
 Measured at n = 1e6 (docs/scalar_decoding.md, third session; one thread, load 3-9): under
 ``--tau-scaling length`` both caches hold all the mass (exact min 1.000000 at window 512 and 1024).
 Seed 002's target (>= 100x the dense step, mass >= 0.99999) is met by the hybrid cache at window
-1024 (161.3x) and by the pure scalar cache at window 512 (123.6x, 127.0x); the pure scalar cache at
+1024 (139.9x, 161.3x) and by the pure scalar cache at window 512 (123.6x, 127.0x); the pure scalar cache at
 window 1024 is at the border (96-105x over eight runs, 98x on a quiet machine). Under the models'
 own tau (0.074) neither meets it: a window of 1024 holds 0.0066 of the mass at worst, as a query
 needs 2-3e5 keys for 99.9%.
