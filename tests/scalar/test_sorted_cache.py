@@ -203,6 +203,32 @@ def test_a_step_reads_log_n_plus_window_plus_buffer_keys_not_n():
     assert step.rows_read == 2 * (window + 10)  # the window's sorted entries and the whole buffer
 
 
+def test_a_buffer_merged_run_by_run_in_place_sorts_as_one_bulk_merge():
+    # 2048 entries, buffers of 8: each merge moves the old entries run by run (8 x 256 <= 2048) in
+    # place, into the arrays' padding (no allocation); keys on a coarse grid, so ties abound.
+    n, buffer_size, more = 2048, 8, 40
+    k_s = torch.randint(-20, 21, (n + more, 2)).to(F64) / 4
+    v = torch.randn(n + more, 2, 3, dtype=F64)
+    cache = SortedScalarCache(2, 2, 3, buffer_size=buffer_size, dtype=F64)
+    cache.append(k_s[:n], v[:n])
+    pointers = set()
+    for t in range(n, n + more):
+        cache.append(k_s[t], v[t])
+        pointers.add(cache._keys.data_ptr())
+    assert len(pointers) == 1  # the prefill's arrays, with room for 1.25 x 2048 entries
+    bulk = SortedScalarCache(2, 2, 3, buffer_size=buffer_size, dtype=F64)
+    bulk.append(k_s, v)
+    for h in range(2):
+        for a, b in zip(cache.entries(h), bulk.entries(h)):
+            assert torch.equal(a, b)
+    q_s = torch.tensor([0.25, -1.0], dtype=F64)
+    for window in (1, 16, n + more):
+        torch.testing.assert_close(
+            cache.decode(q_s, 0.1, window).output, bulk.decode(q_s, 0.1, window).output
+        )
+    torch.testing.assert_close(cache.decode(q_s, 0.1, n + more).output, reference(q_s, 0.1, k_s, v))
+
+
 def test_geometric_eviction_keeps_the_range_of_recent_queries_and_the_sink_zone():
     n = 2000
     k_s, v, _ = tokens(n, 1, 1, 4, None, spread=10.0)
