@@ -23,17 +23,18 @@ the logits back through it, so every prior parameter gets its gradient without c
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..priors import Prior
 from ..ssmax import Scaling
 from .grouped import grouped, grouped_scores, grouped_values
+from .lag_flash import anti_diagonal_sums, lag_flash_applies, lag_flash_attention
 from .masks import Masking
-from .prior_inputs import centred_keys, slope_span, split_prior
+from .prior_inputs import centred_keys, lag_table, slope_span, split_prior
 from .reference import compute_dtype
 from .spans import cut, key_spans, visible_counts
 
@@ -147,14 +148,10 @@ KEY_BIAS, SLOPE, TABLE, ROW_SCALE = range(4)
 def diagonal_sums(x: Tensor) -> Tensor:
     """``s[..., d] = sum over i - j = d - (m - 1) of x[..., i, j]``: ``(..., n, m) -> (..., n + m - 1)``.
 
-    The gradient of a Toeplitz block with respect to the lag table it was read from. Padding each
-    row with ``n`` zeros on the left and reading the flat buffer with rows one longer shifts row
-    ``i`` left by ``i``, so column ``n + j - i`` collects one diagonal.
+    The gradient of a Toeplitz block with respect to the lag table it was read from: with the keys
+    reversed, ``j' = m - 1 - j``, its diagonals are anti-diagonals.
     """
-    n, m = x.shape[-2:]
-    padded = F.pad(x, (n, 0, 0, 1)).flatten(-2)[..., : n * (n + m + 1)]
-    columns = padded.view(*x.shape[:-2], n, n + m + 1).sum(-2)  # column n + j - i
-    return columns[..., 1 : n + m].flip(-1)
+    return anti_diagonal_sums(x.flip(-1))
 
 
 def sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
@@ -254,6 +251,13 @@ def memeff_attention(
     spans = key_spans(masking) if masking.masks_anything and not masking.plain_causal else None
     factor = None if ssmax is None else ssmax.factor(visible_counts(masking, spans)).to(dtype)
     scale_prior = ssmax is not None and ssmax.scale_prior
+    if (prior is None or prior.is_relative) and lag_flash_applies(
+        masking, q, v, scale_prior and prior is not None
+    ):
+        content = split_prior(q.to(dtype), k.to(dtype), None, masking, scale, factor, scale_prior)
+        table = None if prior is None else lag_table(prior, masking).to(dtype)
+        blocks = functools.partial(key_blocks, masking, spans)
+        return lag_flash_attention(content.q, content.k, v.to(dtype), table, masking, blocks).to(v.dtype)
     inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, scale_prior)
     span = None if inputs.slope is None else slope_span(inputs.slope, dtype)
     plan = Plan(

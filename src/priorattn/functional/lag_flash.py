@@ -1,0 +1,252 @@
+"""The blockwise route's fast path: a lag table through PyTorch's fused CPU flash kernel.
+
+When a call's bias depends on the lag ``i - j`` only (a relative prior's table, or no prior) and so
+do its masks (causal order, a sliding window), both fit in one table: the prior's values with
+-inf at the lags no query may see. Read with the keys in reverse order, a block of it is a Hankel
+view (``toeplitz_tile``) that the kernel ``_scaled_dot_product_flash_attention_for_cpu`` accepts as
+its additive mask without a copy. Each block of query rows calls the kernel once, against the keys
+its rows can see (``key_blocks``: a causal block skips the keys after its last query).
+
+Backward, when the table needs no gradient, the kernel's own backward runs per block. When it does,
+the gradient of a lag is the sum of ``dS = P (dP - delta)`` along its diagonal, which needs P and
+dP cell by cell: small tiles (one head, :data:`TILE_ROWS` rows, their visible keys) rebuild them,
+with ``delta`` summed from the tile's own ``P dP`` so that a row with one weight of exactly 1 gets
+``dS = 0`` exactly (see ``BlockwiseAttention.backward``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .masks import Masking
+
+flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+#: Query rows per tile of the table's backward: few enough that a tile's weights (rows x keys of
+#: one head) stay in the core's cache between the products that use them.
+TILE_ROWS = 64
+#: Query rows per call of the flash kernel: a causal call also computes the hidden upper triangle
+#: of its newest keys, ``FLASH_ROWS / L`` of its work.
+FLASH_ROWS = 256
+
+
+def lag_flash_applies(masking: Masking, q: Tensor, v: Tensor, scale_prior: bool) -> bool:
+    """Whether :func:`lag_flash_attention` computes this call: a CPU call outside ``torch.compile``,
+    positions one run shared by the batch, masks on lags only, the bias not scaled per row, equal
+    q/k and v head widths (the kernel's requirement)."""
+    return (
+        q.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and masking.starts is not None
+        and masking.q_doc is None
+        and masking.key_padding is None
+        and not scale_prior
+        and q.shape[-1] == v.shape[-1]
+    )
+
+
+def masked_table(table: Tensor | None, masking: Masking, dtype: torch.dtype) -> Tensor:
+    """``(H or 1, Lq + Lk - 1)``: the lag table (zeros without a prior) with -inf at hidden lags."""
+    Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
+    lags = (
+        masking.q_start - (masking.k_start + Lk - 1) + torch.arange(Lq + Lk - 1, device=masking.q_pos.device)
+    )
+    if table is None:
+        table = torch.zeros(1, Lq + Lk - 1, dtype=dtype, device=lags.device)
+    return table.masked_fill(~masking.lag_visible(lags), float("-inf"))
+
+
+def empty_rows(table: Tensor, Lk: int) -> Tensor | None:
+    """``(H or 1, Lq)`` bool: rows whose every logit is -inf, or None when there are none.
+
+    Row i reads table entries ``i .. i + Lk - 1``. The kernel gives such a row zeros; the tiles'
+    softmax would give NaN, so the backward zeroes their weights.
+    """
+    finite = F.pad(torch.isfinite(table).long().cumsum(-1), (1, 0))
+    empty = finite[:, Lk:] == finite[:, :-Lk]
+    return empty if bool(empty.any()) else None
+
+
+def hankel_mask(table: Tensor, B: int, H: int, rows: slice, cols: slice, Lk: int) -> Tensor:
+    """``(B, H, lq, lk)`` view of ``table``: query ``rows`` against keys ``cols`` taken in reverse order.
+
+    Cell ``(i, j')`` reads ``hankel_start + i + j'`` (see ``toeplitz_tile``); batch and a one-row
+    table broadcast with stride 0.
+    """
+    head_stride = table.stride(0) if table.shape[0] > 1 else 0
+    shape = (B, H, rows.stop - rows.start, cols.stop - cols.start)
+    offset = table.storage_offset() + rows.start - cols.stop + Lk
+    return table.as_strided(shape, (0, head_stride, 1, 1), offset)
+
+
+def reversed_keys(x: Tensor, H: int) -> Tensor:
+    """``(B, Hkv, Lk, D) -> (B, H, Lk, D)`` with the keys in reverse order (and each shared head repeated)."""
+    return x.repeat_interleave(H // x.shape[1], dim=1).flip(2)
+
+
+def reversed_cols(cols: slice, Lk: int) -> slice:
+    """Where key columns ``cols`` lie among the reversed keys."""
+    return slice(Lk - cols.stop, Lk - cols.start)
+
+
+def shifted_row_sums(padded: Tensor) -> Tensor:
+    """Anti-diagonal sums of ``x`` ``(..., n, m)`` from its rows padded with ``n`` zeros on the right,
+    ``padded = [x, 0]`` ``(..., n, m + n)`` (contiguous): ``(..., n + m - 1)``.
+
+    Read with rows one shorter, the flat buffer shifts row ``i`` right by ``i``, so column ``i + j``
+    collects ``x[..., i, j]``.
+    """
+    n, width = padded.shape[-2:]
+    flat = padded.flatten(-2)[..., : n * (width - 1)]
+    return flat.view(*padded.shape[:-2], n, width - 1).sum(-2)
+
+
+def anti_diagonal_sums(x: Tensor) -> Tensor:
+    """``s[..., c] = sum over i + j = c of x[..., i, j]``: ``(..., n, m) -> (..., n + m - 1)``; the
+    gradient of a Hankel view with respect to the table it reads."""
+    return shifted_row_sums(F.pad(x, (0, x.shape[-2])))
+
+
+class LagTableFlash(torch.autograd.Function):
+    """Flash attention with a Hankel-viewed lag table as its bias (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx, blocks, q, k, v, table):
+        """``blocks(step)``: query rows in runs of ``step`` and the key columns they see."""
+        B, H, Lq, _ = q.shape
+        Lk = k.shape[2]
+        k_rev, v_rev = reversed_keys(k, H), reversed_keys(v, H)
+        out = q.new_zeros(B, H, Lq, v.shape[-1])  # rows that see no key stay 0
+        log_sum_exp = q.new_empty(B, H, Lq)
+        for rows, cols in blocks(FLASH_ROWS):
+            keys = reversed_cols(cols, Lk)
+            mask = hankel_mask(table, B, H, rows, cols, Lk)
+            out[:, :, rows], log_sum_exp[:, :, rows] = flash(
+                q[:, :, rows], k_rev[:, :, keys], v_rev[:, :, keys], 0.0, False, attn_mask=mask, scale=1.0
+            )
+        ctx.blocks, ctx.Hkv = blocks, k.shape[1]
+        ctx.save_for_backward(q, k_rev, v_rev, table, out, log_sum_exp)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k_rev, v_rev, table, out, log_sum_exp = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        if ctx.needs_input_grad[4]:
+            dq, dk_rev, dv_rev, d_table = table_backward(
+                ctx.blocks(TILE_ROWS), grad_out, q, k_rev, v_rev, table, log_sum_exp
+            )
+        else:
+            dq, dk_rev, dv_rev = kernel_backward(
+                ctx.blocks(FLASH_ROWS), grad_out, q, k_rev, v_rev, table, out, log_sum_exp
+            )
+            d_table = None
+        B, H, Lk, D = dk_rev.shape
+        dk, dv = (g.flip(2).view(B, ctx.Hkv, H // ctx.Hkv, Lk, -1).sum(2) for g in (dk_rev, dv_rev))
+        return None, dq, dk, dv, d_table
+
+
+def kernel_backward(blocks, grad_out, q, k_rev, v_rev, table, out, log_sum_exp):
+    """``dq, dk, dv`` (keys reversed) from the kernel's own backward, block by block."""
+    B, H, Lk, _ = k_rev.shape
+    dq, dk_rev, dv_rev = torch.zeros_like(q), torch.zeros_like(k_rev), torch.zeros_like(v_rev)
+    for rows, cols in blocks:
+        keys = reversed_cols(cols, Lk)
+        dq[:, :, rows], dk_block, dv_block = flash_backward(
+            grad_out[:, :, rows],
+            q[:, :, rows],
+            k_rev[:, :, keys],
+            v_rev[:, :, keys],
+            out[:, :, rows],
+            log_sum_exp[:, :, rows],
+            0.0,
+            False,
+            attn_mask=hankel_mask(table, B, H, rows, cols, Lk),
+            scale=1.0,
+        )
+        dk_rev[:, :, keys] += dk_block
+        dv_rev[:, :, keys] += dv_block
+    return dq, dk_rev, dv_rev
+
+
+def smallest_log_weight(dtype: torch.dtype) -> float:
+    """Log of the smallest weight the table's backward keeps: ``sqrt(finfo.tiny)``.
+
+    Smaller weights, and their products with the gradients, would be subnormal numbers, which x86
+    cores compute about a hundred times slower (they made this backward 3x slower for GGD); ``exp``
+    of -inf or of anything far below this is slow as well, so logits are clamped to it before
+    ``exp`` and weights at it zeroed after. Next to a row's largest weight (at least ``1 / Lk``)
+    such weights lie far below the dtype's resolution.
+    """
+    return 0.5 * math.log(torch.finfo(dtype).tiny)
+
+
+def table_backward(tiles, grad_out, q, k_rev, v_rev, table, log_sum_exp):
+    """``dq, dk, dv`` (keys reversed) and the table's gradient, tile by tile.
+
+    A tile is one head of one batch row, :data:`TILE_ROWS` query rows, and all the keys those rows
+    see (``tiles``). Its products are 2-D ``mm`` calls (``bmm`` with a transposed operand runs
+    several times slower on the CPU) writing into two buffers reused by every tile.
+    """
+    B, H, Lq, _ = q.shape
+    Lk = k_rev.shape[2]
+    dq, dk_rev, dv_rev = torch.zeros_like(q), torch.zeros_like(k_rev), torch.zeros_like(v_rev)
+    d_table = torch.zeros_like(table)
+    empty = empty_rows(table, Lk)
+    shared = table.shape[0] == 1  # one table row for every head
+    cutoff = smallest_log_weight(q.dtype)
+    smallest = math.exp(cutoff)
+    widest = max((cols.stop - cols.start for _, cols in tiles), default=0)
+    weights_buffer, products_buffer = q.new_empty(TILE_ROWS * widest), q.new_empty(TILE_ROWS * widest)
+    grads_buffer = q.new_empty(TILE_ROWS * (widest + TILE_ROWS))
+    for rows, cols in tiles:
+        keys, lq, lk = reversed_cols(cols, Lk), rows.stop - rows.start, cols.stop - cols.start
+        start = rows.start - cols.stop + Lk  # the table index of the tile's cell (0, 0)
+        bias = hankel_mask(table, 1, H, rows, cols, Lk)[0]
+        probs = weights_buffer[: lq * lk].view(lq, lk)
+        products = products_buffer[: lq * lk].view(lq, lk)
+        padded = grads_buffer[: lq * (lk + lq)].view(lq, lk + lq)  # d_logits, then lq zeros
+        d_probs = padded[:, :lk]
+        padded[:, lk:].zero_()
+        for b, h in itertools.product(range(B), range(H)):
+            q_tile, d_out = q[b, h, rows], grad_out[b, h, rows]
+            k_tile, v_tile = k_rev[b, h, keys], v_rev[b, h, keys]
+            # P = exp(S - lse), renormalised so that a row whose weight sits on one key has
+            # exactly 1 there (lse comes from the kernel's own sums). Weights below
+            # sqrt(finfo.tiny) are taken as 0 (see smallest_log_weight).
+            torch.addmm(bias[h], q_tile, k_tile.T, out=probs)
+            probs.sub_(log_sum_exp[b, h, rows, None]).clamp_(min=cutoff).exp_()
+            F.threshold_(probs, smallest, 0.0)
+            probs.div_(probs.sum(-1, keepdim=True))
+            if empty is not None:  # 0 / 0 above
+                probs.masked_fill_(empty[0 if shared else h, rows, None], 0.0)
+            dv_rev[b, h, keys].addmm_(probs.T, d_out)
+            torch.mm(d_out, v_tile.T, out=d_probs)
+            delta = torch.mul(probs, d_probs, out=products).sum(-1, keepdim=True)
+            d_logits = d_probs.sub_(delta).mul_(probs)
+            torch.mm(d_logits, k_tile, out=dq[b, h, rows])
+            dk_rev[b, h, keys].addmm_(d_logits.T, q_tile)
+            d_lags = shifted_row_sums(padded)
+            d_table[0 if shared else h, start : start + d_lags.shape[-1]] += d_lags
+    return dq, dk_rev, dv_rev, d_table
+
+
+def lag_flash_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    table: Tensor | None,
+    masking: Masking,
+    blocks: Callable[[int], tuple[tuple[slice, slice], ...]],
+) -> Tensor:
+    """Attention ``(B, H, Lq, Dv)`` of scaled ``q`` with bias ``table[i - j + Lk - 1]`` (None: no bias)
+    under masks on lags only; ``blocks(step)`` are query rows in runs of ``step`` and the keys they
+    see (``memeff.key_blocks``)."""
+    return LagTableFlash.apply(blocks, q, k, v, masked_table(table, masking, q.dtype))
