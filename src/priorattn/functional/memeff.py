@@ -1,12 +1,24 @@
 """The memory-efficient route: any prior, forward and backward, attention memory O(L).
 
-Queries are taken in blocks of rows (:func:`block_rows`). A block builds its logits against the keys it can
-see, takes their softmax and weighted sum, and keeps only its output.
-The backward pass (a custom autograd function, as in FlashAttention) rebuilds one block's
-weights at a time, so no ``Lq x Lk`` tensor ever lives in memory.
+Two algorithms, chosen per call:
 
-Logits are ``<q2_i, k2_j> + bias_ij`` where ``q2``/``k2`` carry the content (and a folded prior's
-lanes) and the bias is whatever part of the prior is not in the lanes, cheapest first:
+- **the flash path** (``lag_flash.py``), when the bias and the masks depend on the lag ``i - j``
+  only: a relative prior (GGD, ALiBi, ...) or none, causal order and/or a sliding window, positions
+  that are one run shared by the batch, no documents or key padding, SSMax not scaling the prior,
+  equal q/k and v head widths, on the CPU outside ``torch.compile``. The prior is evaluated once on
+  the ``Lq + Lk - 1`` lags, hidden lags set to -inf, and each block of query rows is one call of
+  PyTorch's fused CPU flash kernel with a Hankel view of that table as its additive mask (no copy).
+  Backward: the kernel's own when the table needs no gradient; otherwise small tiles rebuild the
+  weights and sum ``dS`` along its diagonals into the table's gradient.
+- **the general blocks** (everything else): queries are taken in blocks of rows
+  (:func:`block_rows`). A block builds its logits against the keys it can see, takes their softmax
+  and weighted sum, and keeps only its output. The backward pass (a custom autograd function, as in
+  FlashAttention) rebuilds one block's weights at a time, so no ``Lq x Lk`` tensor ever lives in
+  memory.
+
+In the general blocks, logits are ``<q2_i, k2_j> + bias_ij`` where ``q2``/``k2`` carry the content
+(and a folded prior's lanes) and the bias is whatever part of the prior is not in the lanes,
+cheapest first:
 
 - a prior that folds: its key-only terms ``u_h(j) + m_h (k_pos[j] - centre)``, one row per block
   (the slope re-centred on the block's queries, see ``prior_inputs.py``);
@@ -251,9 +263,7 @@ def memeff_attention(
     spans = key_spans(masking) if masking.masks_anything and not masking.plain_causal else None
     factor = None if ssmax is None else ssmax.factor(visible_counts(masking, spans)).to(dtype)
     scale_prior = ssmax is not None and ssmax.scale_prior
-    if (prior is None or prior.is_relative) and lag_flash_applies(
-        masking, q, v, scale_prior and prior is not None
-    ):
+    if lag_flash_applies(prior, masking, q, v, scale_prior):
         content = split_prior(q.to(dtype), k.to(dtype), None, masking, scale, factor, scale_prior)
         table = None if prior is None else lag_table(prior, masking).to(dtype)
         blocks = functools.partial(key_blocks, masking, spans)
