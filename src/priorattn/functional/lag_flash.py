@@ -2,8 +2,9 @@
 
 When a call's bias depends on the lag ``i - j`` only (a relative prior's table, or no prior) and so
 do its masks (causal order, a sliding window), both fit in one table: the prior's values with
--inf at the lags no query may see. Read with the keys in reverse order, a block of it is a Hankel
-view (``toeplitz_tile``) that the kernel ``_scaled_dot_product_flash_attention_for_cpu`` accepts as
+-inf at the lags no query may see. A block of it is Toeplitz (constant along diagonals); with the
+block's keys in reverse order (or its queries and the table) it is a Hankel view
+(:func:`hankel_mask`) that the kernel ``_scaled_dot_product_flash_attention_for_cpu`` accepts as
 its additive mask without a copy. Each block of query rows calls the kernel once, against the keys
 its rows can see (``key_blocks``: a causal block skips the keys after its last query).
 
@@ -77,26 +78,33 @@ def empty_rows(table: Tensor, Lk: int) -> Tensor | None:
     return empty if bool(empty.any()) else None
 
 
-def hankel_mask(table: Tensor, B: int, H: int, rows: slice, cols: slice, Lk: int) -> Tensor:
-    """``(B, H, lq, lk)`` view of ``table``: query ``rows`` against keys ``cols`` taken in reverse order.
-
-    Cell ``(i, j')`` reads ``hankel_start + i + j'`` (see ``toeplitz_tile``); batch and a one-row
-    table broadcast with stride 0.
-    """
+def hankel_mask(table: Tensor, B: int, H: int, rows: slice, cols: slice, start: int) -> Tensor:
+    """``(B, H, lq, lk)`` view of ``table`` whose cell ``(i, j)`` reads ``start + i + j``, for query
+    ``rows`` against key ``cols`` with one of the two taken in reverse order (:func:`keys_reversed`,
+    :func:`queries_reversed`). ``as_strided`` reads it without a copy; batch and a one-row table
+    broadcast with stride 0."""
     head_stride = table.stride(0) if table.shape[0] > 1 else 0
     shape = (B, H, rows.stop - rows.start, cols.stop - cols.start)
-    offset = table.storage_offset() + rows.start - cols.stop + Lk
-    return table.as_strided(shape, (0, head_stride, 1, 1), offset)
+    return table.as_strided(shape, (0, head_stride, 1, 1), table.storage_offset() + start)
 
 
-def reversed_keys(x: Tensor, H: int) -> Tensor:
-    """``(B, Hkv, Lk, D) -> (B, H, Lk, D)`` with the keys in reverse order (and each shared head repeated)."""
-    return x.repeat_interleave(H // x.shape[1], dim=1).flip(2)
+def keys_reversed(rows: slice, cols: slice, Lk: int) -> int:
+    """Start of :func:`hankel_mask` in the table for keys in reverse order, ``j' = cols.stop - 1 - j``:
+    query i and key j read ``i - j + Lk - 1 = rows.start - cols.stop + Lk + (i - rows.start) + j'``."""
+    return rows.start - cols.stop + Lk
 
 
-def reversed_cols(cols: slice, Lk: int) -> slice:
-    """Where key columns ``cols`` lie among the reversed keys."""
-    return slice(Lk - cols.stop, Lk - cols.start)
+def queries_reversed(rows: slice, cols: slice, Lq: int) -> int:
+    """Start of :func:`hankel_mask` in the *reversed* table for queries in reverse order,
+    ``i' = rows.stop - 1 - i``: query i and key j read reversed index ``Lq - 1 - i + j
+    = Lq - rows.stop + cols.start + i' + (j - cols.start)``."""
+    return Lq - rows.stop + cols.start
+
+
+def query_heads(x: Tensor, H: int) -> Tensor:
+    """``(B, Hkv, Lk, D) -> (B, H, Lk, D)``: each key/value head repeated for its query heads (the
+    kernel takes as many as queries)."""
+    return x if x.shape[1] == H else x.repeat_interleave(H // x.shape[1], dim=1)
 
 
 def shifted_row_sums(padded: Tensor) -> Tensor:
@@ -118,65 +126,73 @@ def anti_diagonal_sums(x: Tensor) -> Tensor:
 
 
 class LagTableFlash(torch.autograd.Function):
-    """Flash attention with a Hankel-viewed lag table as its bias (see the module docstring)."""
+    """Flash attention with a Hankel-viewed lag table as its bias (see the module docstring).
+
+    The forward pass gives the kernel the keys in reverse order, newest first: a row meets its
+    largest logits first, so the kernel's running maximum rarely moves (with the oldest keys first
+    a decaying bias made it 1.5x slower). Those reversed copies are freed when it returns; the
+    backward pass reverses each block's queries instead, so nothing of size ``L`` is copied.
+    """
 
     @staticmethod
     def forward(ctx, blocks, q, k, v, table, prior_bias):
         """``blocks(step)``: query rows in runs of ``step`` and the key columns they see."""
         B, H, Lq, _ = q.shape
         Lk = k.shape[2]
-        k_rev, v_rev = reversed_keys(k, H), reversed_keys(v, H)
+        k_rev, v_rev = query_heads(k, H).flip(2), query_heads(v, H).flip(2)
         out = q.new_zeros(B, H, Lq, v.shape[-1])  # rows that see no key stay 0
         log_sum_exp = q.new_empty(B, H, Lq)
         for rows, cols in blocks(FLASH_ROWS):
-            keys = reversed_cols(cols, Lk)
-            mask = hankel_mask(table, B, H, rows, cols, Lk)
+            keys = slice(Lk - cols.stop, Lk - cols.start)
+            mask = hankel_mask(table, B, H, rows, cols, keys_reversed(rows, cols, Lk))
             out[:, :, rows], log_sum_exp[:, :, rows] = flash(
                 q[:, :, rows], k_rev[:, :, keys], v_rev[:, :, keys], 0.0, False, attn_mask=mask, scale=1.0
             )
-        ctx.blocks, ctx.Hkv, ctx.prior_bias = blocks, k.shape[1], prior_bias
-        ctx.save_for_backward(q, k_rev, v_rev, table, out, log_sum_exp)
+        ctx.blocks, ctx.prior_bias = blocks, prior_bias
+        ctx.save_for_backward(q, k, v, table, out, log_sum_exp)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k_rev, v_rev, table, out, log_sum_exp = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
+        q, k, v, table, out, log_sum_exp = ctx.saved_tensors
+        table_rev = table.flip(-1)
         if ctx.prior_bias:
-            dq, dk_rev, dv_rev, d_table = table_backward(
-                ctx.blocks(TILE_ROWS), grad_out, q, k_rev, v_rev, table, log_sum_exp, ctx.needs_input_grad[4]
+            dq, dk, dv, d_table_rev = table_backward(
+                ctx.blocks(TILE_ROWS), grad_out, q, k, v, table_rev, log_sum_exp, ctx.needs_input_grad[4]
             )
         else:
-            dq, dk_rev, dv_rev = kernel_backward(
-                ctx.blocks(FLASH_ROWS), grad_out, q, k_rev, v_rev, table, out, log_sum_exp
+            dq, dk, dv = kernel_backward(
+                ctx.blocks(FLASH_ROWS), grad_out, q, k, v, table_rev, out, log_sum_exp
             )
-            d_table = None
-        B, H, Lk, D = dk_rev.shape
-        dk, dv = (g.flip(2).view(B, ctx.Hkv, H // ctx.Hkv, Lk, -1).sum(2) for g in (dk_rev, dv_rev))
+            d_table_rev = None
+        d_table = None if d_table_rev is None else d_table_rev.flip(-1)
         return None, dq, dk, dv, d_table, None
 
 
-def kernel_backward(blocks, grad_out, q, k_rev, v_rev, table, out, log_sum_exp):
-    """``dq, dk, dv`` (keys reversed) from the kernel's own backward, block by block."""
-    B, H, Lk, _ = k_rev.shape
-    dq, dk_rev, dv_rev = torch.zeros_like(q), torch.zeros_like(k_rev), torch.zeros_like(v_rev)
+def kernel_backward(blocks, grad_out, q, k, v, table_rev, out, log_sum_exp):
+    """``dq, dk, dv`` from the kernel's own backward, block by block."""
+    B, H, Lq, _ = q.shape
+    k_heads, v_heads = query_heads(k, H), query_heads(v, H)
+    dq, dk_heads, dv_heads = torch.zeros_like(q), torch.zeros_like(k_heads), torch.zeros_like(v_heads)
     for rows, cols in blocks:
-        keys = reversed_cols(cols, Lk)
-        dq[:, :, rows], dk_block, dv_block = flash_backward(
-            grad_out[:, :, rows],
-            q[:, :, rows],
-            k_rev[:, :, keys],
-            v_rev[:, :, keys],
-            out[:, :, rows],
-            log_sum_exp[:, :, rows],
+        dq_rev, dk_block, dv_block = flash_backward(
+            grad_out[:, :, rows].flip(2),
+            q[:, :, rows].flip(2),
+            k_heads[:, :, cols],
+            v_heads[:, :, cols],
+            out[:, :, rows].flip(2),
+            log_sum_exp[:, :, rows].flip(2),
             0.0,
             False,
-            attn_mask=hankel_mask(table, B, H, rows, cols, Lk),
+            attn_mask=hankel_mask(table_rev, B, H, rows, cols, queries_reversed(rows, cols, Lq)),
             scale=1.0,
         )
-        dk_rev[:, :, keys] += dk_block
-        dv_rev[:, :, keys] += dv_block
-    return dq, dk_rev, dv_rev
+        dq[:, :, rows] = dq_rev.flip(2)
+        dk_heads[:, :, cols] += dk_block
+        dv_heads[:, :, cols] += dv_block
+    Hkv, Lk = k.shape[1], k.shape[2]
+    dk, dv = (g.view(B, Hkv, H // Hkv, Lk, -1).sum(2) for g in (dk_heads, dv_heads))
+    return dq, dk, dv
 
 
 def smallest_log_weight(dtype: torch.dtype) -> float:
@@ -191,55 +207,56 @@ def smallest_log_weight(dtype: torch.dtype) -> float:
     return 0.5 * math.log(torch.finfo(dtype).tiny)
 
 
-def table_backward(tiles, grad_out, q, k_rev, v_rev, table, log_sum_exp, table_grad):
-    """``dq, dk, dv`` (keys reversed) and the table's gradient (None unless ``table_grad``), tile by tile.
+def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad):
+    """``dq, dk, dv`` and the reversed table's gradient (None unless ``table_grad``), tile by tile.
 
-    A tile is one head of one batch row, :data:`TILE_ROWS` query rows, and all the keys those rows
-    see (``tiles``). Its products are 2-D ``mm`` calls (``bmm`` with a transposed operand runs
-    several times slower on the CPU) writing into two buffers reused by every tile.
+    A tile is one head of one batch row, :data:`TILE_ROWS` query rows (in reverse order), and all
+    the keys those rows see (``tiles``). Its products are 2-D ``mm`` calls
+    (``bmm`` with a transposed operand runs several times slower on the CPU) writing into buffers
+    reused by every tile.
     """
     B, H, Lq, _ = q.shape
-    Lk = k_rev.shape[2]
-    dq, dk_rev, dv_rev = torch.zeros_like(q), torch.zeros_like(k_rev), torch.zeros_like(v_rev)
-    d_table = torch.zeros_like(table) if table_grad else None
-    empty = empty_rows(table, Lk)
-    shared = table.shape[0] == 1  # one table row for every head
+    group = H // k.shape[1]  # query heads per key/value head
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    d_table_rev = torch.zeros_like(table_rev) if table_grad else None
+    empty = empty_rows(table_rev.flip(-1), k.shape[2])
+    shared = table_rev.shape[0] == 1  # one table row for every head
     cutoff = smallest_log_weight(q.dtype)
     smallest = math.exp(cutoff)
     widest = max((cols.stop - cols.start for _, cols in tiles), default=0)
     weights_buffer, products_buffer = q.new_empty(TILE_ROWS * widest), q.new_empty(TILE_ROWS * widest)
     grads_buffer = q.new_empty(TILE_ROWS * (widest + TILE_ROWS))
     for rows, cols in tiles:
-        keys, lq, lk = reversed_cols(cols, Lk), rows.stop - rows.start, cols.stop - cols.start
-        start = rows.start - cols.stop + Lk  # the table index of the tile's cell (0, 0)
-        bias = hankel_mask(table, 1, H, rows, cols, Lk)[0]
+        lq, lk = rows.stop - rows.start, cols.stop - cols.start
+        start = queries_reversed(rows, cols, Lq)  # the reversed table's index of the tile's cell (0, 0)
+        bias = hankel_mask(table_rev, 1, H, rows, cols, start)[0]
         probs = weights_buffer[: lq * lk].view(lq, lk)
         products = products_buffer[: lq * lk].view(lq, lk)
         padded = grads_buffer[: lq * (lk + lq)].view(lq, lk + lq)  # d_logits, then lq zeros
         d_probs = padded[:, :lk]
         padded[:, lk:].zero_()
         for b, h in itertools.product(range(B), range(H)):
-            q_tile, d_out = q[b, h, rows], grad_out[b, h, rows]
-            k_tile, v_tile = k_rev[b, h, keys], v_rev[b, h, keys]
+            q_tile, d_out = q[b, h, rows].flip(0), grad_out[b, h, rows].flip(0)
+            k_tile, v_tile = k[b, h // group, cols], v[b, h // group, cols]
             # P = exp(S - lse), renormalised so that a row whose weight sits on one key has
             # exactly 1 there (lse comes from the kernel's own sums). Weights below
             # sqrt(finfo.tiny) are taken as 0 (see smallest_log_weight).
             torch.addmm(bias[h], q_tile, k_tile.T, out=probs)
-            probs.sub_(log_sum_exp[b, h, rows, None]).clamp_(min=cutoff).exp_()
+            probs.sub_(log_sum_exp[b, h, rows, None].flip(0)).clamp_(min=cutoff).exp_()
             F.threshold_(probs, smallest, 0.0)
             probs.div_(probs.sum(-1, keepdim=True))
             if empty is not None:  # 0 / 0 above
-                probs.masked_fill_(empty[0 if shared else h, rows, None], 0.0)
-            dv_rev[b, h, keys].addmm_(probs.T, d_out)
+                probs.masked_fill_(empty[0 if shared else h, rows, None].flip(0), 0.0)
+            dv[b, h // group, cols].addmm_(probs.T, d_out)
             torch.mm(d_out, v_tile.T, out=d_probs)
             delta = torch.mul(probs, d_probs, out=products).sum(-1, keepdim=True)
             d_logits = d_probs.sub_(delta).mul_(probs)
-            torch.mm(d_logits, k_tile, out=dq[b, h, rows])
-            dk_rev[b, h, keys].addmm_(d_logits.T, q_tile)
+            dq[b, h, rows] = (d_logits @ k_tile).flip(0)
+            dk[b, h // group, cols].addmm_(d_logits.T, q_tile)
             if table_grad:
                 d_lags = shifted_row_sums(padded)
-                d_table[0 if shared else h, start : start + d_lags.shape[-1]] += d_lags
-    return dq, dk_rev, dv_rev, d_table
+                d_table_rev[0 if shared else h, start : start + d_lags.shape[-1]] += d_lags
+    return dq, dk, dv, d_table_rev
 
 
 def lag_flash_attention(

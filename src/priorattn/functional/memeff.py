@@ -44,7 +44,7 @@ from torch import Tensor
 from ..priors import Prior
 from ..ssmax import Scaling
 from .grouped import grouped, grouped_scores, grouped_values
-from .lag_flash import anti_diagonal_sums, lag_flash_applies, lag_flash_attention
+from .lag_flash import anti_diagonal_sums, hankel_mask, keys_reversed, lag_flash_applies, lag_flash_attention
 from .masks import Masking
 from .prior_inputs import centred_keys, lag_table, slope_span, split_prior
 from .reference import compute_dtype
@@ -77,22 +77,15 @@ def key_blocks(
     return tuple((rows, slice(c0, c1)) for rows, c0, c1 in blocks if c1 > c0)
 
 
-def hankel_start(rows: slice, cols: slice, Lk: int) -> int:
-    """Table index of cell ``(0, 0)`` of a block's Hankel view (see :func:`toeplitz_tile`)."""
-    return rows.start - cols.stop + Lk
-
-
 def toeplitz_tile(table: Tensor, rows: slice, cols: slice, Lk: int) -> Tensor:
     """Bias ``(H, lq, lk)`` of query ``rows`` against keys ``cols`` from the lag table.
 
     Query i and key j read table index ``i - j + Lk - 1``: constant along diagonals (Toeplitz).
-    With the block's keys taken in reverse order, ``j' = lk - 1 - j``, the index is
-    ``hankel_start + i + j'``, which ``as_strided`` reads without a copy; one flip of the block
-    puts the keys back in order.
+    With the block's keys taken in reverse order it is a Hankel view (``lag_flash.hankel_mask``)
+    read without a copy; one flip of the block puts the keys back in order.
     """
-    shape = (table.shape[0], rows.stop - rows.start, cols.stop - cols.start)
-    offset = table.storage_offset() + hankel_start(rows, cols, Lk)
-    return table.as_strided(shape, (table.stride(0), 1, 1), offset).flip(-1)
+    start = keys_reversed(rows, cols, Lk)
+    return hankel_mask(table, 1, table.shape[0], rows, cols, start)[0].flip(-1)
 
 
 @dataclass(frozen=True)
@@ -235,7 +228,7 @@ class BlockwiseAttention(torch.autograd.Function):
                     else d_logits
                 )
                 d_tile = sum_to(d_tile, (1, *d_table.shape[:1], *d_tile.shape[2:]))[0]  # (H or 1, lq, lk)
-                start = hankel_start(rows, cols, plan.masking.k_pos.shape[-1])
+                start = keys_reversed(rows, cols, plan.masking.k_pos.shape[-1])
                 d_table[:, start : start + sum(d_tile.shape[-2:]) - 1] += diagonal_sums(d_tile)
             if bias is not None and bias.requires_grad:
                 grads = torch.autograd.grad(bias, wanted, sum_to(d_logits, bias.shape), allow_unused=True)
