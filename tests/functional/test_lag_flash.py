@@ -82,6 +82,15 @@ def test_flash_path_long_causal_and_prefill_match_reference(prior, small_blocks)
     assert small_blocks
 
 
+@pytest.mark.parametrize("B, H, Hkv, L", [(16, 4, 4, 40), (3, 6, 2, 300), (1, 4, 1, 700)])
+def test_flash_path_tiles_many_heads_at_once_on_short_rows(B, H, Hkv, L):
+    """Short rows share a tile among heads (whole batch rows of them, or part of one row's heads);
+    long rows take one head per tile."""
+    o = dict(B=B, H=H, Hkv=Hkv, Lq=L, Lk=L, Dk=8, Dv=8, causal=True, offset=0, seed=2, window=None)
+    o.update(prior="ggd", docs=False, padding=False, ssmax=False, batched_pos=False)
+    check_route("memeff", o, torch.float32)
+
+
 @pytest.mark.parametrize("prior, kernel", [(None, True), (GGD(2, init="alibi", trainable=()), False)])
 def test_flash_path_backward_without_a_prior_is_the_kernels(prior, kernel, monkeypatch):
     """No prior: the kernel's own backward. A frozen prior: the tiles (the kernel's backward is slow on

@@ -19,7 +19,6 @@ at full cost (ALiBi through it: 3.1x plain SDPA's time at L = 4096, against 1.5x
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Callable
 
@@ -29,13 +28,15 @@ from torch import Tensor
 
 from ..priors import Prior
 from .masks import Masking
+from .spans import cut
 
 flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
-#: Query rows per tile of the table's backward: few enough that a tile's weights (rows x keys of
-#: one head) stay in the core's cache between the products that use them.
-TILE_ROWS = 64
+#: Query rows per tile of the table's backward, and cells per tile (heads x rows x keys): few
+#: enough that a tile's weights stay in the core's cache between the products that use them, many
+#: enough that short rows take several heads at once (a tile's dozen calls cost their overhead).
+TILE_ROWS, TILE_CELLS = 64, 1 << 18
 #: Query rows per call of the flash kernel: a causal call also computes the hidden upper triangle
 #: of its newest keys, ``FLASH_ROWS / L`` of its work.
 FLASH_ROWS = 256
@@ -207,55 +208,78 @@ def smallest_log_weight(dtype: torch.dtype) -> float:
     return 0.5 * math.log(torch.finfo(dtype).tiny)
 
 
+def head_chunks(B: int, H: int, heads: int) -> list[tuple[slice, slice]]:
+    """``(batch rows, heads)`` slices covering ``B x H`` in chunks of about ``heads`` heads: whole
+    batch rows when ``heads >= H``, else part of one row's heads."""
+    if heads >= H:
+        return [(bs, slice(0, H)) for bs in cut(0, B, heads // H)]
+    return [(slice(b, b + 1), hs) for b in range(B) for hs in cut(0, H, heads)]
+
+
+def merged(x: Tensor, bs: slice, hs: slice, positions: slice) -> Tensor:
+    """``x[bs, hs, positions]`` with its batch and head dims merged into one: a view, since a chunk
+    of :func:`head_chunks` is one batch row or whole rows of heads."""
+    return x[bs, hs, positions].flatten(0, 1)
+
+
 def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad):
     """``dq, dk, dv`` and the reversed table's gradient (None unless ``table_grad``), tile by tile.
 
-    A tile is one head of one batch row, :data:`TILE_ROWS` query rows (in reverse order), and all
-    the keys those rows see (``tiles``). Its products are 2-D ``mm`` calls
-    (``bmm`` with a transposed operand runs several times slower on the CPU) writing into buffers
-    reused by every tile.
+    A tile is :data:`TILE_ROWS` query rows (in reverse order) of a few heads, and all the keys those
+    rows see (``tiles``), at most :data:`TILE_CELLS` cells; its buffers are reused by every tile.
+    Grouped keys and values are repeated per query head here (one copy each).
     """
     B, H, Lq, _ = q.shape
-    group = H // k.shape[1]  # query heads per key/value head
+    Hkv, Lk = k.shape[1:3]
+    k, v = query_heads(k, H), query_heads(v, H)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
     d_table_rev = torch.zeros_like(table_rev) if table_grad else None
-    empty = empty_rows(table_rev.flip(-1), k.shape[2])
+    empty = empty_rows(table_rev.flip(-1), Lk)
     shared = table_rev.shape[0] == 1  # one table row for every head
     cutoff = smallest_log_weight(q.dtype)
     smallest = math.exp(cutoff)
-    widest = max((cols.stop - cols.start for _, cols in tiles), default=0)
-    weights_buffer, products_buffer = q.new_empty(TILE_ROWS * widest), q.new_empty(TILE_ROWS * widest)
-    grads_buffer = q.new_empty(TILE_ROWS * (widest + TILE_ROWS))
-    for rows, cols in tiles:
+    chunk = [min(B * H, max(1, TILE_CELLS // ((r.stop - r.start) * (c.stop - c.start)))) for r, c in tiles]
+    cells = max(
+        (n * (r.stop - r.start) * (c.stop - c.start + TILE_ROWS) for n, (r, c) in zip(chunk, tiles)),
+        default=0,
+    )
+    weights_buffer, products_buffer, grads_buffer = (q.new_empty(cells) for _ in range(3))
+    for heads, (rows, cols) in zip(chunk, tiles):
         lq, lk = rows.stop - rows.start, cols.stop - cols.start
         start = queries_reversed(rows, cols, Lq)  # the reversed table's index of the tile's cell (0, 0)
-        bias = hankel_mask(table_rev, 1, H, rows, cols, start)[0]
-        probs = weights_buffer[: lq * lk].view(lq, lk)
-        products = products_buffer[: lq * lk].view(lq, lk)
-        padded = grads_buffer[: lq * (lk + lq)].view(lq, lk + lq)  # d_logits, then lq zeros
-        d_probs = padded[:, :lk]
-        padded[:, lk:].zero_()
-        for b, h in itertools.product(range(B), range(H)):
-            q_tile, d_out = q[b, h, rows].flip(0), grad_out[b, h, rows].flip(0)
-            k_tile, v_tile = k[b, h // group, cols], v[b, h // group, cols]
-            # P = exp(S - lse), renormalised so that a row whose weight sits on one key has
-            # exactly 1 there (lse comes from the kernel's own sums). Weights below
-            # sqrt(finfo.tiny) are taken as 0 (see smallest_log_weight).
-            torch.addmm(bias[h], q_tile, k_tile.T, out=probs)
-            probs.sub_(log_sum_exp[b, h, rows, None].flip(0)).clamp_(min=cutoff).exp_()
+        for bs, hs in head_chunks(B, H, heads):
+            shape = (bs.stop - bs.start, hs.stop - hs.start, lq, lk)
+            G = shape[0] * shape[1]
+            probs = weights_buffer[: G * lq * lk].view(G, lq, lk)
+            products = products_buffer[: G * lq * lk].view(G, lq, lk)
+            padded = grads_buffer[: G * lq * (lk + lq)].view(G, lq, lk + lq)
+            d_probs = padded[..., :lk]  # then d_logits; the lq zeros after it serve shifted_row_sums
+            padded[..., lk:].zero_()
+            q_tile, d_out = merged(q, bs, hs, rows).flip(1), merged(grad_out, bs, hs, rows).flip(1)
+            k_tile, v_tile = merged(k, bs, hs, cols), merged(v, bs, hs, cols)
+            # P = exp(S - lse), renormalised so that a row whose weight sits on one key has exactly
+            # 1 there (lse comes from the kernel's own sums). Weights below sqrt(finfo.tiny) are
+            # taken as 0 (see smallest_log_weight).
+            torch.bmm(q_tile, k_tile.mT, out=probs)
+            probs.view(shape).add_(hankel_mask(table_rev, shape[0], H, rows, cols, start)[:, hs])
+            probs.sub_(merged(log_sum_exp, bs, hs, rows)[..., None].flip(1)).clamp_(min=cutoff).exp_()
             F.threshold_(probs, smallest, 0.0)
             probs.div_(probs.sum(-1, keepdim=True))
             if empty is not None:  # 0 / 0 above
-                probs.masked_fill_(empty[0 if shared else h, rows, None].flip(0), 0.0)
-            dv[b, h // group, cols].addmm_(probs.T, d_out)
-            torch.mm(d_out, v_tile.T, out=d_probs)
+                hidden = empty[slice(None) if shared else hs, rows, None].flip(1)
+                probs.view(shape).masked_fill_(hidden, 0.0)
+            merged(dv, bs, hs, cols).baddbmm_(probs.mT, d_out)
+            torch.bmm(d_out, v_tile.mT, out=d_probs)
             delta = torch.mul(probs, d_probs, out=products).sum(-1, keepdim=True)
             d_logits = d_probs.sub_(delta).mul_(probs)
-            dq[b, h, rows] = (d_logits @ k_tile).flip(0)
-            dk[b, h // group, cols].addmm_(d_logits.T, q_tile)
+            dq[bs, hs, rows] = (d_logits @ k_tile).view(*shape[:3], -1).flip(2)
+            merged(dk, bs, hs, cols).baddbmm_(d_logits.mT, q_tile)
             if table_grad:
-                d_lags = shifted_row_sums(padded)
-                d_table_rev[0 if shared else h, start : start + d_lags.shape[-1]] += d_lags
+                d_lags = shifted_row_sums(padded).view(*shape[:2], -1).sum(0)  # (heads, lq + lk - 1)
+                if shared:
+                    d_lags = d_lags.sum(0, keepdim=True)
+                d_table_rev[slice(None) if shared else hs, start : start + d_lags.shape[-1]] += d_lags
+    dk, dv = (g.view(B, Hkv, H // Hkv, Lk, -1).sum(2) for g in (dk, dv))
     return dq, dk, dv, d_table_rev
 
 
