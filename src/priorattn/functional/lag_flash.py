@@ -108,6 +108,13 @@ def query_heads(x: Tensor, H: int) -> Tensor:
     return x if x.shape[1] == H else x.repeat_interleave(H // x.shape[1], dim=1)
 
 
+def key_heads(grad: Tensor, Hkv: int) -> Tensor:
+    """``(B, H, Lk, D) -> (B, Hkv, Lk, D)``: the gradients of :func:`query_heads`' copies summed (and
+    no copy without grouping)."""
+    B, H, Lk, D = grad.shape
+    return grad if H == Hkv else grad.view(B, Hkv, H // Hkv, Lk, D).sum(2)
+
+
 def shifted_row_sums(padded: Tensor) -> Tensor:
     """Anti-diagonal sums of ``x`` ``(..., n, m)`` from its rows padded with ``n`` zeros on the right,
     ``padded = [x, 0]`` ``(..., n, m + n)`` (contiguous): ``(..., n + m - 1)``.
@@ -191,9 +198,7 @@ def kernel_backward(blocks, grad_out, q, k, v, table_rev, out, log_sum_exp):
         dq[:, :, rows] = dq_rev.flip(2)
         dk_heads[:, :, cols] += dk_block
         dv_heads[:, :, cols] += dv_block
-    Hkv, Lk = k.shape[1], k.shape[2]
-    dk, dv = (g.view(B, Hkv, H // Hkv, Lk, -1).sum(2) for g in (dk_heads, dv_heads))
-    return dq, dk, dv
+    return dq, key_heads(dk_heads, k.shape[1]), key_heads(dv_heads, k.shape[1])
 
 
 def smallest_log_weight(dtype: torch.dtype) -> float:
@@ -279,8 +284,7 @@ def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad)
                 if shared:
                     d_lags = d_lags.sum(0, keepdim=True)
                 d_table_rev[slice(None) if shared else hs, start : start + d_lags.shape[-1]] += d_lags
-    dk, dv = (g.view(B, Hkv, H // Hkv, Lk, -1).sum(2) for g in (dk, dv))
-    return dq, dk, dv, d_table_rev
+    return dq, key_heads(dk, Hkv), key_heads(dv, Hkv), d_table_rev
 
 
 def lag_flash_attention(
