@@ -17,8 +17,6 @@ causal SDPA) as their baseline.
 
     python benchmarks/attention.py              # L = 1024 4096 16384, about 15 minutes
     python benchmarks/attention.py --quick      # L = 512 1024, a sanity run
-    python benchmarks/attention.py --lengths 4096 16384 --priors GGD --backends memeff
-                                                # only these rows (and plain SDPA, the baseline)
 """
 
 from __future__ import annotations
@@ -61,8 +59,6 @@ MEM_TARGET_MEMEFF = 1.15
 MEM_TARGET_LENGTH = 16384
 
 Run = Callable[[], None]
-PRIOR_CHOICES = ("Uniform", "ALiBi", "GGD", "GOAT")
-BACKEND_CHOICES = ("sdpa", "memeff", "reference")
 
 
 @dataclass(frozen=True)
@@ -115,7 +111,7 @@ def qk_width(prior: Prior) -> int:
 def op_cases() -> list[Case]:
     """Every prior through every backend it supports (sdpa only where the prior folds)."""
     cases = []
-    for name in PRIOR_CHOICES:
+    for name in ("Uniform", "ALiBi", "GGD", "GOAT"):
         backends = ["sdpa"] if make_prior(name).can_fold(True) else []
         cases += [Case(name, b) for b in (*backends, "memeff", "reference")]
     return cases
@@ -243,21 +239,6 @@ def build(case: Case, L: int, dtype: torch.dtype) -> Run:
 def all_cases(with_peer: bool) -> list[Case]:
     layers = [PLAIN_LAYER, GOAT_LAYER, *([PEER_LAYER] if with_peer else [])]
     return [*op_cases(), *layers]
-
-
-def chosen_cases(cases: list[Case], priors: list[str] | None, backends: list[str] | None) -> list[Case]:
-    """The op rows of the chosen priors and backends (None: all), plus plain SDPA, their baseline;
-    the layer rows only when neither is chosen."""
-    if priors is None and backends is None:
-        return cases
-    return [
-        case
-        for case in cases
-        if case == PLAIN
-        or not case.layer
-        and (priors is None or case.prior in priors)
-        and (backends is None or case.backend in backends)
-    ]
 
 
 def find_case(prior: str, backend: str) -> Case:
@@ -486,8 +467,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-memory", action="store_true", help="skip the memory subprocesses")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
-    parser.add_argument("--priors", nargs="+", choices=PRIOR_CHOICES, help="only these priors' rows")
-    parser.add_argument("--backends", nargs="+", choices=BACKEND_CHOICES, help="only these backends' rows")
     parser.add_argument(
         "--one",
         nargs=3,
@@ -575,7 +554,7 @@ def main(argv: list[str] | None = None) -> None:
     with_peer = goat_peer() is not None
     if not with_peer:
         print("note: goat-attention is not installed; the peer rows are skipped", file=sys.stderr)
-    cases = chosen_cases(all_cases(with_peer), args.priors, args.backends)
+    cases = all_cases(with_peer)
     rows = []
     with tqdm(total=len(cases) * args.rounds * len(args.lengths), file=sys.stderr, unit="sample") as bar:
         for L in args.lengths:
