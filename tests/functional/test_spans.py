@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from factories import make_prior
 
 import priorattn
-from priorattn.functional import memeff
+from priorattn.functional import lag_flash
 from priorattn.functional.masks import Masking
 from priorattn.functional.spans import Kind, key_spans, span_calls
 
@@ -99,14 +99,17 @@ def test_window_routes_visit_only_the_keys_in_reach(backend, causal, monkeypatch
             return kernel(q, k, v, **kwargs)
 
         monkeypatch.setattr(F, "scaled_dot_product_attention", counted)
-    else:
-        scores = memeff.grouped_scores
+    else:  # no prior, masks on lags only: memeff's flash path, kernel forward and backward
 
-        def counted(q, k):
-            cells.append(q.shape[2] * k.shape[2])
-            return scores(q, k)
+        def counted_cells(kernel, q_at):
+            def counted(*args, **kwargs):
+                cells.append(args[q_at].shape[2] * args[q_at + 1].shape[2])
+                return kernel(*args, **kwargs)
 
-        monkeypatch.setattr(memeff, "grouped_scores", counted)
+            return counted
+
+        monkeypatch.setattr(lag_flash, "flash", counted_cells(lag_flash.flash, 0))
+        monkeypatch.setattr(lag_flash, "flash_backward", counted_cells(lag_flash.flash_backward, 1))
     q = torch.randn(1, 2, L, 8, requires_grad=True)
     out = priorattn.attention(q, q, q, causal=causal, window=window, backend=backend)
     out.sum().backward()

@@ -103,17 +103,21 @@ class Masking:
             ones = torch.ones(r1 - r0, c1 - c0, dtype=torch.bool, device=self.q_pos.device)
             return ones.tril_(r0 - c0 + Lk - Lq)[None, None]
         q_pos, k_pos = self.q_pos[:, rows], self.k_pos[:, cols]
-        lag = q_pos[:, :, None] - k_pos[:, None, :]
-        keep = torch.ones_like(lag, dtype=torch.bool)
-        if self.causal:
-            keep &= lag >= 0
-        if self.window is not None:
-            keep &= (lag if self.causal else lag.abs()) < self.window
+        keep = self.lag_visible(q_pos[:, :, None] - k_pos[:, None, :])
         if self.q_doc is not None:
             keep = keep & (self.q_doc[:, rows, None] == self.k_doc[:, None, cols])
         if self.key_padding is not None:
             keep = keep & ~self.key_padding[:, None, cols]
         return keep[:, None]
+
+    def lag_visible(self, lag: Tensor) -> Tensor:
+        """Bool like ``lag``: whether causal order and the window let a query see a key ``lag`` behind it."""
+        keep = torch.ones_like(lag, dtype=torch.bool)
+        if self.causal:
+            keep &= lag >= 0
+        if self.window is not None:
+            keep &= (lag if self.causal else lag.abs()) < self.window
+        return keep
 
     def visible_keys(self) -> Tensor:
         """Number of keys each query sees, ``(B or 1, Lq)``: the ``n_i`` of SSMax."""

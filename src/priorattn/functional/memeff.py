@@ -1,12 +1,24 @@
 """The memory-efficient route: any prior, forward and backward, attention memory O(L).
 
-Queries are taken in blocks of rows (:func:`block_rows`). A block builds its logits against the keys it can
-see, takes their softmax and weighted sum, and keeps only its output.
-The backward pass (a custom autograd function, as in FlashAttention) rebuilds one block's
-weights at a time, so no ``Lq x Lk`` tensor ever lives in memory.
+Two algorithms, chosen per call:
 
-Logits are ``<q2_i, k2_j> + bias_ij`` where ``q2``/``k2`` carry the content (and a folded prior's
-lanes) and the bias is whatever part of the prior is not in the lanes, cheapest first:
+- **the flash path** (``lag_flash.py``), when the bias and the masks depend on the lag ``i - j``
+  only: a relative prior (GGD, ALiBi, ...) or none, causal order and/or a sliding window, positions
+  that are one run shared by the batch, no documents or key padding, SSMax not scaling the prior,
+  equal q/k and v head widths, on the CPU outside ``torch.compile``. The prior is evaluated once on
+  the ``Lq + Lk - 1`` lags, hidden lags set to -inf, and each block of query rows is one call of
+  PyTorch's fused CPU flash kernel with a Hankel view of that table as its additive mask (no copy).
+  Backward: the kernel's own when the table needs no gradient; otherwise small tiles rebuild the
+  weights and sum ``dS`` along its diagonals into the table's gradient.
+- **the general blocks** (everything else): queries are taken in blocks of rows
+  (:func:`block_rows`). A block builds its logits against the keys it can see, takes their softmax
+  and weighted sum, and keeps only its output. The backward pass (a custom autograd function, as in
+  FlashAttention) rebuilds one block's weights at a time, so no ``Lq x Lk`` tensor ever lives in
+  memory.
+
+In the general blocks, logits are ``<q2_i, k2_j> + bias_ij`` where ``q2``/``k2`` carry the content
+(and a folded prior's lanes) and the bias is whatever part of the prior is not in the lanes,
+cheapest first:
 
 - a prior that folds: its key-only terms ``u_h(j) + m_h (k_pos[j] - centre)``, one row per block
   (the slope re-centred on the block's queries, see ``prior_inputs.py``);
@@ -23,17 +35,18 @@ the logits back through it, so every prior parameter gets its gradient without c
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from ..priors import Prior
 from ..ssmax import Scaling
 from .grouped import grouped, grouped_scores, grouped_values
+from .lag_flash import anti_diagonal_sums, hankel_mask, keys_reversed, lag_flash_applies, lag_flash_attention
 from .masks import Masking
-from .prior_inputs import centred_keys, slope_span, split_prior
+from .prior_inputs import centred_keys, lag_table, slope_span, split_prior
 from .reference import compute_dtype
 from .spans import cut, key_spans, visible_counts
 
@@ -64,22 +77,15 @@ def key_blocks(
     return tuple((rows, slice(c0, c1)) for rows, c0, c1 in blocks if c1 > c0)
 
 
-def hankel_start(rows: slice, cols: slice, Lk: int) -> int:
-    """Table index of cell ``(0, 0)`` of a block's Hankel view (see :func:`toeplitz_tile`)."""
-    return rows.start - cols.stop + Lk
-
-
 def toeplitz_tile(table: Tensor, rows: slice, cols: slice, Lk: int) -> Tensor:
     """Bias ``(H, lq, lk)`` of query ``rows`` against keys ``cols`` from the lag table.
 
     Query i and key j read table index ``i - j + Lk - 1``: constant along diagonals (Toeplitz).
-    With the block's keys taken in reverse order, ``j' = lk - 1 - j``, the index is
-    ``hankel_start + i + j'``, which ``as_strided`` reads without a copy; one flip of the block
-    puts the keys back in order.
+    With the block's keys taken in reverse order it is a Hankel view (``lag_flash.hankel_mask``)
+    read without a copy; one flip of the block puts the keys back in order.
     """
-    shape = (table.shape[0], rows.stop - rows.start, cols.stop - cols.start)
-    offset = table.storage_offset() + hankel_start(rows, cols, Lk)
-    return table.as_strided(shape, (table.stride(0), 1, 1), offset).flip(-1)
+    start = keys_reversed(rows, cols, Lk)
+    return hankel_mask(table, 1, table.shape[0], rows, cols, start)[0].flip(-1)
 
 
 @dataclass(frozen=True)
@@ -147,14 +153,10 @@ KEY_BIAS, SLOPE, TABLE, ROW_SCALE = range(4)
 def diagonal_sums(x: Tensor) -> Tensor:
     """``s[..., d] = sum over i - j = d - (m - 1) of x[..., i, j]``: ``(..., n, m) -> (..., n + m - 1)``.
 
-    The gradient of a Toeplitz block with respect to the lag table it was read from. Padding each
-    row with ``n`` zeros on the left and reading the flat buffer with rows one longer shifts row
-    ``i`` left by ``i``, so column ``n + j - i`` collects one diagonal.
+    The gradient of a Toeplitz block with respect to the lag table it was read from: with the keys
+    reversed, ``j' = m - 1 - j``, its diagonals are anti-diagonals.
     """
-    n, m = x.shape[-2:]
-    padded = F.pad(x, (n, 0, 0, 1)).flatten(-2)[..., : n * (n + m + 1)]
-    columns = padded.view(*x.shape[:-2], n, n + m + 1).sum(-2)  # column n + j - i
-    return columns[..., 1 : n + m].flip(-1)
+    return anti_diagonal_sums(x.flip(-1))
 
 
 def sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
@@ -226,7 +228,7 @@ class BlockwiseAttention(torch.autograd.Function):
                     else d_logits
                 )
                 d_tile = sum_to(d_tile, (1, *d_table.shape[:1], *d_tile.shape[2:]))[0]  # (H or 1, lq, lk)
-                start = hankel_start(rows, cols, plan.masking.k_pos.shape[-1])
+                start = keys_reversed(rows, cols, plan.masking.k_pos.shape[-1])
                 d_table[:, start : start + sum(d_tile.shape[-2:]) - 1] += diagonal_sums(d_tile)
             if bias is not None and bias.requires_grad:
                 grads = torch.autograd.grad(bias, wanted, sum_to(d_logits, bias.shape), allow_unused=True)
@@ -254,6 +256,11 @@ def memeff_attention(
     spans = key_spans(masking) if masking.masks_anything and not masking.plain_causal else None
     factor = None if ssmax is None else ssmax.factor(visible_counts(masking, spans)).to(dtype)
     scale_prior = ssmax is not None and ssmax.scale_prior
+    if lag_flash_applies(prior, masking, q, v, scale_prior):
+        content = split_prior(q.to(dtype), k.to(dtype), None, masking, scale, factor, scale_prior)
+        table = None if prior is None else lag_table(prior, masking).to(dtype)
+        blocks = functools.partial(key_blocks, masking, spans)
+        return lag_flash_attention(content.q, content.k, v.to(dtype), table, masking, blocks).to(v.dtype)
     inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, scale_prior)
     span = None if inputs.slope is None else slope_span(inputs.slope, dtype)
     plan = Plan(

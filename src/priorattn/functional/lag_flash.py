@@ -1,0 +1,301 @@
+"""The blockwise route's fast path: a lag table through PyTorch's fused CPU flash kernel.
+
+When a call's bias depends on the lag ``i - j`` only (a relative prior's table, or no prior) and so
+do its masks (causal order, a sliding window), both fit in one table: the prior's values with
+-inf at the lags no query may see. A block of it is Toeplitz (constant along diagonals); with the
+block's keys in reverse order (or its queries and the table) it is a Hankel view
+(:func:`hankel_mask`) that the kernel ``_scaled_dot_product_flash_attention_for_cpu`` accepts as
+its additive mask without a copy. Each block of query rows calls the kernel once, against the keys
+its rows can see (``key_blocks``: a causal block skips the keys after its last query).
+
+Backward without a prior: the kernel's own, per block. With one: the gradient of a lag is the sum
+of ``dS = P (dP - delta)`` along its diagonal, which needs P and dP cell by cell: small tiles (one
+head, :data:`TILE_ROWS` rows, their visible keys) rebuild them, with ``delta`` summed from the
+tile's own ``P dP`` so that a row with one weight of exactly 1 gets ``dS = 0`` exactly (see
+``BlockwiseAttention.backward``). A frozen prior takes the tiles too: a decaying bias puts many
+weights below float32's normal range, and the kernel's backward computes those subnormal numbers
+at full cost (ALiBi through it: 3.1x plain SDPA's time at L = 4096, against 1.5x for the tiles).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..priors import Prior
+from .masks import Masking
+from .spans import cut
+
+flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+#: Query rows per tile of the table's backward, and cells per tile (heads x rows x keys): few
+#: enough that a tile's weights stay in the core's cache between the products that use them, many
+#: enough that short rows take several heads at once (a tile's dozen calls cost their overhead).
+TILE_ROWS, TILE_CELLS = 64, 1 << 18
+#: Query rows per call of the flash kernel: a causal call also computes the hidden upper triangle
+#: of its newest keys, ``FLASH_ROWS / L`` of its work.
+FLASH_ROWS = 256
+
+
+def lag_flash_applies(prior: Prior | None, masking: Masking, q: Tensor, v: Tensor, scale_prior: bool) -> bool:
+    """Whether :func:`lag_flash_attention` computes this call: a relative prior or none, a CPU call
+    outside ``torch.compile``, positions one run shared by the batch, masks on lags only, the prior
+    not scaled per row by SSMax, equal q/k and v head widths (the kernel's requirement)."""
+    return (
+        (prior is None or prior.is_relative and not scale_prior)
+        and q.device.type == "cpu"
+        and not torch.compiler.is_compiling()
+        and masking.starts is not None
+        and masking.q_doc is None
+        and masking.key_padding is None
+        and q.shape[-1] == v.shape[-1]
+    )
+
+
+def masked_table(table: Tensor | None, masking: Masking, dtype: torch.dtype) -> Tensor:
+    """``(H or 1, Lq + Lk - 1)``: the lag table (zeros without a prior) with -inf at hidden lags."""
+    Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
+    lags = (
+        masking.q_start - (masking.k_start + Lk - 1) + torch.arange(Lq + Lk - 1, device=masking.q_pos.device)
+    )
+    if table is None:
+        table = torch.zeros(1, Lq + Lk - 1, dtype=dtype, device=lags.device)
+    return table.masked_fill(~masking.lag_visible(lags), float("-inf"))
+
+
+def empty_rows(table: Tensor, Lk: int) -> Tensor | None:
+    """``(H or 1, Lq)`` bool: rows whose every logit is -inf, or None when there are none.
+
+    Row i reads table entries ``i .. i + Lk - 1``. The kernel gives such a row zeros; the tiles'
+    softmax would give NaN, so the backward zeroes their weights.
+    """
+    finite = F.pad(torch.isfinite(table).long().cumsum(-1), (1, 0))
+    empty = finite[:, Lk:] == finite[:, :-Lk]
+    return empty if bool(empty.any()) else None
+
+
+def hankel_mask(table: Tensor, B: int, H: int, rows: slice, cols: slice, start: int) -> Tensor:
+    """``(B, H, lq, lk)`` view of ``table`` whose cell ``(i, j)`` reads ``start + i + j``, for query
+    ``rows`` against key ``cols`` with one of the two taken in reverse order (:func:`keys_reversed`,
+    :func:`queries_reversed`). ``as_strided`` reads it without a copy; batch and a one-row table
+    broadcast with stride 0."""
+    head_stride = table.stride(0) if table.shape[0] > 1 else 0
+    shape = (B, H, rows.stop - rows.start, cols.stop - cols.start)
+    return table.as_strided(shape, (0, head_stride, 1, 1), table.storage_offset() + start)
+
+
+def keys_reversed(rows: slice, cols: slice, Lk: int) -> int:
+    """Start of :func:`hankel_mask` in the table for keys in reverse order, ``j' = cols.stop - 1 - j``:
+    query i and key j read ``i - j + Lk - 1 = rows.start - cols.stop + Lk + (i - rows.start) + j'``."""
+    return rows.start - cols.stop + Lk
+
+
+def queries_reversed(rows: slice, cols: slice, Lq: int) -> int:
+    """Start of :func:`hankel_mask` in the *reversed* table for queries in reverse order,
+    ``i' = rows.stop - 1 - i``: query i and key j read reversed index ``Lq - 1 - i + j
+    = Lq - rows.stop + cols.start + i' + (j - cols.start)``."""
+    return Lq - rows.stop + cols.start
+
+
+def query_heads(x: Tensor, H: int) -> Tensor:
+    """``(B, Hkv, Lk, D) -> (B, H, Lk, D)``: each key/value head repeated for its query heads (the
+    kernel takes as many as queries)."""
+    return x if x.shape[1] == H else x.repeat_interleave(H // x.shape[1], dim=1)
+
+
+def key_heads(grad: Tensor, Hkv: int) -> Tensor:
+    """``(B, H, Lk, D) -> (B, Hkv, Lk, D)``: the gradients of :func:`query_heads`' copies summed (and
+    no copy without grouping)."""
+    B, H, Lk, D = grad.shape
+    return grad if H == Hkv else grad.view(B, Hkv, H // Hkv, Lk, D).sum(2)
+
+
+def shifted_row_sums(padded: Tensor) -> Tensor:
+    """Anti-diagonal sums of ``x`` ``(..., n, m)`` from its rows padded with ``n`` zeros on the right,
+    ``padded = [x, 0]`` ``(..., n, m + n)`` (contiguous): ``(..., n + m - 1)``.
+
+    Read with rows one shorter, the flat buffer shifts row ``i`` right by ``i``, so column ``i + j``
+    collects ``x[..., i, j]``.
+    """
+    n, width = padded.shape[-2:]
+    flat = padded.flatten(-2)[..., : n * (width - 1)]
+    return flat.view(*padded.shape[:-2], n, width - 1).sum(-2)
+
+
+def anti_diagonal_sums(x: Tensor) -> Tensor:
+    """``s[..., c] = sum over i + j = c of x[..., i, j]``: ``(..., n, m) -> (..., n + m - 1)``; the
+    gradient of a Hankel view with respect to the table it reads."""
+    return shifted_row_sums(F.pad(x, (0, x.shape[-2])))
+
+
+class LagTableFlash(torch.autograd.Function):
+    """Flash attention with a Hankel-viewed lag table as its bias (see the module docstring).
+
+    The forward pass gives the kernel the keys in reverse order, newest first: a row meets its
+    largest logits first, so the kernel's running maximum rarely moves (with the oldest keys first
+    a decaying bias made it 1.5x slower). Those reversed copies are freed when it returns; the
+    backward pass reverses each block's queries instead, so nothing of size ``L`` is copied.
+    """
+
+    @staticmethod
+    def forward(ctx, blocks, q, k, v, table, prior_bias):
+        """``blocks(step)``: query rows in runs of ``step`` and the key columns they see."""
+        B, H, Lq, _ = q.shape
+        Lk = k.shape[2]
+        k_rev, v_rev = query_heads(k, H).flip(2), query_heads(v, H).flip(2)
+        out = q.new_zeros(B, H, Lq, v.shape[-1])  # rows that see no key stay 0
+        log_sum_exp = q.new_empty(B, H, Lq)
+        for rows, cols in blocks(FLASH_ROWS):
+            keys = slice(Lk - cols.stop, Lk - cols.start)
+            mask = hankel_mask(table, B, H, rows, cols, keys_reversed(rows, cols, Lk))
+            out[:, :, rows], log_sum_exp[:, :, rows] = flash(
+                q[:, :, rows], k_rev[:, :, keys], v_rev[:, :, keys], 0.0, False, attn_mask=mask, scale=1.0
+            )
+        ctx.blocks, ctx.prior_bias = blocks, prior_bias
+        ctx.save_for_backward(q, k, v, table, out, log_sum_exp)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, table, out, log_sum_exp = ctx.saved_tensors
+        table_rev = table.flip(-1)
+        if ctx.prior_bias:
+            dq, dk, dv, d_table_rev = table_backward(
+                ctx.blocks(TILE_ROWS), grad_out, q, k, v, table_rev, log_sum_exp, ctx.needs_input_grad[4]
+            )
+        else:
+            dq, dk, dv = kernel_backward(
+                ctx.blocks(FLASH_ROWS), grad_out, q, k, v, table_rev, out, log_sum_exp
+            )
+            d_table_rev = None
+        d_table = None if d_table_rev is None else d_table_rev.flip(-1)
+        return None, dq, dk, dv, d_table, None
+
+
+def kernel_backward(blocks, grad_out, q, k, v, table_rev, out, log_sum_exp):
+    """``dq, dk, dv`` from the kernel's own backward, block by block."""
+    B, H, Lq, _ = q.shape
+    k_heads, v_heads = query_heads(k, H), query_heads(v, H)
+    dq, dk_heads, dv_heads = torch.zeros_like(q), torch.zeros_like(k_heads), torch.zeros_like(v_heads)
+    for rows, cols in blocks:
+        dq_rev, dk_block, dv_block = flash_backward(
+            grad_out[:, :, rows].flip(2),
+            q[:, :, rows].flip(2),
+            k_heads[:, :, cols],
+            v_heads[:, :, cols],
+            out[:, :, rows].flip(2),
+            log_sum_exp[:, :, rows].flip(2),
+            0.0,
+            False,
+            attn_mask=hankel_mask(table_rev, B, H, rows, cols, queries_reversed(rows, cols, Lq)),
+            scale=1.0,
+        )
+        dq[:, :, rows] = dq_rev.flip(2)
+        dk_heads[:, :, cols] += dk_block
+        dv_heads[:, :, cols] += dv_block
+    return dq, key_heads(dk_heads, k.shape[1]), key_heads(dv_heads, k.shape[1])
+
+
+def smallest_log_weight(dtype: torch.dtype) -> float:
+    """Log of the smallest weight the table's backward keeps: ``sqrt(finfo.tiny)``.
+
+    Smaller weights, and their products with the gradients, would be subnormal numbers, which x86
+    cores compute about a hundred times slower (they made this backward 3x slower for GGD); ``exp``
+    of -inf or of anything far below this is slow as well, so logits are clamped to it before
+    ``exp`` and weights at it zeroed after. Next to a row's largest weight (at least ``1 / Lk``)
+    such weights lie far below the dtype's resolution.
+    """
+    return 0.5 * math.log(torch.finfo(dtype).tiny)
+
+
+def head_chunks(B: int, H: int, heads: int) -> list[tuple[slice, slice]]:
+    """``(batch rows, heads)`` slices covering ``B x H`` in chunks of about ``heads`` heads: whole
+    batch rows when ``heads >= H``, else part of one row's heads."""
+    if heads >= H:
+        return [(bs, slice(0, H)) for bs in cut(0, B, heads // H)]
+    return [(slice(b, b + 1), hs) for b in range(B) for hs in cut(0, H, heads)]
+
+
+def merged(x: Tensor, bs: slice, hs: slice, positions: slice) -> Tensor:
+    """``x[bs, hs, positions]`` with its batch and head dims merged into one: a view, since a chunk
+    of :func:`head_chunks` is one batch row or whole rows of heads."""
+    return x[bs, hs, positions].flatten(0, 1)
+
+
+def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad):
+    """``dq, dk, dv`` and the reversed table's gradient (None unless ``table_grad``), tile by tile.
+
+    A tile is :data:`TILE_ROWS` query rows (in reverse order) of a few heads, and all the keys those
+    rows see (``tiles``), at most :data:`TILE_CELLS` cells; its buffers are reused by every tile.
+    Grouped keys and values are repeated per query head here (one copy each).
+    """
+    B, H, Lq, _ = q.shape
+    Hkv, Lk = k.shape[1:3]
+    k, v = query_heads(k, H), query_heads(v, H)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    d_table_rev = torch.zeros_like(table_rev) if table_grad else None
+    empty = empty_rows(table_rev.flip(-1), Lk)
+    shared = table_rev.shape[0] == 1  # one table row for every head
+    cutoff = smallest_log_weight(q.dtype)
+    smallest = math.exp(cutoff)
+    chunk = [min(B * H, max(1, TILE_CELLS // ((r.stop - r.start) * (c.stop - c.start)))) for r, c in tiles]
+    cells = max(
+        (n * (r.stop - r.start) * (c.stop - c.start + TILE_ROWS) for n, (r, c) in zip(chunk, tiles)),
+        default=0,
+    )
+    weights_buffer, products_buffer, grads_buffer = (q.new_empty(cells) for _ in range(3))
+    for heads, (rows, cols) in zip(chunk, tiles):
+        lq, lk = rows.stop - rows.start, cols.stop - cols.start
+        start = queries_reversed(rows, cols, Lq)  # the reversed table's index of the tile's cell (0, 0)
+        for bs, hs in head_chunks(B, H, heads):
+            shape = (bs.stop - bs.start, hs.stop - hs.start, lq, lk)
+            G = shape[0] * shape[1]
+            probs = weights_buffer[: G * lq * lk].view(G, lq, lk)
+            products = products_buffer[: G * lq * lk].view(G, lq, lk)
+            padded = grads_buffer[: G * lq * (lk + lq)].view(G, lq, lk + lq)
+            d_probs = padded[..., :lk]  # then d_logits; the lq zeros after it serve shifted_row_sums
+            padded[..., lk:].zero_()
+            q_tile, d_out = merged(q, bs, hs, rows).flip(1), merged(grad_out, bs, hs, rows).flip(1)
+            k_tile, v_tile = merged(k, bs, hs, cols), merged(v, bs, hs, cols)
+            # P = exp(S - lse), renormalised so that a row whose weight sits on one key has exactly
+            # 1 there (lse comes from the kernel's own sums). Weights below sqrt(finfo.tiny) are
+            # taken as 0 (see smallest_log_weight).
+            torch.bmm(q_tile, k_tile.mT, out=probs)
+            probs.view(shape).add_(hankel_mask(table_rev, shape[0], H, rows, cols, start)[:, hs])
+            probs.sub_(merged(log_sum_exp, bs, hs, rows)[..., None].flip(1)).clamp_(min=cutoff).exp_()
+            F.threshold_(probs, smallest, 0.0)
+            probs.div_(probs.sum(-1, keepdim=True))
+            if empty is not None:  # 0 / 0 above
+                hidden = empty[slice(None) if shared else hs, rows, None].flip(1)
+                probs.view(shape).masked_fill_(hidden, 0.0)
+            merged(dv, bs, hs, cols).baddbmm_(probs.mT, d_out)
+            torch.bmm(d_out, v_tile.mT, out=d_probs)
+            delta = torch.mul(probs, d_probs, out=products).sum(-1, keepdim=True)
+            d_logits = d_probs.sub_(delta).mul_(probs)
+            dq[bs, hs, rows] = (d_logits @ k_tile).view(*shape[:3], -1).flip(2)
+            merged(dk, bs, hs, cols).baddbmm_(d_logits.mT, q_tile)
+            if table_grad:
+                d_lags = shifted_row_sums(padded).view(*shape[:2], -1).sum(0)  # (heads, lq + lk - 1)
+                if shared:
+                    d_lags = d_lags.sum(0, keepdim=True)
+                d_table_rev[slice(None) if shared else hs, start : start + d_lags.shape[-1]] += d_lags
+    return dq, key_heads(dk, Hkv), key_heads(dv, Hkv), d_table_rev
+
+
+def lag_flash_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    table: Tensor | None,
+    masking: Masking,
+    blocks: Callable[[int], tuple[tuple[slice, slice], ...]],
+) -> Tensor:
+    """Attention ``(B, H, Lq, Dv)`` of scaled ``q`` with bias ``table[i - j + Lk - 1]`` (None: no bias)
+    under masks on lags only; ``blocks(step)`` are query rows in runs of ``step`` and the keys they
+    see (``memeff.key_blocks``)."""
+    return LagTableFlash.apply(blocks, q, k, v, masked_table(table, masking, q.dtype), table is not None)

@@ -1,0 +1,173 @@
+"""The blockwise route's flash path (``lag_flash``): a lag table through the CPU flash kernel."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_routes import check_route
+
+import priorattn
+from priorattn.functional import lag_flash
+from priorattn.functional.lag_flash import anti_diagonal_sums, empty_rows, masked_table, shifted_row_sums
+from priorattn.functional.masks import Masking
+from priorattn.priors import GGD
+
+#: Priors whose log-prior depends on the lag only (the path's table), and no prior.
+LAG_PRIORS = ("uniform", "alibi", "ggd", "ggd_negative")
+
+
+@st.composite
+def lag_problems(draw):
+    """A random call the flash path computes: positions one run, masks on lags only (causal order,
+    a window), a relative prior or none (then with or without SSMax), equal q/k and v widths."""
+    Hkv = draw(st.integers(1, 2))
+    Lk = draw(st.integers(1, 40))
+    D = draw(st.sampled_from([4, 8]))
+    prior = draw(st.sampled_from(LAG_PRIORS))
+    return dict(
+        B=draw(st.integers(1, 2)),
+        H=Hkv * draw(st.sampled_from([1, 2])),
+        Hkv=Hkv,
+        Lq=draw(st.integers(1, Lk)),
+        Lk=Lk,
+        Dk=D,
+        Dv=D,
+        causal=draw(st.booleans()),
+        offset=draw(st.sampled_from([0, 3, 1000])),
+        prior=prior,
+        seed=draw(st.integers(0, 2**16)),
+        window=draw(st.sampled_from([None, None, 1, 5])),
+        docs=False,
+        padding=False,
+        ssmax=prior == "uniform" and draw(st.booleans()),  # SSMax scales a prior's bias too
+        batched_pos=False,
+    )
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Several kernel calls and backward tiles even at the tests' short lengths; counts the calls."""
+    monkeypatch.setattr(lag_flash, "FLASH_ROWS", 7)
+    monkeypatch.setattr(lag_flash, "TILE_ROWS", 3)
+    calls = []
+    apply = lag_flash.LagTableFlash.apply
+    monkeypatch.setattr(lag_flash.LagTableFlash, "apply", lambda *a: calls.append(1) or apply(*a))
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(o=lag_problems())
+def test_flash_path_matches_reference(dtype, o, small_blocks):
+    """Forward and backward (the kernel's backward when the prior is frozen, the tiles when the
+    table needs its gradient) against the float64 reference. The fixture only sets sizes and
+    counts calls, so sharing it between examples is safe."""
+    small_blocks.clear()
+    check_route("memeff", o, dtype)
+    assert small_blocks, "the call did not take the flash path"
+
+
+@pytest.mark.parametrize("prior", ["ggd", "none"])
+def test_flash_path_long_causal_and_prefill_match_reference(prior, small_blocks):
+    """Lengths past a real block (256 rows) and tile (64 rows), with the default sizes."""
+    lag_flash.FLASH_ROWS, lag_flash.TILE_ROWS = 256, 64
+    for Lq, Lk in [(600, 600), (300, 700)]:
+        o = dict(B=1, H=2, Hkv=1, Lq=Lq, Lk=Lk, Dk=8, Dv=8, causal=True, offset=0, seed=1, window=None)
+        o.update(prior="ggd" if prior == "ggd" else "uniform", docs=False, padding=False)
+        check_route("memeff", {**o, "ssmax": False, "batched_pos": False}, torch.float32)
+    assert small_blocks
+
+
+@pytest.mark.parametrize("B, H, Hkv, L", [(16, 4, 4, 40), (3, 6, 2, 300), (1, 4, 1, 700)])
+def test_flash_path_tiles_many_heads_at_once_on_short_rows(B, H, Hkv, L):
+    """Short rows share a tile among heads (whole batch rows of them, or part of one row's heads);
+    long rows take one head per tile."""
+    o = dict(B=B, H=H, Hkv=Hkv, Lq=L, Lk=L, Dk=8, Dv=8, causal=True, offset=0, seed=2, window=None)
+    o.update(prior="ggd", docs=False, padding=False, ssmax=False, batched_pos=False)
+    check_route("memeff", o, torch.float32)
+
+
+@pytest.mark.parametrize("prior, kernel", [(None, True), (GGD(2, init="alibi", trainable=()), False)])
+def test_flash_path_backward_without_a_prior_is_the_kernels(prior, kernel, monkeypatch):
+    """No prior: the kernel's own backward. A frozen prior: the tiles (the kernel's backward is slow on
+    the subnormal weights a decaying bias makes). Both match the reference."""
+    used = []
+    kernel_backward = lag_flash.kernel_backward
+    monkeypatch.setattr(lag_flash, "kernel_backward", lambda *a: used.append(1) or kernel_backward(*a))
+    q, k, v = (torch.randn(1, 2, 50, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    grads = []
+    for backend in ("memeff", "reference"):
+        out = priorattn.attention(q, k, v, prior=prior, backend=backend)
+        grads.append(torch.autograd.grad(out.sum(), (q, k, v)))
+    assert bool(used) == kernel
+    for got, expected in zip(*grads):
+        assert torch.allclose(got, expected, atol=1e-10)
+
+
+def test_empty_rows_get_zeros_and_finite_gradients():
+    """A row whose every visible logit is -inf: zero output, and finite q/k/v gradients equal to the
+    reference's (the prior's own parameters get 0 * inf = NaN from its formula, in both routes)."""
+    prior = GGD(1, trainable=("alpha", "beta", "mu"))
+    with torch.no_grad():
+        prior.theta_beta.fill_(-8.0)  # b at lag 0 overflows to -inf: the first query sees only -inf
+    q, k, v = (torch.randn(1, 1, 6, 4, requires_grad=True) for _ in range(3))
+    results = []
+    for backend in ("memeff", "reference"):
+        out = priorattn.attention(q, k, v, prior=prior, backend=backend)
+        results.append((out, *torch.autograd.grad(out.sum(), (q, k, v))))
+    assert (results[0][0][0, 0, 0] == 0).all()
+    for got, expected in zip(*results):
+        assert torch.isfinite(got).all() and torch.allclose(got, expected, atol=1e-5)
+
+
+def test_masked_table_hides_future_and_far_lags():
+    masking = Masking(True, torch.arange(2, 5)[None], torch.arange(5)[None], window=2)
+    table = masked_table(torch.arange(7.0)[None], masking, torch.float32)  # lags -2 .. 4
+    inf = float("-inf")
+    assert table.tolist() == [[inf, inf, 2.0, 3.0, inf, inf, inf]]
+    assert masked_table(None, masking, torch.float32).tolist() == [[inf, inf, 0.0, 0.0, inf, inf, inf]]
+
+
+def test_empty_rows_are_rows_whose_table_window_is_all_minus_infinity():
+    inf = float("-inf")
+    table = torch.tensor([[inf, inf, 1.0, inf, inf], [0.0] * 5])  # Lq = 3, Lk = 3
+    assert empty_rows(table, 3) is None  # each row of head 0 reads the 1.0
+    table[0, 1] = 1.0
+    table[0, 2] = inf
+    assert empty_rows(table, 3).tolist() == [[False, False, True], [False, False, False]]
+
+
+@pytest.mark.parametrize("n, m", [(1, 1), (3, 5), (5, 3), (4, 4)])
+def test_anti_diagonal_sums_add_each_anti_diagonal(n, m):
+    x = torch.randn(2, n, m, dtype=torch.float64)
+    flipped = x.flip(-1)
+    expected = [
+        [torch.diagonal(flipped[h], offset=m - 1 - c).sum() for c in range(n + m - 1)] for h in range(2)
+    ]
+    assert torch.allclose(anti_diagonal_sums(x), torch.tensor(expected, dtype=torch.float64))
+    padded = torch.cat([x, torch.zeros(2, n, n, dtype=torch.float64)], dim=-1)
+    assert torch.equal(shifted_row_sums(padded), anti_diagonal_sums(x))
+
+
+def test_weights_below_the_subnormal_cutoff_change_nothing_visible():
+    """The tiles take weights below sqrt(finfo.tiny) as 0: with a steep prior most weights of a long
+    row are there, and the gradients still match the float64 reference to float32 precision."""
+    prior = GGD(2, init="alibi", trainable=("alpha", "beta", "mu"))
+    with torch.no_grad():
+        prior.theta_alpha.fill_(math.log(3.0))  # bias ~ -3 |lag|: exp(-43.7) is reached at lag ~15
+    q, k, v = (torch.randn(1, 2, 200, 8, dtype=torch.float64) for _ in range(3))
+    leaves32 = [t.float().requires_grad_() for t in (q, k, v)]
+    out32 = priorattn.attention(*leaves32, prior=prior, backend="memeff")
+    prior64 = GGD(2, init="alibi", trainable=("alpha", "beta", "mu")).double()
+    prior64.load_state_dict(prior.state_dict())
+    leaves64 = [t.requires_grad_() for t in (q, k, v)]
+    out64 = priorattn.attention(*leaves64, prior=prior64, backend="reference")
+    weights = torch.linspace(-1, 1, out64.numel(), dtype=torch.float64).view_as(out64)
+    g32 = torch.autograd.grad((out32.double() * weights).sum(), [*leaves32, *prior.parameters()])
+    g64 = torch.autograd.grad((out64 * weights).sum(), [*leaves64, *prior64.parameters()])
+    for got, expected in zip(g32, g64):
+        assert torch.allclose(got.double(), expected, rtol=1e-4, atol=1e-5 * (expected.abs().max() + 1))
