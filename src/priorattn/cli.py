@@ -305,6 +305,7 @@ def evaluate(args: argparse.Namespace) -> int:
     options["progress"] = not args.quiet
     if args.task == "ppl":
         job, options = evaluations.ppl_job, options | dict(windows=args.windows)
+        options["tau_length_scaling"] = args.tau_length_scaling
     elif args.task == "passkey":
         job, options = evaluations.passkey_job, options | dict(depths=args.depths, trials=args.trials)
         options["digits"] = args.digits
@@ -644,6 +645,11 @@ def add_eval_parser(commands) -> None:
         t.add_argument("--quiet", action="store_true", help="no progress bar")
         if task == "ppl":
             t.add_argument("--windows", type=int_at_least(1), default=8, help="windows per length (8)")
+            t.add_argument(
+                "--tau-length-scaling",
+                action="store_true",
+                help="scalar heads: a query seeing n > T keys uses tau (T / n)^2 (docs/scalar_decoding.md)",
+            )
         else:
             depths = 20 if task == "passkey" else 5
             t.add_argument("--depths", type=int_at_least(1), default=depths, help=f"needle depths ({depths})")

@@ -1,0 +1,136 @@
+"""The inference-time length rule ``tau min(1, (T / n)^2)``: every route, cached and sorted decoding agree."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from priorattn import cli
+from priorattn.files import read_json
+from priorattn.models import GPT, GPTConfig
+from priorattn.scalar import ScalarMultiheadAttention, SortedDecoding
+from priorattn.scalar.model import set_tau_length_scaling, sorted_caches
+from priorattn.scalar.temperature import length_scaled_tau
+
+LAYERS = {
+    "scalar, per-head tau": dict(),
+    "grouped, per-token tau, sink": dict(value_groups=2, tau="token", sink=True),
+    "hybrid, global tau": dict(hybrid=True, encoding="rope", tau="global"),
+}
+
+
+def test_length_scaled_tau_shrinks_only_past_the_training_length():
+    tau = torch.tensor([0.5, 2.0], dtype=torch.float64)
+    scaled = length_scaled_tau(tau, torch.arange(8)[None], 4)  # n = 1 .. 8
+    factor = torch.tensor(
+        [1, 1, 1, 1, (4 / 5) ** 2, (4 / 6) ** 2, (4 / 7) ** 2, (4 / 8) ** 2], dtype=torch.float64
+    )
+    torch.testing.assert_close(scaled, tau[None, :, None] * factor, rtol=1e-15, atol=0)
+
+
+def scaled_layer(options: dict, backend: str) -> ScalarMultiheadAttention:
+    torch.manual_seed(0)
+    module = ScalarMultiheadAttention(16, 4, tau_length_scaling=4, backend=backend, **options).double()
+    with torch.no_grad():  # random, non-trivial parameters everywhere (the sink starts at zero)
+        for p in module.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return module
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "memeff"])  # flex compiles (slow, float32)
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_every_route_equals_the_dense_definition_under_the_rule(name, backend):
+    """float64, 13 tokens past T = 4: the routes fold a per-token tau as they fold a learned one."""
+    x = torch.randn(2, 13, 16, dtype=torch.float64)
+    reference = scaled_layer(LAYERS[name], "reference")
+    expected, _ = reference(x)
+    y, _ = scaled_layer(LAYERS[name], backend)(x)
+    torch.testing.assert_close(y, expected, rtol=1e-9, atol=1e-9)
+    reference.tau_length_scaling = None
+    assert not torch.allclose(reference(x)[0], expected)  # the rule changes the output past T
+    torch.testing.assert_close(reference(x[:, :4])[0], expected[:, :4], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_cached_decoding_equals_the_full_pass_under_the_rule(name):
+    """A decoding step's query counts its keys from its position, as in the full pass."""
+    module = scaled_layer(LAYERS[name], "auto")
+    x = torch.randn(2, 11, 16, dtype=torch.float64)
+    full, _ = module(x)
+    y, cache = module(x[:, :6])
+    pieces = [y]
+    for t in range(6, 11):
+        y, cache = module(x[:, t : t + 1], cache=cache)
+        pieces.append(y)
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "layout", [dict(attention="scalar", scalar_sink=True), dict(attention="hybrid", encoding="rope")]
+)
+def test_sorted_decoding_over_every_key_equals_dense_decoding_under_the_rule(layout):
+    config = GPTConfig(vocab_size=40, seq_len=8, d_model=32, n_layers=2, n_heads=4, **layout)
+    model = GPT(config).double().eval()
+    prompt = torch.randint(40, (1, 12))
+    off = model.generate(prompt, 10, greedy=True)
+    set_tau_length_scaling(model, 8)
+    assert model.config.scalar_tau_length_scaling == 8
+    assert model.blocks[1].attn.tau_length_scaling == 8
+    _, _, dense = model(prompt)
+    _, _, sorted_ = model(prompt)
+    sorted_ = sorted_caches(model, sorted_, SortedDecoding(window=64, buffer_size=4))
+    token = prompt[:, -1:]
+    for _ in range(10):
+        expected, _, dense = model(token, caches=dense)
+        logits, _, sorted_ = model(token, caches=sorted_)
+        torch.testing.assert_close(logits, expected, rtol=0, atol=1e-10)
+        token = expected[:, -1:].argmax(dim=-1)
+    greedy = model.generate(prompt, 10, greedy=True)
+    assert torch.equal(model.generate(prompt, 10, greedy=True, sorted_decoding=SortedDecoding(64)), greedy)
+    set_tau_length_scaling(model, None)
+    assert torch.equal(model.generate(prompt, 10, greedy=True), off)
+
+
+def test_the_rule_is_saved_in_the_config():
+    config = GPTConfig(vocab_size=40, seq_len=8, d_model=32, n_layers=1, n_heads=4, attention="mixed")
+    config.scalar_tau_length_scaling = 8
+    model = GPT(GPTConfig.from_dict(config.to_dict()))
+    assert model.blocks[0].attn.scalar.tau_length_scaling == 8
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.5, True, "256"])
+def test_a_bad_training_length_is_named(value):
+    with pytest.raises(ValueError, match="tau_length_scaling must be None or the training length"):
+        ScalarMultiheadAttention(16, 4, tau_length_scaling=value)
+    with pytest.raises(ValueError, match="scalar_tau_length_scaling must be None or the training length"):
+        GPTConfig(
+            vocab_size=40,
+            seq_len=8,
+            d_model=32,
+            n_layers=1,
+            n_heads=4,
+            attention="scalar",
+            scalar_tau_length_scaling=value,
+        )
+
+
+def test_standard_attention_refuses_the_rule():
+    with pytest.raises(ValueError, match="scalar_tau_length_scaling configures scalar heads"):
+        GPTConfig(vocab_size=40, seq_len=8, d_model=32, n_layers=1, n_heads=4, scalar_tau_length_scaling=8)
+    model = GPT(GPTConfig(vocab_size=40, seq_len=8, d_model=32, n_layers=1, n_heads=4))
+    with pytest.raises(ValueError, match="attention='standard'"):
+        set_tau_length_scaling(model, 8)
+
+
+def test_eval_ppl_scores_a_scalar_run_with_the_rule(make_run, tmp_path):
+    run = make_run(attention="scalar")  # trained at T = 32
+    results = {}
+    for flag in ([], ["--tau-length-scaling"]):
+        out = tmp_path / ("on" if flag else "off")
+        argv = ["eval", "ppl", "--run", str(run), "--lengths", "32,96", "--windows", "2", "--out", str(out)]
+        assert cli.main(argv + ["--quiet", *flag]) == 0
+        results[bool(flag)] = read_json(out / "results.json")
+    assert results[True]["tau_length_scaling"] and not results[False]["tau_length_scaling"]
+    assert results[True]["loss"][0] == results[False]["loss"][0]  # within T the rule changes nothing
+    assert results[True]["tail_loss"][1] != results[False]["tail_loss"][1]
