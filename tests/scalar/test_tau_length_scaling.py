@@ -1,4 +1,8 @@
-"""The inference-time length rule ``tau min(1, (T / n)^2)``: every route, cached and sorted decoding agree."""
+"""The inference-time length rule ``tau min(1, (T / n)^2)``: its values, every route, the model option.
+
+Cached and sorted decoding under the rule are cases of ``test_scalar_layers.py`` and
+``test_sorted_decoding.py``; bad options, of their bad-input tests.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,8 @@ import torch
 from priorattn import cli
 from priorattn.files import read_json
 from priorattn.models import GPT, GPTConfig
-from priorattn.scalar import ScalarMultiheadAttention, SortedDecoding
-from priorattn.scalar.model import set_tau_length_scaling, sorted_caches
+from priorattn.scalar import ScalarMultiheadAttention
+from priorattn.scalar.model import set_tau_length_scaling
 from priorattn.scalar.temperature import length_scaled_tau
 
 LAYERS = {
@@ -41,7 +45,7 @@ def scaled_layer(options: dict, backend: str) -> ScalarMultiheadAttention:
 @pytest.mark.parametrize("backend", ["auto", "sdpa", "memeff"])  # flex compiles (slow, float32)
 @pytest.mark.parametrize("name", sorted(LAYERS))
 def test_every_route_equals_the_dense_definition_under_the_rule(name, backend):
-    """float64, 13 tokens past T = 4: the routes fold a per-token tau as they fold a learned one."""
+    """float64, 13 tokens past T = 4: the routes fold the scaled per-token tau as a learned one."""
     x = torch.randn(2, 13, 16, dtype=torch.float64)
     reference = scaled_layer(LAYERS[name], "reference")
     expected, _ = reference(x)
@@ -52,75 +56,27 @@ def test_every_route_equals_the_dense_definition_under_the_rule(name, backend):
     torch.testing.assert_close(reference(x[:, :4])[0], expected[:, :4], rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("name", sorted(LAYERS))
-def test_cached_decoding_equals_the_full_pass_under_the_rule(name):
-    """A decoding step's query counts its keys from its position, as in the full pass."""
-    module = scaled_layer(LAYERS[name], "auto")
-    x = torch.randn(2, 11, 16, dtype=torch.float64)
-    full, _ = module(x)
-    y, cache = module(x[:, :6])
-    pieces = [y]
-    for t in range(6, 11):
-        y, cache = module(x[:, t : t + 1], cache=cache)
-        pieces.append(y)
-    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-10, atol=1e-10)
-
-
-@pytest.mark.parametrize(
-    "layout", [dict(attention="scalar", scalar_sink=True), dict(attention="hybrid", encoding="rope")]
-)
-def test_sorted_decoding_over_every_key_equals_dense_decoding_under_the_rule(layout):
-    config = GPTConfig(vocab_size=40, seq_len=8, d_model=32, n_layers=2, n_heads=4, **layout)
+def test_set_tau_length_scaling_turns_the_rule_on_and_off_and_records_it():
+    config = GPTConfig(vocab_size=40, seq_len=8, d_model=32, n_layers=2, n_heads=4, attention="mixed")
     model = GPT(config).double().eval()
     prompt = torch.randint(40, (1, 12))
-    off = model.generate(prompt, 10, greedy=True)
+    off = model.generate(prompt, 6, greedy=True)
+    logits_off, _, _ = model(prompt)
     set_tau_length_scaling(model, 8)
     assert model.config.scalar_tau_length_scaling == 8
-    assert model.blocks[1].attn.tau_length_scaling == 8
-    _, _, dense = model(prompt)
-    _, _, sorted_ = model(prompt)
-    sorted_ = sorted_caches(model, sorted_, SortedDecoding(window=64, buffer_size=4))
-    token = prompt[:, -1:]
-    for _ in range(10):
-        expected, _, dense = model(token, caches=dense)
-        logits, _, sorted_ = model(token, caches=sorted_)
-        torch.testing.assert_close(logits, expected, rtol=0, atol=1e-10)
-        token = expected[:, -1:].argmax(dim=-1)
-    greedy = model.generate(prompt, 10, greedy=True)
-    assert torch.equal(model.generate(prompt, 10, greedy=True, sorted_decoding=SortedDecoding(64)), greedy)
+    assert all(block.attn.scalar.tau_length_scaling == 8 for block in model.blocks)
+    logits_on, _, _ = model(prompt)
+    torch.testing.assert_close(logits_on[:, :8], logits_off[:, :8], rtol=0, atol=0)
+    assert not torch.allclose(logits_on[:, 8:], logits_off[:, 8:])
+    saved = GPT(GPTConfig.from_dict(model.config.to_dict()))  # stored in the run's config
+    assert saved.blocks[0].attn.scalar.tau_length_scaling == 8
     set_tau_length_scaling(model, None)
-    assert torch.equal(model.generate(prompt, 10, greedy=True), off)
-
-
-def test_the_rule_is_saved_in_the_config():
-    config = GPTConfig(vocab_size=40, seq_len=8, d_model=32, n_layers=1, n_heads=4, attention="mixed")
-    config.scalar_tau_length_scaling = 8
-    model = GPT(GPTConfig.from_dict(config.to_dict()))
-    assert model.blocks[0].attn.scalar.tau_length_scaling == 8
-
-
-@pytest.mark.parametrize("value", [0, -3, 2.5, True, "256"])
-def test_a_bad_training_length_is_named(value):
+    assert torch.equal(model.generate(prompt, 6, greedy=True), off)
     with pytest.raises(ValueError, match="tau_length_scaling must be None or the training length"):
-        ScalarMultiheadAttention(16, 4, tau_length_scaling=value)
-    with pytest.raises(ValueError, match="scalar_tau_length_scaling must be None or the training length"):
-        GPTConfig(
-            vocab_size=40,
-            seq_len=8,
-            d_model=32,
-            n_layers=1,
-            n_heads=4,
-            attention="scalar",
-            scalar_tau_length_scaling=value,
-        )
-
-
-def test_standard_attention_refuses_the_rule():
-    with pytest.raises(ValueError, match="scalar_tau_length_scaling configures scalar heads"):
-        GPTConfig(vocab_size=40, seq_len=8, d_model=32, n_layers=1, n_heads=4, scalar_tau_length_scaling=8)
-    model = GPT(GPTConfig(vocab_size=40, seq_len=8, d_model=32, n_layers=1, n_heads=4))
-    with pytest.raises(ValueError, match="attention='standard'"):
-        set_tau_length_scaling(model, 8)
+        set_tau_length_scaling(model, -1)
+    standard = GPT(GPTConfig(vocab_size=40, seq_len=8, d_model=32, n_layers=1, n_heads=4))
+    with pytest.raises(ValueError, match="this model has attention='standard'"):
+        set_tau_length_scaling(standard, 8)
 
 
 def test_eval_ppl_scores_a_scalar_run_with_the_rule(make_run, tmp_path):
