@@ -244,10 +244,13 @@ def sample(args: argparse.Namespace) -> int:
     import torch
 
     from .scalar import SortedDecoding
+    from .scalar.model import set_tau_length_scaling
     from .train import load_run
 
     try:
         run = load_run(args.run)
+        if args.tau_length_scaling:
+            set_tau_length_scaling(run.model, run.model_config.seq_len)
         prompt = torch.tensor([run.tokenizer.encode(args.prompt)])
         if prompt.shape[1] == 0:
             raise ValueError("argument --prompt: give at least one character")
@@ -549,6 +552,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="scalar heads decode through a cache sorted by scalar key, attending over the K keys "
         "nearest each query (seed 002; scalar, hybrid and mixed runs)",
+    )
+    gen.add_argument(
+        "--tau-length-scaling",
+        action="store_true",
+        help="scalar heads: a query seeing n > T keys uses tau (T / n)^2 (docs/scalar_decoding.md)",
     )
     gen.set_defaults(func=sample, parser=gen)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import exit_code
 
 from priorattn import cli
 from priorattn.files import read_json
@@ -79,7 +80,7 @@ def test_set_tau_length_scaling_turns_the_rule_on_and_off_and_records_it():
         set_tau_length_scaling(standard, 8)
 
 
-def test_eval_ppl_scores_a_scalar_run_with_the_rule(make_run, tmp_path):
+def test_sample_and_eval_ppl_apply_the_rule_to_a_scalar_run(make_run, tmp_path, capsys):
     run = make_run(attention="scalar")  # trained at T = 32
     results = {}
     for flag in ([], ["--tau-length-scaling"]):
@@ -90,3 +91,11 @@ def test_eval_ppl_scores_a_scalar_run_with_the_rule(make_run, tmp_path):
     assert results[True]["tau_length_scaling"] and not results[False]["tau_length_scaling"]
     assert results[True]["loss"][0] == results[False]["loss"][0]  # within T the rule changes nothing
     assert results[True]["tail_loss"][1] != results[False]["tail_loss"][1]
+    sample = ["sample", "--run", str(run), "--prompt", "now is the winter " * 4, "--tokens", "8", "--greedy"]
+    capsys.readouterr()
+    assert cli.main(sample + ["--tau-length-scaling", "--sorted-window", "128"]) == 0
+    with_rule = capsys.readouterr().out
+    assert cli.main(sample + ["--tau-length-scaling"]) == 0  # the window holds every key
+    assert capsys.readouterr().out == with_rule
+    standard = make_run()
+    assert exit_code(["sample", "--run", str(standard), "--tau-length-scaling"]) == 2
