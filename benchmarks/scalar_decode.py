@@ -33,8 +33,9 @@ read per step, the attention mass the window holds (exact, from the float64 dens
 tokens' queries, and the cache's own lower bound), the keys a query needs for 99.9% of its mass, and
 the memory of both caches; and the exact mass that each of ``--mass-windows`` would hold (untimed),
 to choose the smallest sufficient window. ``--tau-scaling length`` replaces the trained tau by
-``tau (256 / n)^2`` in both caches: the bandwidth a model would need to keep as many keys within
-reach of a query at n as at its training length (not the trained model's attention;
+``tau (256 / n)^2`` in both caches: the bandwidth that keeps as many keys within reach of a query
+at n as at the training length, the model option ``scalar_tau_length_scaling``
+(``priorattn.scalar.model.set_tau_length_scaling``; what it does to the model's perplexity:
 docs/scalar_decoding.md).
 
     python benchmarks/scalar_decode.py                       # n = 1e3 .. 1e6, trains once (~4 min)
@@ -74,7 +75,7 @@ from priorattn.models import preset
 from priorattn.scalar import SortedDecoding
 from priorattn.scalar.model import sorted_caches
 from priorattn.scalar.sorted_cache import SortedScalarCache, scalar_attention_reference
-from priorattn.scalar.temperature import TAU_FLOOR
+from priorattn.scalar.temperature import TAU_FLOOR, length_scaled_tau
 from priorattn.train import TrainConfig, TrainResult, load_run, train
 
 SPREAD = 3.0  # synthetic keys and queries are uniform on [-SPREAD, SPREAD]
@@ -164,7 +165,10 @@ class Tokens:
     q_vec: torch.Tensor | None = None
 
     def tau_at(self, n: int, scaling: str) -> torch.Tensor:
-        return self.tau if scaling == "trained" else self.tau * (self.train_len / n) ** 2
+        """``(H,)``: the trained tau, or the model option's length-scaled tau of a query seeing ``n`` keys."""
+        if scaling == "trained":
+            return self.tau
+        return length_scaled_tau(self.tau, torch.tensor([[n - 1]]), self.train_len)[0, :, 0]
 
 
 def synthetic_tokens(args: argparse.Namespace, count: int) -> Tokens:

@@ -244,10 +244,13 @@ def sample(args: argparse.Namespace) -> int:
     import torch
 
     from .scalar import SortedDecoding
+    from .scalar.model import set_tau_length_scaling
     from .train import load_run
 
     try:
         run = load_run(args.run)
+        if args.tau_length_scaling:
+            set_tau_length_scaling(run.model, run.model_config.seq_len)
         prompt = torch.tensor([run.tokenizer.encode(args.prompt)])
         if prompt.shape[1] == 0:
             raise ValueError("argument --prompt: give at least one character")
@@ -305,6 +308,7 @@ def evaluate(args: argparse.Namespace) -> int:
     options["progress"] = not args.quiet
     if args.task == "ppl":
         job, options = evaluations.ppl_job, options | dict(windows=args.windows)
+        options["tau_length_scaling"] = args.tau_length_scaling
     elif args.task == "passkey":
         job, options = evaluations.passkey_job, options | dict(depths=args.depths, trials=args.trials)
         options["digits"] = args.digits
@@ -549,6 +553,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="scalar heads decode through a cache sorted by scalar key, attending over the K keys "
         "nearest each query (seed 002; scalar, hybrid and mixed runs)",
     )
+    gen.add_argument(
+        "--tau-length-scaling",
+        action="store_true",
+        help="scalar heads: a query seeing n > T keys uses tau (T / n)^2 (docs/scalar_decoding.md)",
+    )
     gen.set_defaults(func=sample, parser=gen)
 
     add_eval_parser(commands)
@@ -644,6 +653,11 @@ def add_eval_parser(commands) -> None:
         t.add_argument("--quiet", action="store_true", help="no progress bar")
         if task == "ppl":
             t.add_argument("--windows", type=int_at_least(1), default=8, help="windows per length (8)")
+            t.add_argument(
+                "--tau-length-scaling",
+                action="store_true",
+                help="scalar heads: a query seeing n > T keys uses tau (T / n)^2 (docs/scalar_decoding.md)",
+            )
         else:
             depths = 20 if task == "passkey" else 5
             t.add_argument("--depths", type=int_at_least(1), default=depths, help=f"needle depths ({depths})")

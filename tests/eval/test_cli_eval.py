@@ -74,6 +74,7 @@ def test_eval_reads_other_text_with_its_encoding(run_dir, tmp_path):
         (["eval", "ppl", "--run", "{run}", "--data", "{missing}"], "no such file or directory"),
         (["eval", "ppl", "--run", "{run}", "--lengths", "99999"], "no document of the evaluation text"),
         (["eval", "ppl", "--run", "{run}", "--out", "{file}"], "is a file"),
+        (["eval", "ppl", "--run", "{run}", "--tau-length-scaling"], "this model has attention='standard'"),
         (["eval", "ppl", "--run", "{run}", "--data", "{latin1}"], "is not utf-8 text: byte 6 is b'\\xe9'"),
         (
             ["eval", "niah", "--run", "{run}", "--data", "{latin1}", "--text-encoding", "klingon"],

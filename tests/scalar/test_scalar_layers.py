@@ -13,6 +13,7 @@ CASES = {
     "grouped_token_tau_sink": dict(value_groups=2, tau="token", sink=True, sink_key=0.5),
     "hybrid_rope_capped": dict(hybrid=True, encoding="rope", tau="global", tau_cap=1.0),
     "hybrid_goat": dict(hybrid=True, value_groups=1, prior="goat"),
+    "token_tau_length_scaled_sink": dict(tau="token", tau_length_scaling=4, sink=True),  # 11 > T = 4
 }
 
 
@@ -91,6 +92,8 @@ def test_pure_scalar_layer_matches_the_formula():
         (dict(tau_init=0.0), "tau init must be a finite number > 0.0001"),
         (dict(tau_init=1.0, tau_cap=0.5), "tau cap must be a finite number above init"),
         (dict(tau="layer"), "tau kind must be one of"),
+        (dict(tau_length_scaling=0), "tau_length_scaling must be None or the training length"),
+        (dict(tau_length_scaling=2.5), "tau_length_scaling must be None or the training length"),
     ],
 )
 def test_bad_layer_options_are_named(options, message):

@@ -62,6 +62,11 @@ def test_a_config_saved_before_the_field_loads_as_standard():
         (dict(attention="scalar", scalar_sink=True, prior="goat"), "scalar_sink has no position"),
         (dict(attention="scalar", scalar_tau_init=-1.0), "scalar_tau_init must be a finite number > 0.0001"),
         (dict(attention="scalar", scalar_tau="layer"), "scalar_tau must be one of"),
+        (dict(scalar_tau_length_scaling=8), "scalar_tau_length_scaling configures scalar heads"),
+        (
+            dict(attention="scalar", scalar_tau_length_scaling=True),
+            "scalar_tau_length_scaling must be None or",
+        ),
     ],
 )
 def test_bad_attention_config_is_named(options, message):

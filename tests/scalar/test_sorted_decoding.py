@@ -14,6 +14,7 @@ LAYOUTS = {
     "grouped values, per-token tau": dict(attention="scalar", scalar_groups=2, scalar_tau="token"),
     "sink": dict(attention="scalar", scalar_sink=True),
     "hybrid with rope": dict(attention="hybrid", encoding="rope"),
+    "hybrid, tau length-scaled past 8 tokens": dict(attention="hybrid", scalar_tau_length_scaling=8),
     "mixed, prior on the dot-product heads": dict(attention="mixed", prior="alibi"),
 }
 

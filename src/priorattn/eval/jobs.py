@@ -78,12 +78,19 @@ def ppl_job(
     windows: int = 8,
     seed: int = 0,
     progress: bool = True,
+    tau_length_scaling: bool = False,
 ) -> dict:
     """:func:`~priorattn.eval.evaluate_ppl` of the run in ``run_dir``; writes ``results.json`` and
-    ``ppl.png`` into ``out``."""
-    run_dir, out = Path(run_dir), prepare_out(out)
+    ``ppl.png`` into ``out``. ``tau_length_scaling``: scalar heads use ``tau (T / n)^2`` past the
+    training length ``T`` (:func:`priorattn.scalar.model.set_tau_length_scaling`)."""
+    run_dir = Path(run_dir)
     run = load_scored(run_dir)
     T = run.train_len
+    if tau_length_scaling:
+        from ..scalar.model import set_tau_length_scaling
+
+        set_tau_length_scaling(run.model, T)
+    out = prepare_out(out)
     documents = eval_documents(run, run_dir, data, text_encoding)
     result = evaluate_ppl(
         run.model,
@@ -95,6 +102,7 @@ def ppl_job(
         progress=progress,
     )
     result = dict(run=str(run_dir), data=data or "validation split", seed=seed) | result
+    result["tau_length_scaling"] = tau_length_scaling
     write_json_atomic(out / RESULTS_JSON, result)
     plot_ppl({run_label(run_dir): result}, out / "ppl.png")
     return result

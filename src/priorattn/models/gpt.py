@@ -104,6 +104,7 @@ class GPTConfig:
     scalar_tau: str = "head"
     scalar_tau_init: float = 0.1
     scalar_tau_cap: float | None = None
+    scalar_tau_length_scaling: int | None = None
     scalar_sink: bool = False
 
     def __post_init__(self):
@@ -372,7 +373,9 @@ class GPT(nn.Module):
 
         ``sorted_decoding``: after the prefill, scalar heads read a cache sorted by scalar key and
         attend over the ``window`` keys nearest each query (seed 002 "Binary Search at Inference",
-        :func:`priorattn.scalar.model.sorted_caches`; one sequence, B = 1).
+        :func:`priorattn.scalar.model.sorted_caches`; one sequence, B = 1). Scalar heads whose tau is
+        length-scaled (``config.scalar_tau_length_scaling``, set by
+        :func:`priorattn.scalar.model.set_tau_length_scaling`) apply it in both caches alike.
         """
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be a non-negative int, got {max_new_tokens!r}")

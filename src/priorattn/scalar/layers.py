@@ -20,7 +20,7 @@ from ..priors import Prior
 from .functional import check_tau, scalar_attention, scalar_attention_weights
 from .regularizers import align_from_moments, align_values, spread_loss, tau_loss
 from .sorted_decoding import SortedLayerCache
-from .temperature import Temperature
+from .temperature import Temperature, check_train_length, length_scaled_tau
 
 
 class ScalarAttentionMap(NamedTuple):
@@ -49,6 +49,9 @@ class ScalarMultiheadAttention(nn.Module):
             per-group vector keys of width ``head_dim`` (seed 002 "Hybrid"); RoPE applies to them.
         tau, tau_init, tau_cap: the bandwidth's kind (``"global"``, ``"head"``, ``"token"``), start
             and optional cap (:class:`~priorattn.scalar.Temperature`).
+        tau_length_scaling: ``None`` (default) or the training length ``T``: at inference, a query
+            that sees ``n > T`` keys (``n = position + 1``) uses ``tau (T / n)^2``
+            (:func:`~priorattn.scalar.temperature.length_scaled_tau`); a settable attribute.
         sink: a sink key with scalar key ``sink_key`` and a learned value per group, started at zero
             (a neutral value, seed 002 "Attention Sinks"); it takes no prior and no window.
         prior, encoding, causal, head_dim, window, backend: as in ``PriorMultiheadAttention``.
@@ -64,6 +67,7 @@ class ScalarMultiheadAttention(nn.Module):
         tau: str = "head",
         tau_init: float = 0.1,
         tau_cap: float | None = None,
+        tau_length_scaling: int | None = None,
         sink: bool = False,
         sink_key: float = 0.0,
         prior: Prior | None = None,
@@ -85,6 +89,7 @@ class ScalarMultiheadAttention(nn.Module):
         ).items():
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_train_length(tau_length_scaling)
         if num_heads % value_groups:
             raise ValueError(
                 f"value_groups={value_groups} does not divide num_heads={num_heads}: each value group "
@@ -107,6 +112,7 @@ class ScalarMultiheadAttention(nn.Module):
         self.ssmax = None  # seed 002 "Long Context Behavior": the kernel needs no length correction
         self.rope = _rope(encoding, head_dim, 1.0) if hybrid else None
         self.temperature = Temperature(num_heads, tau, tau_init, tau_cap, d_model)
+        self.tau_length_scaling = tau_length_scaling
         H, G, Dq = num_heads, value_groups, self.content_dim
         self.q_proj = nn.Linear(d_model, H * (Dq + 1), bias=False)  # per head: [q (Dq), q_s]
         self.k_proj = nn.Linear(d_model, G * Dq + H, bias=False)  # per group k (Dq), then H scalar keys
@@ -197,7 +203,17 @@ class ScalarMultiheadAttention(nn.Module):
             backend=self.backend,
         )
         content = dict(q=q, k=cache.k[..., :Dq]) if Dq else {}
-        return q_s, cached_k_s, self.temperature(x), call, content, cache
+        return q_s, cached_k_s, self.tau(x, positions), call, content, cache
+
+    def tau(self, x: Tensor, positions: Tensor) -> Tensor:
+        """The bandwidth of the queries of ``x (B, L, d_model)`` at ``positions (B or 1, L)``: the
+        :class:`Temperature`'s, or with ``tau_length_scaling`` its length-scaled ``(B, H, L)``."""
+        tau = self.temperature(x)
+        if self.tau_length_scaling is None:
+            return tau
+        check_train_length(self.tau_length_scaling)
+        B, L, _ = x.shape
+        return length_scaled_tau(tau, positions, self.tau_length_scaling).expand(B, self.num_heads, L)
 
     def project(self, x: Tensor, positions: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """The projections of ``x: (B, L, d_model)``: ``q (B, H, L, Dq)``, ``q_s (B, H, L)``, ``k (B, G,
@@ -225,7 +241,7 @@ class ScalarMultiheadAttention(nn.Module):
         _, L, _ = x.shape
         H, Dq = self.num_heads, self.content_dim
         q, q_s, k, k_s, v = self.project(x, positions)
-        tau = self.temperature(x)  # (), (H,) or (1, H, L)
+        tau = self.tau(x, positions)  # (), (H,) or (1, H, L)
         outputs = []
         for i in range(L):
             step = cache.step(
@@ -291,7 +307,8 @@ class ScalarMultiheadAttention(nn.Module):
         return (
             f"d_model={self.d_model}, num_heads={self.num_heads}, value_groups={self.value_groups}, "
             f"head_dim={self.head_dim}, hybrid={bool(self.content_dim)}, sink={self.sink_value is not None}, "
-            f"causal={self.causal}, window={self.window}, backend={self.backend!r}"
+            f"causal={self.causal}, window={self.window}, backend={self.backend!r}, "
+            f"tau_length_scaling={self.tau_length_scaling}"
         )
 
 

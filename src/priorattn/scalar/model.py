@@ -7,8 +7,11 @@
 - ``"mixed"``: ``scalar_heads`` scalar heads next to dot-product heads (seed 002 "Hybrid Architecture").
 
 The other ``scalar_*`` fields configure the scalar heads: ``scalar_groups`` value groups (default:
-one per scalar head), ``scalar_tau`` / ``scalar_tau_init`` / ``scalar_tau_cap`` the bandwidth, and
-``scalar_sink`` a sink key. A prior applies to every head of ``"scalar"`` and ``"hybrid"`` layers
+one per scalar head), ``scalar_tau`` / ``scalar_tau_init`` / ``scalar_tau_cap`` the bandwidth,
+``scalar_sink`` a sink key, and ``scalar_tau_length_scaling`` (``None``, or the training length ``T``)
+the inference-time rule ``tau (T / n)^2`` for a query seeing ``n > T`` keys
+(:func:`~priorattn.scalar.temperature.length_scaled_tau`; set on a trained model by
+:func:`set_tau_length_scaling`). A prior applies to every head of ``"scalar"`` and ``"hybrid"`` layers
 (seed 002 experiment 6) and to the dot-product heads of ``"mixed"`` layers.
 """
 
@@ -22,7 +25,7 @@ from ..eot.regularizers import regularizer
 from ..priors import Prior
 from .layers import MixedCache, MixedMultiheadAttention, ScalarMultiheadAttention
 from .sorted_decoding import SortedDecoding, SortedLayerCache
-from .temperature import TAU_FLOOR, TAU_KINDS
+from .temperature import TAU_FLOOR, TAU_KINDS, check_train_length
 
 ATTENTIONS = ("standard", "scalar", "hybrid", "mixed")
 
@@ -39,8 +42,10 @@ def check_attention_config(config) -> None:
         raise ValueError(f"scalar_tau_init must be a finite number > {TAU_FLOOR}, got {init!r}")
     if cap is not None and not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap > init):
         raise ValueError(f"scalar_tau_cap must be a finite number above scalar_tau_init={init}, got {cap!r}")
+    check_train_length(config.scalar_tau_length_scaling, "scalar_tau_length_scaling")
     if config.attention == "standard":
-        given = [name for name in ("scalar_heads", "scalar_groups") if getattr(config, name) is not None]
+        names = ("scalar_heads", "scalar_groups", "scalar_tau_length_scaling")
+        given = [name for name in names if getattr(config, name) is not None]
         if given or config.scalar_sink:
             name = given[0] if given else "scalar_sink"
             raise ValueError(f"{name} configures scalar heads: set attention to 'scalar', 'hybrid', 'mixed'")
@@ -97,6 +102,7 @@ def attention_layer(config, prior: Prior | None) -> nn.Module:
         tau=config.scalar_tau,
         tau_init=config.scalar_tau_init,
         tau_cap=config.scalar_tau_cap,
+        tau_length_scaling=config.scalar_tau_length_scaling,
         sink=config.scalar_sink,
         causal=True,
         head_dim=config.head_dim,
@@ -118,6 +124,21 @@ def attention_layer(config, prior: Prior | None) -> nn.Module:
 def attention_parts(attn: nn.Module) -> tuple[nn.Module, ...]:
     """The layers with ``q_proj``, ``k_proj``, ``v_proj``, ``out_proj`` inside a block's attention."""
     return (attn.dot, attn.scalar) if isinstance(attn, MixedMultiheadAttention) else (attn,)
+
+
+def set_tau_length_scaling(model, train_len: int | None) -> None:
+    """Turn the length rule of every scalar head of ``model`` (a :class:`~priorattn.models.GPT`) on
+    with the training length ``train_len`` (``model.config.seq_len`` for a trained run), or off with
+    ``None``; recorded in ``model.config``. Full passes, KV-cache and sorted-cache generation alike
+    read it."""
+    config = model.config
+    attention = getattr(config, "attention", "standard")  # a transformers model (hf-extend) has none
+    if attention == "standard":
+        raise ValueError("tau length scaling changes scalar heads, and this model has attention='standard'")
+    check_train_length(train_len)
+    config.scalar_tau_length_scaling = train_len
+    for block in model.blocks:
+        attention_parts(block.attn)[-1].tau_length_scaling = train_len
 
 
 def sorted_caches(model, caches: list, decoding: SortedDecoding) -> list:

@@ -9,6 +9,9 @@ floor) sigmoid(raw)``, which stays below ``cap`` (seed 002 "Term 3": "a hard cap
 softplus(tau_raw) with a max value"; the sigmoid form keeps a gradient at the cap, where clamping a
 softplus would have none). ``floor = TAU_FLOOR`` keeps tau a positive float where softplus or
 sigmoid would underflow to 0 (``softplus(-200) == 0`` in float32): a bandwidth of zero is undefined.
+
+:func:`length_scaled_tau` is an inference-time rule for contexts longer than the training length
+``T``: a query that sees ``n > T`` keys uses ``tau (T / n)^2`` (docs/scalar_decoding.md).
 """
 
 from __future__ import annotations
@@ -73,3 +76,29 @@ class Temperature(nn.Module):
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, kind={self.kind!r}, cap={self.cap}"
+
+
+def check_train_length(train_len, name: str = "tau_length_scaling") -> None:
+    """``train_len`` is ``None`` (no length scaling) or the positive int training length ``T``."""
+    if train_len is not None and (
+        isinstance(train_len, bool) or not isinstance(train_len, int) or train_len < 1
+    ):
+        raise ValueError(f"{name} must be None or the training length (a positive int), got {train_len!r}")
+
+
+def length_scaled_tau(tau: Tensor, positions: Tensor, train_len: int) -> Tensor:
+    """``tau min(1, (T / n_i)^2)`` ``(B, H, L)`` for queries at ``positions (B or 1, L)``, where
+    ``n_i = position_i + 1`` keys are visible to query ``i`` of one causal sequence; ``tau`` is
+    ``()``, ``(H,)`` or ``(B, H, L)`` (a :class:`Temperature`'s output).
+
+    Why ``(T / n)^2``: over keys spread on a fixed range (``L_spread``), ``n`` keys lie ``n / T``
+    times denser than ``T`` did, and the Gaussian kernel reaches ``sqrt(tau)`` in scalar distance,
+    so the squared factor keeps as many keys within a query's reach as at the training length: the
+    attention stays as local, in keys, as it was trained (seed 002 "Binary Search at Inference"
+    bounds the window by that reach). It is a length rule in the spirit of SSMax's ``log n`` logit
+    scale (seed 003), applied at inference only; below ``T`` tau is unchanged.
+    """
+    n = (positions + 1).to(tau.dtype)
+    shrink = (train_len / n).clamp(max=1.0) ** 2  # (B or 1, L)
+    per_head = tau.view(1, -1, 1) if tau.dim() <= 1 else tau  # (1, H or 1, 1) or (B, H, L)
+    return per_head * shrink[:, None, :]
