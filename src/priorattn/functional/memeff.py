@@ -36,7 +36,9 @@ the logits back through it, so every prior parameter gets its gradient without c
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -49,6 +51,7 @@ from .masks import Masking
 from .prior_inputs import centred_keys, lag_table, slope_span, split_prior
 from .reference import compute_dtype
 from .spans import cut, key_spans, visible_counts
+from .subnormals import on_flushing_thread
 
 #: Logit cells per block (``B * H * rows * Lk``): 2^21 floats are 8 MB in float32.
 BLOCK_CELLS = 1 << 21
@@ -170,76 +173,94 @@ class BlockwiseAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, plan: Plan, q2, k2, v, key_bias, slope, table, row_scale, *params):
-        B, H, Lq, _ = q2.shape
-        out = q2.new_zeros(B, H, Lq, v.shape[-1])
-        for rows, cols in plan.blocks:
-            bias = plan.bias(rows, cols, key_bias, slope, table, row_scale)
-            probs = plan.probs(q2[:, :, rows], k2[:, :, cols], bias, rows, cols)
-            out[:, :, rows] = grouped_values(probs, v[:, :, cols])
         ctx.plan, ctx.params = plan, params
         ctx.save_for_backward(q2, k2, v, key_bias, slope, table, row_scale)
-        return out
+        sources = (key_bias, slope, table, row_scale)
+        return on_kernel_thread(q2.device, blockwise_forward, plan, q2, k2, v, *sources)
 
     @staticmethod
     def backward(ctx, grad_out):
-        plan: Plan = ctx.plan
-        q2, k2, v, *sources = ctx.saved_tensors
-        # Bias sources become fresh leaves so each block's bias can be rebuilt under autograd; the lag
-        # table is the exception: its gradient is summed along anti-diagonals directly (autograd
-        # through an overlapping strided view would build index tensors of the block's size).
-        leaves = [
-            None if t is None else t.detach().requires_grad_(ctx.needs_input_grad[4 + i] and i != TABLE)
-            for i, t in enumerate(sources)
-        ]
-        wanted = [t for t in leaves if t is not None and t.requires_grad]
-        wanted += [p for p, need in zip(ctx.params, ctx.needs_input_grad[8:]) if need]
-        table, row_scale = sources[TABLE], sources[ROW_SCALE]
-        d_table = torch.zeros_like(table) if table is not None and ctx.needs_input_grad[4 + TABLE] else None
-        B, H, Lq, D = q2.shape
-        Hkv = v.shape[1]
-        dq, dk, dv = torch.zeros_like(q2), torch.zeros_like(k2), torch.zeros_like(v)
-        d_wanted = [torch.zeros_like(t) for t in wanted]
-        for rows, cols in plan.blocks:
-            with torch.enable_grad():
-                bias = plan.bias(rows, cols, *leaves)
-            detached = None if bias is None else bias.detach()
-            probs = plan.probs(q2[:, :, rows], k2[:, :, cols], detached, rows, cols)
-            d_out = grouped(grad_out[:, :, rows], Hkv)
-            dv[:, :, cols] += grouped(probs, Hkv).transpose(-1, -2) @ d_out
-            d_probs = (d_out @ v[:, :, cols].transpose(-1, -2)).view_as(probs)
-            # dS = P * (dP - delta), delta = rowsum(P * dP): the softmax's own backward, as autograd
-            # runs it for the reference. A block holds every key its rows can see, so delta comes
-            # from the block's own weights, not from FlashAttention's rowsum(dO * O) (needed there
-            # because a row's keys span blocks). The shortcut equals it only up to the rounding of
-            # two differently ordered sums, and that residual survives where the exact dS is 0: a
-            # row with one visible key has P = 1 whatever its logit. A steep bias (GGD, beta < 0,
-            # near j - i = mu) multiplies it into a prior gradient of ~1e-3 that should be 0.
-            # Here, when a row's weight sits on one key (P one-hot), delta = dP there exactly and
-            # dS is exactly 0, as in exact arithmetic.
-            delta = (probs * d_probs).sum(-1, keepdim=True)
-            d_logits = probs.mul_(d_probs.sub_(delta))
-            grouped_d_logits = grouped(d_logits, Hkv)
-            dq[:, :, rows] = (grouped_d_logits @ k2[:, :, cols]).view(B, H, -1, D)
-            dk[:, :, cols] += grouped_d_logits.transpose(-1, -2) @ grouped(q2[:, :, rows], Hkv)
-            if d_table is not None:
-                d_tile = (
-                    d_logits * row_scale[:, :, rows]
-                    if plan.scale_prior and row_scale is not None
-                    else d_logits
-                )
-                d_tile = sum_to(d_tile, (1, *d_table.shape[:1], *d_tile.shape[2:]))[0]  # (H or 1, lq, lk)
-                start = keys_reversed(rows, cols, plan.masking.k_pos.shape[-1])
-                d_table[:, start : start + sum(d_tile.shape[-2:]) - 1] += diagonal_sums(d_tile)
-            if bias is not None and bias.requires_grad:
-                grads = torch.autograd.grad(bias, wanted, sum_to(d_logits, bias.shape), allow_unused=True)
-                for total, g in zip(d_wanted, grads):
-                    if g is not None:
-                        total += g
-        found = iter(d_wanted)
-        source_grads = [next(found) if t is not None and t.requires_grad else None for t in leaves]
-        source_grads[TABLE] = d_table
-        param_grads = [next(found) if need else None for need in ctx.needs_input_grad[8:]]
-        return (None, dq, dk, dv, *source_grads, *param_grads)
+        return on_kernel_thread(grad_out.device, blockwise_backward, ctx, grad_out)
+
+
+def on_kernel_thread(device: torch.device, work: Callable[..., Any], *args: Any) -> Any:
+    """``work(*args)``; on the CPU, on the thread that flushes subnormals: a steep or far-reaching
+    prior gives distant keys weights below 2^-126, and the block products on them ran 2-3x slower
+    (GOAT via this route at L = 4096: 5x plain SDPA's time, 2.2x flushed; docs/benchmarks.md)."""
+    return on_flushing_thread(work, *args) if device.type == "cpu" else work(*args)
+
+
+@torch.no_grad()
+def blockwise_forward(plan: Plan, q2, k2, v, key_bias, slope, table, row_scale) -> Tensor:
+    """:class:`BlockwiseAttention`'s output: each block's weights times its values."""
+    B, H, Lq, _ = q2.shape
+    out = q2.new_zeros(B, H, Lq, v.shape[-1])
+    for rows, cols in plan.blocks:
+        bias = plan.bias(rows, cols, key_bias, slope, table, row_scale)
+        probs = plan.probs(q2[:, :, rows], k2[:, :, cols], bias, rows, cols)
+        out[:, :, rows] = grouped_values(probs, v[:, :, cols])
+    return out
+
+
+@torch.no_grad()
+def blockwise_backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+    """:class:`BlockwiseAttention`'s gradients, one block's weights rebuilt at a time."""
+    plan: Plan = ctx.plan
+    q2, k2, v, *sources = ctx.saved_tensors
+    # Bias sources become fresh leaves so each block's bias can be rebuilt under autograd; the lag
+    # table is the exception: its gradient is summed along anti-diagonals directly (autograd
+    # through an overlapping strided view would build index tensors of the block's size).
+    leaves = [
+        None if t is None else t.detach().requires_grad_(ctx.needs_input_grad[4 + i] and i != TABLE)
+        for i, t in enumerate(sources)
+    ]
+    wanted = [t for t in leaves if t is not None and t.requires_grad]
+    wanted += [p for p, need in zip(ctx.params, ctx.needs_input_grad[8:]) if need]
+    table, row_scale = sources[TABLE], sources[ROW_SCALE]
+    d_table = torch.zeros_like(table) if table is not None and ctx.needs_input_grad[4 + TABLE] else None
+    B, H, Lq, D = q2.shape
+    Hkv = v.shape[1]
+    dq, dk, dv = torch.zeros_like(q2), torch.zeros_like(k2), torch.zeros_like(v)
+    d_wanted = [torch.zeros_like(t) for t in wanted]
+    for rows, cols in plan.blocks:
+        with torch.enable_grad():
+            bias = plan.bias(rows, cols, *leaves)
+        detached = None if bias is None else bias.detach()
+        probs = plan.probs(q2[:, :, rows], k2[:, :, cols], detached, rows, cols)
+        d_out = grouped(grad_out[:, :, rows], Hkv)
+        dv[:, :, cols] += grouped(probs, Hkv).transpose(-1, -2) @ d_out
+        d_probs = (d_out @ v[:, :, cols].transpose(-1, -2)).view_as(probs)
+        # dS = P * (dP - delta), delta = rowsum(P * dP): the softmax's own backward, as autograd
+        # runs it for the reference. A block holds every key its rows can see, so delta comes
+        # from the block's own weights, not from FlashAttention's rowsum(dO * O) (needed there
+        # because a row's keys span blocks). The shortcut equals it only up to the rounding of
+        # two differently ordered sums, and that residual survives where the exact dS is 0: a
+        # row with one visible key has P = 1 whatever its logit. A steep bias (GGD, beta < 0,
+        # near j - i = mu) multiplies it into a prior gradient of ~1e-3 that should be 0.
+        # Here, when a row's weight sits on one key (P one-hot), delta = dP there exactly and
+        # dS is exactly 0, as in exact arithmetic.
+        delta = (probs * d_probs).sum(-1, keepdim=True)
+        d_logits = probs.mul_(d_probs.sub_(delta))
+        grouped_d_logits = grouped(d_logits, Hkv)
+        dq[:, :, rows] = (grouped_d_logits @ k2[:, :, cols]).view(B, H, -1, D)
+        dk[:, :, cols] += grouped_d_logits.transpose(-1, -2) @ grouped(q2[:, :, rows], Hkv)
+        if d_table is not None:
+            d_tile = (
+                d_logits * row_scale[:, :, rows] if plan.scale_prior and row_scale is not None else d_logits
+            )
+            d_tile = sum_to(d_tile, (1, *d_table.shape[:1], *d_tile.shape[2:]))[0]  # (H or 1, lq, lk)
+            start = keys_reversed(rows, cols, plan.masking.k_pos.shape[-1])
+            d_table[:, start : start + sum(d_tile.shape[-2:]) - 1] += diagonal_sums(d_tile)
+        if bias is not None and bias.requires_grad:
+            grads = torch.autograd.grad(bias, wanted, sum_to(d_logits, bias.shape), allow_unused=True)
+            for total, g in zip(d_wanted, grads):
+                if g is not None:
+                    total += g
+    found = iter(d_wanted)
+    source_grads = [next(found) if t is not None and t.requires_grad else None for t in leaves]
+    source_grads[TABLE] = d_table
+    param_grads = [next(found) if need else None for need in ctx.needs_input_grad[8:]]
+    return (None, dq, dk, dv, *source_grads, *param_grads)
 
 
 def memeff_attention(

@@ -17,12 +17,8 @@ subnormals, which made the route 2-7x plain SDPA's time under a slope.
 
 from __future__ import annotations
 
-import functools
-import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +31,7 @@ from .masks import Masking
 from .prior_inputs import centred_keys, content_queries, fold_dtype, query_lanes, slope_precision, slope_span
 from .reference import compute_dtype
 from .spans import Call, Kind, batch_groups, cut, key_spans, select_rows, span_calls, visible_counts
+from .subnormals import on_flushing_thread
 
 #: Largest number of (query, key) cells of a boolean mask handed to SDPA in one call.
 MASK_CHUNK_CELLS = 1 << 22
@@ -221,26 +218,6 @@ def with_gaps(parts: list[Tensor], calls: list[Call], like: Tensor, length: int)
     return torch.cat([like, *pieces], dim=2) if len(pieces) != 1 else pieces[0]
 
 
-@functools.cache
-def flushing_thread(process: int) -> ThreadPoolExecutor:
-    """The thread :class:`FoldedCalls` runs its kernel calls on: it flushes subnormal floats to zero.
-
-    A slope drives the weights of distant keys towards zero, and those between 2^-149 and 2^-126
-    (float32 subnormals) made the CPU kernel's backward 2-3x slower on one thread and 5x on two
-    (docs/benchmarks.md). Such a weight is below 2^-126 of its row's largest, far under float32's
-    resolution of an output, so flushing it changes no result at float32 precision. The mode is
-    per thread, and OpenMP workers take it from the thread that starts them: the workers this
-    thread starts flush too, while the caller's threads keep their own mode. Callers on several
-    threads take turns. One per ``process`` id: a forked child does not have its parent's thread.
-    """
-    return ThreadPoolExecutor(1, "priorattn-flush", initializer=torch.set_flush_denormal, initargs=(True,))
-
-
-def on_flushing_thread(work: Callable[..., Any], *args: Any) -> Any:
-    """``work(*args)`` on :func:`flushing_thread`, the caller waiting for it."""
-    return flushing_thread(os.getpid()).submit(work, *args).result()
-
-
 class FoldedCalls(torch.autograd.Function):
     """The calls of one batch group through the CPU flash kernel, keeping only what they share.
 
@@ -253,7 +230,7 @@ class FoldedCalls(torch.autograd.Function):
     keys, as in :class:`LowerRightCausal`) and carries their gradients back by autograd to q, k, v
     and the lanes, so learnable priors train. Keys come in blocks of at most ``KEY_BLOCK``, merged
     by their log-sum-exps, so no more than one block of ``k'`` exists at a time. Both passes run
-    on :func:`flushing_thread`.
+    on the thread that flushes subnormals (``subnormals.py``).
     """
 
     @staticmethod
