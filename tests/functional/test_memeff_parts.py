@@ -53,9 +53,10 @@ def test_general_blocks_run_on_the_flushing_thread_and_leave_the_callers_mode(mo
     """A far-reaching prior gives distant keys subnormal weights, which made the block products
     2-3x slower; both passes of the general blocks run where subnormals flush."""
     import priorattn
-    from priorattn.functional import memeff
+    from priorattn.functional import memeff, subnormals
     from priorattn.priors import GOAT
 
+    monkeypatch.setattr(subnormals, "flushing_pays", lambda: True)
     q, k, v = (torch.randn(1, 2, 40, 8, requires_grad=True) for _ in range(3))
     seen, probs = [], memeff.Plan.probs
 
@@ -69,14 +70,16 @@ def test_general_blocks_run_on_the_flushing_thread_and_leave_the_callers_mode(mo
     assert seen and all(seen) and not flushes()
 
 
-def test_a_route_called_from_the_flushing_thread_runs_there():
+def test_a_route_called_from_the_flushing_thread_runs_there(monkeypatch):
     """Work already on the flushing thread that calls a route again must not wait for itself."""
     import threading
 
     import priorattn
+    from priorattn.functional import subnormals
     from priorattn.functional.subnormals import on_flushing_thread
     from priorattn.priors import GOAT
 
+    monkeypatch.setattr(subnormals, "flushing_pays", lambda: True)
     q = torch.randn(1, 2, 30, 8)
 
     def both_routes():

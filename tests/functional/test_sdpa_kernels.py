@@ -3,11 +3,13 @@ the CPU flash kernel and the public-operator one that other devices use."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 import priorattn
-from priorattn.functional import prior_inputs, sdpa
+from priorattn.functional import prior_inputs, sdpa, subnormals
 from priorattn.functional.sdpa import LowerRightCausal, lower_right_kernel, public_lower_right_causal
 from priorattn.priors import GOAT, ALiBi
 
@@ -74,7 +76,23 @@ def test_a_slope_re_centred_on_every_run_of_queries_saves_only_o_of_l(prior, mon
     assert saved_elements(run) > 30 * B * H * L * width
 
 
-def test_the_cpu_route_flushes_subnormals_on_its_own_thread_only():
+@pytest.fixture
+def flushing(monkeypatch):
+    """Hand work to the flushing thread whatever the number of torch threads."""
+    monkeypatch.setattr(subnormals, "flushing_pays", lambda: True)
+
+
+def test_work_runs_on_the_caller_where_flushing_does_not_pay(monkeypatch):
+    """With several torch threads the hand-over costs more than flushing saves: no hand-over."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert not subnormals.flushing_pays()
+    assert subnormals.on_flushing_thread(threading.current_thread) is threading.current_thread()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert subnormals.flushing_pays()
+    assert subnormals.on_flushing_thread(threading.current_thread).name.startswith(subnormals.THREAD_NAME)
+
+
+def test_the_cpu_route_flushes_subnormals_on_its_own_thread_only(flushing):
     """Tiny weights of distant keys make the CPU kernel's backward slow when they are subnormal; the
     route's kernel calls run on a thread that flushes them, and the caller's mode stays its own."""
     q, k, v = (torch.randn(1, 2, 300, 8, requires_grad=True) for _ in range(3))
@@ -104,7 +122,7 @@ def test_the_cpu_route_flushes_subnormals_on_its_own_thread_only():
     assert after == [False, False, True, True]
 
 
-def test_a_forked_process_runs_the_cpu_route_on_a_flushing_thread_of_its_own():
+def test_a_forked_process_runs_the_cpu_route_on_a_flushing_thread_of_its_own(flushing):
     """The parent's flushing thread does not exist in a forked child: the child starts its own."""
     import multiprocessing
 

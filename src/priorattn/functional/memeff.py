@@ -187,7 +187,9 @@ def on_kernel_thread(device: torch.device, work: Callable[..., Any], *args: Any)
     """``work(*args)``; on the CPU, on the thread that flushes subnormals: a steep or far-reaching
     prior gives distant keys weights below 2^-126, and the block products on them ran 2-3x slower
     (GOAT via this route at L = 4096: 5x plain SDPA's time, 2.2x flushed; docs/benchmarks.md)."""
-    return on_flushing_thread(work, *args) if device.type == "cpu" else work(*args)
+    if device.type == "cpu" and not torch.compiler.is_compiling():  # compile traces no threads
+        return on_flushing_thread(work, *args)
+    return work(*args)
 
 
 @torch.no_grad()
