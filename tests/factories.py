@@ -65,3 +65,8 @@ def word_salad(root: Path, words: str, docs: int = 6, length: int = 600) -> Path
     for i in range(docs):
         (root / f"doc{i}.txt").write_text(" ".join(rng.choice(vocabulary) for _ in range(length)))
     return root
+
+
+def flushes() -> bool:
+    """Whether the current thread flushes float32 subnormals to zero."""
+    return bool(torch.tensor(2.0**-149) * 2 == 0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import flushes
 
 from priorattn.functional.memeff import diagonal_sums, toeplitz_tile
 
@@ -44,11 +45,6 @@ def test_causal_blocks_skip_future_keys_without_reading_positions():
     assert [cols for _, cols in key_blocks(full, None, step=4)] == [slice(0, Lk)] * 2
 
 
-def flushes() -> bool:
-    """Whether the current thread flushes float32 subnormals to zero."""
-    return bool(torch.tensor(2.0**-149) * 2 == 0)
-
-
 def test_general_blocks_run_on_the_flushing_thread_and_leave_the_callers_mode(monkeypatch):
     """A far-reaching prior gives distant keys subnormal weights, which made the block products
     2-3x slower; both passes of the general blocks run where subnormals flush."""
@@ -56,7 +52,7 @@ def test_general_blocks_run_on_the_flushing_thread_and_leave_the_callers_mode(mo
     from priorattn.functional import memeff, subnormals
     from priorattn.priors import GOAT
 
-    monkeypatch.setattr(subnormals, "flushing_pays", lambda: True)
+    monkeypatch.setattr(subnormals, "flushing_pays", lambda device: True)
     q, k, v = (torch.randn(1, 2, 40, 8, requires_grad=True) for _ in range(3))
     seen, probs = [], memeff.Plan.probs
 
@@ -79,14 +75,15 @@ def test_a_route_called_from_the_flushing_thread_runs_there(monkeypatch):
     from priorattn.functional.subnormals import on_flushing_thread
     from priorattn.priors import GOAT
 
-    monkeypatch.setattr(subnormals, "flushing_pays", lambda: True)
+    monkeypatch.setattr(subnormals, "flushing_pays", lambda device: True)
     q = torch.randn(1, 2, 30, 8)
 
     def both_routes():
         return [priorattn.attention(q, q, q, prior=GOAT(2, 2), backend=b) for b in ("sdpa", "memeff")]
 
     done = []
-    caller = threading.Thread(target=lambda: done.append(on_flushing_thread(both_routes)), daemon=True)
+    nested = lambda: done.append(on_flushing_thread(q.device, both_routes))  # noqa: E731
+    caller = threading.Thread(target=nested, daemon=True)
     caller.start()
     caller.join(timeout=60)
     assert done, "the nested call waited for its own thread"

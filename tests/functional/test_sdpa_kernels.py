@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import torch
+from factories import flushes
 
 import priorattn
 from priorattn.functional import prior_inputs, sdpa, subnormals
@@ -79,26 +80,25 @@ def test_a_slope_re_centred_on_every_run_of_queries_saves_only_o_of_l(prior, mon
 @pytest.fixture
 def flushing(monkeypatch):
     """Hand work to the flushing thread whatever the number of torch threads."""
-    monkeypatch.setattr(subnormals, "flushing_pays", lambda: True)
+    monkeypatch.setattr(subnormals, "flushing_pays", lambda device: True)
 
 
 def test_work_runs_on_the_caller_where_flushing_does_not_pay(monkeypatch):
     """With several torch threads the hand-over costs more than flushing saves: no hand-over."""
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    assert not subnormals.flushing_pays()
-    assert subnormals.on_flushing_thread(threading.current_thread) is threading.current_thread()
+    cpu = torch.device("cpu")
+    assert not subnormals.flushing_pays(cpu)
+    assert subnormals.on_flushing_thread(cpu, threading.current_thread) is threading.current_thread()
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    assert subnormals.flushing_pays()
-    assert subnormals.on_flushing_thread(threading.current_thread).name.startswith(subnormals.THREAD_NAME)
+    assert subnormals.flushing_pays(cpu)
+    on_thread = subnormals.on_flushing_thread(cpu, threading.current_thread)
+    assert on_thread.name.startswith(subnormals.THREAD_NAME)
 
 
 def test_the_cpu_route_flushes_subnormals_on_its_own_thread_only(flushing):
     """Tiny weights of distant keys make the CPU kernel's backward slow when they are subnormal; the
     route's kernel calls run on a thread that flushes them, and the caller's mode stays its own."""
     q, k, v = (torch.randn(1, 2, 300, 8, requires_grad=True) for _ in range(3))
-
-    def flushes() -> bool:
-        return bool(torch.tensor(2.0**-149) * 2 == 0)
 
     during, after = [], []
     build = sdpa.flash_queries

@@ -36,9 +36,7 @@ the logits back through it, so every prior parameter gets its gradient without c
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -169,27 +167,21 @@ def sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
 
 
 class BlockwiseAttention(torch.autograd.Function):
-    """Blockwise softmax attention; the backward rebuilds each block's weights (flash-style)."""
+    """Blockwise softmax attention; the backward rebuilds each block's weights (flash-style). Both
+    passes run on the thread that flushes subnormals where that pays (``subnormals.py``): a steep or
+    far-reaching prior gives distant keys weights below 2^-126, and the block products on them ran
+    2-3x slower (GOAT via this route at L = 4096 on one thread: 5x plain SDPA's time, 2.2x flushed)."""
 
     @staticmethod
     def forward(ctx, plan: Plan, q2, k2, v, key_bias, slope, table, row_scale, *params):
         ctx.plan, ctx.params = plan, params
         ctx.save_for_backward(q2, k2, v, key_bias, slope, table, row_scale)
         sources = (key_bias, slope, table, row_scale)
-        return on_kernel_thread(q2.device, blockwise_forward, plan, q2, k2, v, *sources)
+        return on_flushing_thread(q2.device, blockwise_forward, plan, q2, k2, v, *sources)
 
     @staticmethod
     def backward(ctx, grad_out):
-        return on_kernel_thread(grad_out.device, blockwise_backward, ctx, grad_out)
-
-
-def on_kernel_thread(device: torch.device, work: Callable[..., Any], *args: Any) -> Any:
-    """``work(*args)``; on the CPU, on the thread that flushes subnormals: a steep or far-reaching
-    prior gives distant keys weights below 2^-126, and the block products on them ran 2-3x slower
-    (GOAT via this route at L = 4096: 5x plain SDPA's time, 2.2x flushed; docs/benchmarks.md)."""
-    if device.type == "cpu" and not torch.compiler.is_compiling():  # compile traces no threads
-        return on_flushing_thread(work, *args)
-    return work(*args)
+        return on_flushing_thread(grad_out.device, blockwise_backward, ctx, grad_out)
 
 
 @torch.no_grad()

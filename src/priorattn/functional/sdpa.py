@@ -237,7 +237,7 @@ class FoldedCalls(torch.autograd.Function):
     def forward(ctx, fold: Fold, calls: list[Call], q, k, v, q_lanes, k_lanes, key_bias, slope, factor):
         """``key_bias`` comes as a lane ``(B or 1, H, Lk, 1)``, so every key input is cut along dim -2."""
         sources = dict(zip(SOURCES, (q, k, v, q_lanes, k_lanes, key_bias, slope, factor)))
-        out, lse = on_flushing_thread(folded_forward, fold, calls, sources)
+        out, lse = on_flushing_thread(q.device, folded_forward, fold, calls, sources)
         ctx.save_for_backward(q, k, v, q_lanes, k_lanes, key_bias, slope, factor, out, lse)
         ctx.fold, ctx.calls = fold, calls
         return out[..., : v.shape[-1]]
@@ -246,7 +246,8 @@ class FoldedCalls(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         *saved, out, lse = ctx.saved_tensors
         sources = dict(zip(SOURCES, saved))
-        totals = on_flushing_thread(folded_backward, ctx.fold, ctx.calls, sources, out, lse, grad_out)
+        work = (folded_backward, ctx.fold, ctx.calls, sources, out, lse, grad_out)
+        totals = on_flushing_thread(grad_out.device, *work)
         if totals["q"] is None:  # no query sees a key: a zero gradient, as every output is one
             totals["q"] = torch.zeros_like(sources["q"])
         needed = dict(zip(SOURCES, ctx.needs_input_grad[2:]))

@@ -31,18 +31,19 @@ def flushing_thread(process: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(1, THREAD_NAME, initializer=torch.set_flush_denormal, initargs=(True,))
 
 
-def flushing_pays() -> bool:
-    """Whether handing work to the flushing thread saves time: with one torch thread. With several,
-    each hand-over leaves the other thread's OpenMP team spinning on the same cores, which cost
-    more than flushing saved (the tiny model's training step on 2 threads, against NoPE: GGD 0.56x
-    with the hand-over, 0.89x without; GOAT 0.90x against 0.92x; docs/benchmarks.md)."""
-    return torch.get_num_threads() == 1
+def flushing_pays(device: torch.device) -> bool:
+    """Whether handing work on ``device`` to the flushing thread saves time: eagerly on the CPU
+    (``torch.compile`` traces no threads) with one torch thread. With several, each hand-over leaves
+    the other thread's OpenMP team spinning on the same cores, which cost more than flushing saved
+    (the tiny model's training step on 2 threads, against NoPE: GGD 0.56x with the hand-over, 0.89x
+    without; GOAT 0.90x against 0.92x; docs/benchmarks.md)."""
+    return device.type == "cpu" and not torch.compiler.is_compiling() and torch.get_num_threads() == 1
 
 
-def on_flushing_thread(work: Callable[..., Any], *args: Any) -> Any:
+def on_flushing_thread(device: torch.device, work: Callable[..., Any], *args: Any) -> Any:
     """``work(*args)`` on :func:`flushing_thread`, the caller waiting for it, where that pays
     (:func:`flushing_pays`); directly otherwise, and when the caller is that thread (work that calls
     a route again would otherwise wait for itself)."""
-    if not flushing_pays() or threading.current_thread().name.startswith(THREAD_NAME):
+    if not flushing_pays(device) or threading.current_thread().name.startswith(THREAD_NAME):
         return work(*args)
     return flushing_thread(os.getpid()).submit(work, *args).result()
