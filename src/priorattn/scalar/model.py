@@ -11,8 +11,8 @@ one per scalar head), ``scalar_tau`` / ``scalar_tau_init`` / ``scalar_tau_cap`` 
 ``scalar_sink`` a sink key, and ``scalar_tau_length_scaling`` (``None``, or a length ``T``) the rule
 ``tau (T / n)^2`` for a query seeing ``n > T`` keys
 (:func:`~priorattn.scalar.temperature.length_scaled_tau`). Set before training with ``T`` below
-``seq_len``, the model learns with the rule: its own attention stays as local at any length as at
-``T`` (docs/scalar_experiments.md section 8). Set on a model trained without it
+``seq_len``, the model learns with the rule, which is then its own attention at every length
+(docs/scalar_experiments.md section 8). Set on a model trained without it
 (:func:`add_inference_length_rule`, ``T = seq_len``), the rule applies only at inference. A prior
 applies to every head of ``"scalar"`` and ``"hybrid"`` layers (seed 002 experiment 6) and to the
 dot-product heads of ``"mixed"`` layers.
