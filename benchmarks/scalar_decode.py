@@ -15,6 +15,9 @@ T / 2 and never exceeds T: attention local in scalar space at the training lengt
 ``--attention hybrid`` trains (and caches) the same recipe with hybrid heads, whose scores
 add ``<q, k> / sqrt(Dk)`` (vector keys of width 32, RoPE): both caches then also hold every token's
 vector key, and the sorted cache reads those of the window only (seed 002 "hybrid decoding").
+``--length-rule T`` trains (and caches) instead the model with the length rule ``tau (T / n)^2`` from
+its first step (``T`` below 256, tau started at ``0.1 (256 / T)^2``; docs/scalar_experiments.md
+section 8): the rule is then the model's own attention, applied at every n.
 ``--source synthetic`` draws keys and queries uniform on [-3, 3] (the fixed target range of
 L_spread) with ``--tau`` and random values instead.
 
@@ -43,6 +46,7 @@ docs/scalar_decoding.md).
     python benchmarks/scalar_decode.py --tau-cap 2e-3 --window 1024   # the bandwidth-capped model
     python benchmarks/scalar_decode.py --tau-scaling length --window 1024            # the 1e6 target
     python benchmarks/scalar_decode.py --attention hybrid --tau-scaling length --window 1024
+    python benchmarks/scalar_decode.py --length-rule 64 --n 1000000 --window 256   # the model's own tau
 
 Measured at n = 1e6 (docs/scalar_decoding.md, third session; one thread, load 3-9): under
 ``--tau-scaling length`` both caches hold all the mass (exact min 1.000000 at window 512 and 1024).
@@ -53,6 +57,10 @@ own tau (0.074) neither meets it: a window of 1024 holds 0.0066 of the mass at w
 needs 2-3e5 keys for 99.9%.
 
     python benchmarks/scalar_decode.py --n 1000000 --window 512 --tau-scaling length
+
+With ``--length-rule 64`` (a model trained with the rule, its own tau) the target is met at window
+256: 118.3x, exact mass min 0.99999997, memory 1.076x (one run, load 8-10); the model pays for its
+locality past 1024 bytes as the rule added at inference does (docs/scalar_decoding.md).
 """
 
 from __future__ import annotations
@@ -71,11 +79,11 @@ from tqdm import tqdm
 
 from priorattn.data import load_corpus
 from priorattn.data.store import default_cache_dir
-from priorattn.models import preset
+from priorattn.models import GPTConfig, preset
 from priorattn.scalar import SortedDecoding
 from priorattn.scalar.model import sorted_caches
 from priorattn.scalar.sorted_cache import SortedScalarCache, scalar_attention_reference
-from priorattn.scalar.temperature import TAU_FLOOR, length_scaled_tau
+from priorattn.scalar.temperature import TAU_FLOOR, length_scaled_tau, rule_tau_init
 from priorattn.train import TrainConfig, TrainResult, load_run, train
 
 SPREAD = 3.0  # synthetic keys and queries are uniform on [-SPREAD, SPREAD]
@@ -96,10 +104,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--train-steps", type=int, default=200, help="trained: optimizer steps (200)")
     parser.add_argument("--layer", type=int, default=3, help="trained: the layer whose heads are read (3)")
     parser.add_argument(
+        "--length-rule",
+        type=int,
+        metavar="T",
+        help="trained: train (and cache) the model with the length rule tau (T / n)^2 from its first "
+        "step (T below 256); its own tau is then local at every n (see the docstring)",
+    )
+    parser.add_argument(
         "--tau-scaling",
         choices=("trained", "length"),
         default="trained",
-        help="trained: the layer's tau; length: tau (256 / n)^2 (see the docstring)",
+        help="trained: the model's own tau; length: tau (256 / n)^2 added at inference (see the docstring)",
     )
     parser.add_argument("--heads", type=int, default=4, help="synthetic: H scalar query heads")
     parser.add_argument("--key-heads", type=int, default=None, help="synthetic: Hk sort orders (H)")
@@ -145,6 +160,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--tau-cap must exceed {2 * TAU_FLOOR} (tau starts at half the cap, above {TAU_FLOOR})")
     if args.attention == "hybrid" and args.source != "trained":
         parser.error("--attention hybrid reads a trained hybrid model's keys: use --source trained")
+    if args.length_rule is not None:
+        if args.tau_cap is not None or args.tau_scaling == "length":
+            parser.error("--length-rule trains the model's own rule: drop --tau-cap and --tau-scaling length")
+        if not 1 <= args.length_rule < 256:
+            parser.error(
+                f"--length-rule must be in [1, 255] (below the training length 256), got {args.length_rule}"
+            )
     args.key_heads = args.heads if args.key_heads is None else args.key_heads
     args.steps = args.buffer_size if args.steps is None else args.steps
     return args
@@ -152,23 +174,27 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 @dataclass
 class Tokens:
-    """Per token ``k_s (N, Hk)``, ``q_s (N, H)``, ``v (N, G, Dv)``; ``tau (H,)`` at the training length;
-    hybrid heads' vector keys and queries ``k_vec (N, G, Dk)`` and ``q_vec (N, H, Dk)`` (else None)."""
+    """Per token ``k_s (N, Hk)``, ``q_s (N, H)``, ``v (N, G, Dv)``; the learned ``tau (H,)``, the
+    training length and the model's own length rule ``T`` (None without); hybrid heads' vector keys
+    and queries ``k_vec (N, G, Dk)`` and ``q_vec (N, H, Dk)`` (else None)."""
 
     k_s: torch.Tensor
     q_s: torch.Tensor
     v: torch.Tensor
     tau: torch.Tensor
     train_len: int
+    length_rule: int | None
     note: str
     k_vec: torch.Tensor | None = None
     q_vec: torch.Tensor | None = None
 
     def tau_at(self, n: int, scaling: str) -> torch.Tensor:
-        """``(H,)``: the trained tau, or the model option's length-scaled tau of a query seeing ``n`` keys."""
-        if scaling == "trained":
+        """``(H,)``: the tau of a query seeing ``n`` keys: the model's own (its rule's, if it was
+        trained with one), or with the rule added at inference at the training length."""
+        rule = self.train_len if scaling == "length" else self.length_rule
+        if rule is None:
             return self.tau
-        return length_scaled_tau(self.tau, torch.tensor([[n - 1]]), self.train_len)[0, :, 0]
+        return length_scaled_tau(self.tau, torch.tensor([[n - 1]]), rule)[0, :, 0]
 
 
 def synthetic_tokens(args: argparse.Namespace, count: int) -> Tokens:
@@ -180,16 +206,23 @@ def synthetic_tokens(args: argparse.Namespace, count: int) -> Tokens:
     v = torch.randn(count, args.groups, args.value_dim, generator=generator)
     tau = torch.full((args.heads,), args.tau)
     note = f"SYNTHETIC keys and queries uniform on [-{SPREAD}, {SPREAD}]"
-    return Tokens(uniform(count, args.key_heads), uniform(count, args.heads), v, tau, 256, note)
+    return Tokens(uniform(count, args.key_heads), uniform(count, args.heads), v, tau, 256, None, note)
 
 
-def trained_run(steps: int, tau_cap: float | None = None, attention: str = "scalar") -> TrainResult:
+def trained_run(
+    steps: int, tau_cap: float | None = None, attention: str = "scalar", length_rule: int | None = None
+) -> TrainResult:
     """The regularized scalar run, trained on first use and reused from the cache after.
 
     With ``tau_cap`` the bandwidth starts at half the cap and never exceeds it (as in the
     sorted-window generation test in tests/train/test_scalar_training.py): attention local in
-    scalar space, as seed 002's sorted-cache decoding presumes."""
+    scalar space, as seed 002's sorted-cache decoding presumes. With ``length_rule`` the model
+    trains with the rule ``tau (T / n)^2`` at ``T = length_rule`` (docs/scalar_experiments.md
+    section 8), tau starting where the bandwidth at 256 is the default 0.1."""
     bandwidth = {} if tau_cap is None else dict(scalar_tau_init=tau_cap / 2, scalar_tau_cap=tau_cap)
+    if length_rule is not None:
+        init = rule_tau_init(GPTConfig.scalar_tau_init, preset("tiny").seq_len, length_rule)
+        bandwidth = dict(scalar_tau_length_scaling=length_rule, scalar_tau_init=init)
     model_config = preset("tiny", attention=attention, **bandwidth)
     # docs/scalar_experiments.md section 7: L_spread 0.1 on (-3, 3) from a third of the steps (seed
     # 002 tuning notes: after initial convergence) with L_tau 0.1 and no L_align makes attention the
@@ -232,12 +265,13 @@ def trained_tokens(args: argparse.Namespace, run_dir: Path, count: int) -> Token
         k_vec.append(k.permute(0, 2, 1, 3).flatten(0, 1))  # (B L, G, Dk), Dk = 0 unless hybrid
         q_vec.append(q.permute(0, 2, 1, 3).flatten(0, 1))  # (B L, H, Dk)
     tau = attn.temperature.per_head().detach()
-    kind = run.model_config.attention
+    kind, rule = run.model_config.attention, run.model_config.scalar_tau_length_scaling
     note = f"keys of layer {args.layer} of the trained, regularized {kind} GPT {run_dir} (step {run.step})"
+    if rule is not None:
+        note += f", trained with the length rule at T = {rule}"
     vectors = [torch.cat(k_vec)[:count], torch.cat(q_vec)[:count]] if attn.content_dim else [None, None]
-    return Tokens(
-        torch.cat(k_s)[:count], torch.cat(q_s)[:count], torch.cat(v)[:count], tau, L, note, *vectors
-    )
+    keys = torch.cat(k_s)[:count], torch.cat(q_s)[:count], torch.cat(v)[:count]
+    return Tokens(*keys, tau, L, rule, note, *vectors)
 
 
 @torch.no_grad()
@@ -394,7 +428,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     if args.generation:
-        rows = compare_generation(args, trained_run(args.train_steps, args.tau_cap, args.attention).run_dir)
+        trained = trained_run(args.train_steps, args.tau_cap, args.attention, args.length_rule)
+        rows = compare_generation(args, trained.run_dir)
         print(f"# greedy, {args.prompt_tokens} prompt tokens, {args.new_tokens} new tokens")
         print("| window | first differing token | largest logit difference | mass outside bound (max) |")
         print("|---:|---:|---:|---:|")
@@ -409,9 +444,9 @@ def main(argv=None) -> None:
         return
     count = max(args.n) + args.rounds * args.steps
     if args.source == "trained":
-        run = trained_run(args.train_steps, args.tau_cap, args.attention)
+        run = trained_run(args.train_steps, args.tau_cap, args.attention, args.length_rule)
         print(
-            f"# trained {args.attention} run: tau cap {args.tau_cap}, "
+            f"# trained {args.attention} run: tau cap {args.tau_cap}, length rule {args.length_rule}, "
             f"validation loss {run.val_loss:.4f} nats/byte "
             f"(unigram {run.unigram_loss:.4f})"
         )

@@ -164,6 +164,7 @@ def train_configs(args: argparse.Namespace):
         scalar_tau_init=args.tau_init,
         scalar_tau_cap=args.tau_cap,
         scalar_sink=args.scalar_sink or None,
+        scalar_tau_length_scaling=args.tau_length_scaling,
     )
     model_flags = {name: value for name, value in model_flags.items() if value is not None}
     train_flags = {name: getattr(args, name) for name in TRAIN_FLAGS} | dict(
@@ -244,13 +245,13 @@ def sample(args: argparse.Namespace) -> int:
     import torch
 
     from .scalar import SortedDecoding
-    from .scalar.model import set_tau_length_scaling
+    from .scalar.model import add_inference_length_rule
     from .train import load_run
 
     try:
         run = load_run(args.run)
         if args.tau_length_scaling:
-            set_tau_length_scaling(run.model, run.model_config.seq_len)
+            add_inference_length_rule(run.model, run.model_config.seq_len)
         prompt = torch.tensor([run.tokenizer.encode(args.prompt)])
         if prompt.shape[1] == 0:
             raise ValueError("argument --prompt: give at least one character")
@@ -975,6 +976,13 @@ def add_train_parser(commands) -> None:
     scalar.add_argument("--tau-init", type=positive_number, help="starting bandwidth (0.1)")
     scalar.add_argument("--tau-cap", type=positive_number, help="largest bandwidth (none)")
     scalar.add_argument("--scalar-sink", action="store_true", help="a sink key at 0 with a learned value")
+    scalar.add_argument(
+        "--tau-length-scaling",
+        type=int_at_least(1),
+        metavar="T",
+        help="a query seeing n > T keys uses tau (T / n)^2, in training and after; with T below "
+        "--seq-len the model learns local attention (docs/scalar_experiments.md section 8) (none)",
+    )
     for term in ("align", "spread", "tau"):
         scalar.add_argument(f"--reg-{term}", type=float, metavar="W", help=f"weight of L_{term} (0)")
         start = f"--reg-{term}-start"

@@ -64,3 +64,20 @@ def test_experiment_5_measures_the_sinks_and_every_tau_curve(tmp_path):
     records = variants["hybrid-sink"]["sink"]
     assert [r["length"] for r in records] == [32, 128, 512]
     assert all(0 < r["mean"] < 1 for r in records)
+
+
+@pytest.mark.slow
+def test_experiment_8_scores_the_length_rule_in_training_against_own_tau_and_at_inference(tmp_path):
+    results = run(8, tmp_path / "out")
+    assert list(results["variants"]) == ["own", "rule8", "rule16"]  # T of a training length of 64
+    evaluations = results["evaluations"]
+    assert list(evaluations) == ["own", "own_rule_at_inference", "rule8", "rule16"]
+    own, at_inference = evaluations["own"], evaluations["own_rule_at_inference"]
+    assert own["lengths"] == [64, 256, 1024, 4096]
+    assert own["loss"][0] == at_inference["loss"][0]  # within the training length the rule is off
+    assert own["loss"][1:] != at_inference["loss"][1:]
+    saved = json.loads((tmp_path / "out" / "runs" / "rule8" / "config.json").read_text())["model"]
+    assert saved["scalar_tau_length_scaling"] == 8 and saved["scalar_tau_init"] == pytest.approx(6.4)
+    for entry in evaluations.values():
+        masses = list(entry["mass_captured"]["nearest"].values())
+        assert masses == sorted(masses) and 0 < masses[0] and masses[-1] <= 1 + 1e-6

@@ -81,15 +81,17 @@ def ppl_job(
     tau_length_scaling: bool = False,
 ) -> dict:
     """:func:`~priorattn.eval.evaluate_ppl` of the run in ``run_dir``; writes ``results.json`` and
-    ``ppl.png`` into ``out``. ``tau_length_scaling``: scalar heads use ``tau (T / n)^2`` past the
-    training length ``T`` (:func:`priorattn.scalar.model.set_tau_length_scaling`)."""
+    ``ppl.png`` into ``out``. ``tau_length_scaling``: scalar heads of a model trained without the
+    rule use ``tau (T / n)^2`` past the training length ``T``
+    (:func:`priorattn.scalar.model.add_inference_length_rule`); a model trained with it applies
+    its own at every length either way."""
     run_dir = Path(run_dir)
     run = load_scored(run_dir)
     T = run.train_len
     if tau_length_scaling:
-        from ..scalar.model import set_tau_length_scaling
+        from ..scalar.model import add_inference_length_rule
 
-        set_tau_length_scaling(run.model, T)
+        add_inference_length_rule(run.model, T)
     out = prepare_out(out)
     documents = eval_documents(run, run_dir, data, text_encoding)
     result = evaluate_ppl(

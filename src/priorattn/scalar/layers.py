@@ -49,9 +49,10 @@ class ScalarMultiheadAttention(nn.Module):
             per-group vector keys of width ``head_dim`` (seed 002 "Hybrid"); RoPE applies to them.
         tau, tau_init, tau_cap: the bandwidth's kind (``"global"``, ``"head"``, ``"token"``), start
             and optional cap (:class:`~priorattn.scalar.Temperature`).
-        tau_length_scaling: ``None`` (default) or the training length ``T``: at inference, a query
-            that sees ``n > T`` keys (``n = position + 1``) uses ``tau (T / n)^2``
-            (:func:`~priorattn.scalar.temperature.length_scaled_tau`); a settable attribute.
+        tau_length_scaling: ``None`` (default) or a length ``T``: a query that sees ``n > T`` keys
+            (``n = position + 1``) uses ``tau (T / n)^2``
+            (:func:`~priorattn.scalar.temperature.length_scaled_tau`), in training and after; the
+            training length added at inference, or below it learned in training (a settable attribute).
         sink: a sink key with scalar key ``sink_key`` and a learned value per group, started at zero
             (a neutral value, seed 002 "Attention Sinks"); it takes no prior and no window.
         prior, encoding, causal, head_dim, window, backend: as in ``PriorMultiheadAttention``.

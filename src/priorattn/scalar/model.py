@@ -8,11 +8,14 @@
 
 The other ``scalar_*`` fields configure the scalar heads: ``scalar_groups`` value groups (default:
 one per scalar head), ``scalar_tau`` / ``scalar_tau_init`` / ``scalar_tau_cap`` the bandwidth,
-``scalar_sink`` a sink key, and ``scalar_tau_length_scaling`` (``None``, or the training length ``T``)
-the inference-time rule ``tau (T / n)^2`` for a query seeing ``n > T`` keys
-(:func:`~priorattn.scalar.temperature.length_scaled_tau`; set on a trained model by
-:func:`set_tau_length_scaling`). A prior applies to every head of ``"scalar"`` and ``"hybrid"`` layers
-(seed 002 experiment 6) and to the dot-product heads of ``"mixed"`` layers.
+``scalar_sink`` a sink key, and ``scalar_tau_length_scaling`` (``None``, or a length ``T``) the rule
+``tau (T / n)^2`` for a query seeing ``n > T`` keys
+(:func:`~priorattn.scalar.temperature.length_scaled_tau`). Set before training with ``T`` below
+``seq_len``, the model learns with the rule, which is then its own attention at every length
+(docs/scalar_experiments.md section 8). Set on a model trained without it
+(:func:`add_inference_length_rule`, ``T = seq_len``), the rule applies only at inference. A prior
+applies to every head of ``"scalar"`` and ``"hybrid"`` layers (seed 002 experiment 6) and to the
+dot-product heads of ``"mixed"`` layers.
 """
 
 from __future__ import annotations
@@ -139,6 +142,19 @@ def set_tau_length_scaling(model, train_len: int | None) -> None:
     config.scalar_tau_length_scaling = train_len
     for block in model.blocks:
         attention_parts(block.attn)[-1].tau_length_scaling = train_len
+
+
+def add_inference_length_rule(model, train_len: int) -> None:
+    """:func:`set_tau_length_scaling` ``(model, train_len)`` on a model trained without the rule:
+    what ``sample`` and ``eval ppl`` ``--tau-length-scaling`` do. A model trained with its own rule
+    already applies it at every length, and replacing its ``T`` would change what it learned."""
+    own = getattr(model.config, "scalar_tau_length_scaling", None)
+    if own is not None:
+        raise ValueError(
+            f"this model was trained with the length rule (scalar_tau_length_scaling={own}), which "
+            "it applies at every length: drop --tau-length-scaling"
+        )
+    set_tau_length_scaling(model, train_len)
 
 
 def sorted_caches(model, caches: list, decoding: SortedDecoding) -> list:

@@ -10,8 +10,10 @@ softplus(tau_raw) with a max value"; the sigmoid form keeps a gradient at the ca
 softplus would have none). ``floor = TAU_FLOOR`` keeps tau a positive float where softplus or
 sigmoid would underflow to 0 (``softplus(-200) == 0`` in float32): a bandwidth of zero is undefined.
 
-:func:`length_scaled_tau` is an inference-time rule for contexts longer than the training length
-``T``: a query that sees ``n > T`` keys uses ``tau (T / n)^2`` (docs/scalar_decoding.md).
+:func:`length_scaled_tau` is a rule for contexts longer than a length ``T``: a query that sees ``n >
+T`` keys uses ``tau (T / n)^2``, added at inference with ``T`` the training length
+(docs/scalar_decoding.md) or learned in training with ``T`` below it (:func:`rule_tau_init`,
+docs/scalar_experiments.md section 8).
 """
 
 from __future__ import annotations
@@ -96,9 +98,24 @@ def length_scaled_tau(tau: Tensor, positions: Tensor, train_len: int) -> Tensor:
     so the squared factor keeps as many keys within a query's reach as at the training length: the
     attention stays as local, in keys, as it was trained (seed 002 "Binary Search at Inference"
     bounds the window by that reach). It is a length rule in the spirit of SSMax's ``log n`` logit
-    scale (seed 003), applied at inference only; below ``T`` tau is unchanged.
+    scale (seed 003); below ``T`` tau is unchanged.
     """
     n = (positions + 1).to(tau.dtype)
     shrink = (train_len / n).clamp(max=1.0) ** 2  # (B or 1, L)
     per_head = tau.view(1, -1, 1) if tau.dim() <= 1 else tau  # (1, H or 1, 1) or (B, H, L)
     return per_head * shrink[:, None, :]
+
+
+def rule_tau_init(tau_init: float, seq_len: int, train_len: int) -> float:
+    """The tau to start a model trained with the rule at ``T = train_len`` below its training length
+    ``seq_len``: ``tau_init (seq_len / T)^2``, so the bandwidth at ``seq_len`` starts at ``tau_init``
+    as a model without the rule starts. Started at ``tau_init`` instead, the rule's factor ``(T /
+    seq_len)^2`` (1/16 to 1/64) must be learned back through the softplus, which takes thousands of
+    steps: at 110 of 200 steps the tiny model at T = 32 of 256 trailed by 0.18 nats, its gradient
+    norm at 36 (docs/scalar_experiments.md section 8)."""
+    check_train_length(train_len)
+    if not train_len < seq_len:
+        raise ValueError(
+            f"the rule's T={train_len} must be below the training length {seq_len} to train with it"
+        )
+    return tau_init * (seq_len / train_len) ** 2

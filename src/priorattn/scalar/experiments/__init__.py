@@ -13,7 +13,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ...files import prepare_out, write_json_atomic
-from . import alignment, context_length, goat, hybrid_vs_standard, regularizer_ablation, sink, weight_search
+from . import (
+    alignment,
+    context_length,
+    goat,
+    hybrid_vs_standard,
+    length_rule,
+    regularizer_ablation,
+    sink,
+    weight_search,
+)
 from .common import RESULTS_JSON, Settings
 
 
@@ -45,6 +54,11 @@ EXPERIMENTS: dict[int, Experiment] = {
         "a search over the regularizer weights (align, spread, tau, spread range and start): val loss "
         "against mass at k, the Pareto front, its best confirmed at the next seed",
         weight_search.run,
+    ),
+    8: Experiment(
+        "the length rule tau (T / n)^2 in training (T = 32, 64 of 256) against the model's own tau and "
+        "the rule added at inference: loss at 256 to 16384 bytes, mass on the k nearest keys",
+        length_rule.run,
     ),
 }
 
