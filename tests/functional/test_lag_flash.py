@@ -15,6 +15,7 @@ import priorattn
 from priorattn.functional import lag_flash
 from priorattn.functional.lag_flash import (
     anti_diagonal_sums,
+    call_bands,
     content_reach,
     empty_rows,
     masked_table,
@@ -246,3 +247,15 @@ def test_a_steep_prior_skips_the_keys_it_gives_no_weight(monkeypatch):
     assert 0 < sum(cells) <= 2 * L * (256 + 150)
     for got, expected in zip(*results):
         assert torch.allclose(got, expected, atol=1e-4)
+
+
+def test_a_flat_table_takes_whole_blocks_for_every_head():
+    """No lag's bias lies 43.7 below another's: every block is one band of all heads, as given."""
+    inf = float("-inf")
+    q, k = torch.randn(1, 3, 6, 4) * 100, torch.randn(1, 3, 6, 4) * 100
+    blocks = lambda step: ((slice(0, 3), slice(0, 3)), (slice(3, 6), slice(0, 6)))  # noqa: E731
+    flat = torch.tensor([[inf] * 5 + [-1.0, -30.0, -40.0, -44.0, -44.5, -44.6]])
+    assert call_bands(blocks, flat, q, k)(3) == [(r, slice(0, 3), c) for r, c in blocks(3)]
+    steep = flat.clone()
+    steep[0, -3:] = -1e4  # key 0 of rows 3-5 (lags 3-5): out of reach even for these large norms
+    assert call_bands(blocks, steep, q, k)(3)[-1] == (slice(3, 6), slice(0, 3), slice(1, 6))

@@ -156,11 +156,11 @@ class LagTableFlash(torch.autograd.Function):
         """``blocks(step)``: query rows in runs of ``step`` and the key columns they see."""
         B, H, Lq, _ = q.shape
         Lk = k.shape[2]
-        ctx.blocks, ctx.reach = blocks, content_reach(q, k)
+        ctx.bands = call_bands(blocks, table, q, k)
         k_rev, v_rev = query_heads(k, H).flip(2), query_heads(v, H).flip(2)
         out = q.new_zeros(B, H, Lq, v.shape[-1])  # rows that see no key (or none in a band) stay 0
         log_sum_exp = q.new_zeros(B, H, Lq)
-        for rows, heads, cols in LagTableFlash.bands(ctx, table, FLASH_ROWS):
+        for rows, heads, cols in ctx.bands(FLASH_ROWS):
             keys = slice(Lk - cols.stop, Lk - cols.start)
             mask = hankel_mask(table, B, H, rows, cols, keys_reversed(rows, cols, Lk))[:, heads]
             out[:, heads, rows], log_sum_exp[:, heads, rows] = flash(
@@ -177,17 +177,12 @@ class LagTableFlash(torch.autograd.Function):
         return out
 
     @staticmethod
-    def bands(ctx, table: Tensor, step: int) -> list[Band]:
-        """The call's blocks of ``step`` rows narrowed to the keys each head needs (:func:`weight_bands`)."""
-        return weight_bands(ctx.blocks(step), table, ctx.reach, smallest_log_weight(table.dtype))
-
-    @staticmethod
     def backward(ctx, grad_out):
         q, k, v, table, out, log_sum_exp = ctx.saved_tensors
         table_rev = table.flip(-1)
         if ctx.prior_bias:
             dq, dk, dv, d_table_rev = table_backward(
-                LagTableFlash.bands(ctx, table, TILE_ROWS),
+                ctx.bands(TILE_ROWS),
                 grad_out,
                 q,
                 k,
@@ -198,7 +193,7 @@ class LagTableFlash(torch.autograd.Function):
             )
         else:
             dq, dk, dv = kernel_backward(
-                LagTableFlash.bands(ctx, table, FLASH_ROWS), grad_out, q, k, v, table_rev, out, log_sum_exp
+                ctx.bands(FLASH_ROWS), grad_out, q, k, v, table_rev, out, log_sum_exp
             )
             d_table_rev = None
         d_table = None if d_table_rev is None else d_table_rev.flip(-1)
@@ -254,6 +249,26 @@ def content_reach(q: Tensor, k: Tensor) -> Tensor:
     H = q.shape[1]
     k_norm = k.norm(dim=-1).amax(dim=(0, 2))  # (Hkv,)
     return 2 * q.norm(dim=-1).amax(0) * k_norm.repeat_interleave(H // k.shape[1])[:, None]
+
+
+def call_bands(
+    blocks: Callable[[int], tuple[tuple[slice, slice], ...]], table: Tensor, q: Tensor, k: Tensor
+) -> Callable[[int], list[Band]]:
+    """``step -> bands`` of one call: its blocks of ``step`` rows narrowed to the keys each head needs
+    (:func:`weight_bands`), or whole, every head at once, when the table is not steep."""
+    H, cutoff = q.shape[1], smallest_log_weight(q.dtype)
+    if not is_steep(table, cutoff):
+        return lambda step: [(rows, slice(0, H), cols) for rows, cols in blocks(step)]
+    reach = content_reach(q, k)
+    return lambda step: weight_bands(blocks(step), table, reach, cutoff)
+
+
+def is_steep(table: Tensor, cutoff: float) -> bool:
+    """Whether the table's finite entries span more than ``-cutoff``. Otherwise no bias lies far
+    enough below another for :func:`weight_bands` to leave a key out, and the norms it needs are not
+    computed: a flat prior (GGD as it starts in training, none) takes whole blocks."""
+    finite = table[table.isfinite()]
+    return finite.numel() > 0 and float(finite.max() - finite.min()) > -cutoff
 
 
 def weight_bands(
