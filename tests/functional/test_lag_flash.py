@@ -257,5 +257,5 @@ def test_a_flat_table_takes_whole_blocks_for_every_head():
     flat = torch.tensor([[inf] * 5 + [-1.0, -30.0, -40.0, -44.0, -44.5, -44.6]])
     assert call_bands(blocks, flat, q, k)(3) == [(r, slice(0, 3), c) for r, c in blocks(3)]
     steep = flat.clone()
-    steep[0, -3:] = -1e4  # key 0 of rows 3-5 (lags 3-5): out of reach even for these large norms
+    steep[0, -3:] = -1e7  # key 0 of rows 3-5 (lags 3-5): out of reach even for these large norms
     assert call_bands(blocks, steep, q, k)(3)[-1] == (slice(3, 6), slice(0, 3), slice(1, 6))
