@@ -7,8 +7,8 @@ block's keys in reverse order (or its queries and the table) it is a Hankel view
 (:func:`hankel_mask`) that the kernel ``_scaled_dot_product_flash_attention_for_cpu`` accepts as
 its additive mask without a copy. Each block of query rows calls the kernel once, against the keys
 its rows can see (``key_blocks``: a causal block skips the keys after its last query), narrowed
-per head to the keys whose weight can reach float32's normal range (:func:`weight_bands`): a steep
-prior (GGD, ALiBi) gives the rest weights that are 0 to the dtype's precision, so neither pass
+per head to the keys whose weight can reach ``sqrt(finfo.tiny)`` (:func:`weight_bands`): a steep
+prior (GGD, ALiBi) gives the rest weights far below the dtype's resolution, so neither pass
 computes them.
 
 Backward without a prior: the kernel's own, per block. With one: the gradient of a lag is the sum
