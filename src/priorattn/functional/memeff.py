@@ -241,7 +241,8 @@ def blockwise_backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
     d_table = torch.zeros_like(table) if table is not None and ctx.needs_input_grad[4 + TABLE] else None
     B, H, Lq, D = q2.shape
     Hkv = v.shape[1]
-    dq, dk, dv = torch.zeros_like(q2), torch.zeros_like(k2), torch.zeros_like(v)
+    # Contiguous whatever the inputs' layout (v may be a transposed view): add_product views them.
+    dq, dk, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q2, k2, v))
     d_wanted = [torch.zeros_like(t) for t in wanted]
     probs_buffer, grads_buffer = block_buffer(plan, q2), block_buffer(plan, q2)
     for rows, cols in plan.blocks:
