@@ -6,14 +6,26 @@ import math
 
 import pytest
 import torch
+from factories import make_prior
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_routes import check_route
 
 import priorattn
 from priorattn.functional import lag_flash
-from priorattn.functional.lag_flash import anti_diagonal_sums, empty_rows, masked_table, shifted_row_sums
+from priorattn.functional.lag_flash import (
+    anti_diagonal_sums,
+    call_bands,
+    content_reach,
+    empty_rows,
+    masked_table,
+    shifted_row_sums,
+    smallest_log_weight,
+    weight_bands,
+)
 from priorattn.functional.masks import Masking
+from priorattn.functional.memeff import key_blocks
+from priorattn.functional.prior_inputs import lag_table
 from priorattn.priors import GGD
 
 #: Priors whose log-prior depends on the lag only (the path's table), and no prior.
@@ -50,8 +62,10 @@ def lag_problems(draw):
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    """Several kernel calls and backward tiles even at the tests' short lengths; counts the calls."""
+    """Several kernel calls, backward tiles and runs of keys in the kernel's backward even at the
+    tests' short lengths; counts the calls."""
     monkeypatch.setattr(lag_flash, "FLASH_ROWS", 7)
+    monkeypatch.setattr(lag_flash, "BACKWARD_KEYS", 5)
     monkeypatch.setattr(lag_flash, "TILE_ROWS", 3)
     calls = []
     apply = lag_flash.LagTableFlash.apply
@@ -74,7 +88,7 @@ def test_flash_path_matches_reference(dtype, o, small_blocks):
 @pytest.mark.parametrize("prior", ["ggd", "none"])
 def test_flash_path_long_causal_and_prefill_match_reference(prior, small_blocks):
     """Lengths past a real block (256 rows) and tile (64 rows), with the default sizes."""
-    lag_flash.FLASH_ROWS, lag_flash.TILE_ROWS = 256, 64
+    lag_flash.FLASH_ROWS, lag_flash.TILE_ROWS, lag_flash.BACKWARD_KEYS = 256, 64, 2048
     for Lq, Lk in [(600, 600), (300, 700)]:
         o = dict(B=1, H=2, Hkv=1, Lq=Lq, Lk=Lk, Dk=8, Dv=8, causal=True, offset=0, seed=1, window=None)
         o.update(prior="ggd" if prior == "ggd" else "uniform", docs=False, padding=False)
@@ -171,3 +185,77 @@ def test_weights_below_the_subnormal_cutoff_change_nothing_visible():
     g64 = torch.autograd.grad((out64 * weights).sum(), [*leaves64, *prior64.parameters()])
     for got, expected in zip(g32, g64):
         assert torch.allclose(got.double(), expected, rtol=1e-4, atol=1e-5 * (expected.abs().max() + 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    Lk=st.integers(1, 40),
+    rows_short=st.integers(0, 39),
+    step=st.integers(1, 12),
+    causal=st.booleans(),
+    window=st.sampled_from([None, 3]),
+    prior=st.sampled_from(["alibi", "ggd", "ggd_negative"]),
+    Hkv=st.integers(1, 2),
+    seed=st.integers(0, 2**16),
+)
+def test_weight_bands_hold_every_key_whose_weight_reaches_the_cutoff(
+    Lk, rows_short, step, causal, window, prior, Hkv, seed
+):
+    """Each (block, head) is in at most one band, and every key whose weight (float64, dense) is at
+    least exp(smallest_log_weight(float32)) lies in it: what the bands leave out is below that."""
+    Lq, H = max(1, Lk - rows_short), 2 * Hkv
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(2, H, Lq, 8, generator=gen, dtype=torch.float64) * 2
+    k = torch.randn(2, Hkv, Lk, 8, generator=gen, dtype=torch.float64)
+    k_pos = torch.arange(Lk)[None]
+    masking = Masking(causal, k_pos[:, Lk - Lq :], k_pos, window=window)
+    table = masked_table(lag_table(make_prior(prior, H, seed), masking), masking, torch.float64)
+    cutoff = smallest_log_weight(torch.float32)
+    bands = weight_bands(key_blocks(masking, None, step), table, content_reach(q, k), cutoff)
+    lags = torch.arange(Lq)[:, None] - torch.arange(Lk)[None] + Lk - 1
+    logits = q @ k.repeat_interleave(2, dim=1).mT + table[:, lags]
+    weights = torch.softmax(logits, -1).nan_to_num()  # rows that see no key: 0
+    needed = weights >= math.exp(cutoff)
+    covered = torch.zeros(2, H, Lq, Lk, dtype=torch.long)
+    for rows, heads, cols in bands:
+        covered[:, heads, rows, cols] += 1
+    assert covered.max() <= 1
+    assert not (needed & (covered == 0)).any()
+
+
+def test_a_steep_prior_skips_the_keys_it_gives_no_weight(monkeypatch):
+    """GGD at slopes 1 and 1/2: weights fall below exp(-43.7) within about a hundred lags, so the
+    kernel computes about L x 100 cells per head instead of L^2 / 2, forward and backward, and the
+    output and gradients still match the reference."""
+    cells = []
+    kernel = lag_flash.flash
+
+    def counted(q, k, *args, **kwargs):
+        cells.append(q.shape[1] * q.shape[2] * k.shape[2])
+        return kernel(q, k, *args, **kwargs)
+
+    monkeypatch.setattr(lag_flash, "flash", counted)
+    prior = GGD(2, init="alibi")
+    with torch.no_grad():
+        prior.theta_alpha.copy_(torch.tensor([1.0, 0.5]).log())
+    L = 1024
+    q, k, v = (torch.randn(1, 2, L, 8, requires_grad=True) for _ in range(3))
+    results = []
+    for backend in ("memeff", "reference"):
+        out = priorattn.attention(q, k, v, prior=prior, backend=backend)
+        results.append((out, *torch.autograd.grad(out.sum(), (q, k, v, prior.theta_alpha))))
+    assert 0 < sum(cells) <= 2 * L * (256 + 150)
+    for got, expected in zip(*results):
+        assert torch.allclose(got, expected, atol=1e-4)
+
+
+def test_a_flat_table_takes_whole_blocks_for_every_head():
+    """No lag's bias lies 43.7 below another's: every block is one band of all heads, as given."""
+    inf = float("-inf")
+    q, k = torch.randn(1, 3, 6, 4) * 100, torch.randn(1, 3, 6, 4) * 100
+    blocks = lambda step: ((slice(0, 3), slice(0, 3)), (slice(3, 6), slice(0, 6)))  # noqa: E731
+    flat = torch.tensor([[inf] * 5 + [-1.0, -30.0, -40.0, -44.0, -44.5, -44.6]])
+    assert call_bands(blocks, flat, q, k)(3) == [(r, slice(0, 3), c) for r, c in blocks(3)]
+    steep = flat.clone()
+    steep[0, -3:] = -1e7  # key 0 of rows 3-5 (lags 3-5): out of reach even for these large norms
+    assert call_bands(blocks, steep, q, k)(3)[-1] == (slice(3, 6), slice(0, 3), slice(1, 6))

@@ -6,7 +6,10 @@ do its masks (causal order, a sliding window), both fit in one table: the prior'
 block's keys in reverse order (or its queries and the table) it is a Hankel view
 (:func:`hankel_mask`) that the kernel ``_scaled_dot_product_flash_attention_for_cpu`` accepts as
 its additive mask without a copy. Each block of query rows calls the kernel once, against the keys
-its rows can see (``key_blocks``: a causal block skips the keys after its last query).
+its rows can see (``key_blocks``: a causal block skips the keys after its last query), narrowed
+per head to the keys whose weight can reach ``sqrt(finfo.tiny)`` (:func:`weight_bands`): a steep
+prior (GGD, ALiBi) gives the rest weights far below the dtype's resolution, so neither pass
+computes them.
 
 Backward without a prior: the kernel's own, per block. With one: the gradient of a lag is the sum
 of ``dS = P (dP - delta)`` along its diagonal, which needs P and dP cell by cell: small tiles (one
@@ -19,6 +22,7 @@ at full cost (ALiBi through it: 3.1x plain SDPA's time at L = 4096, against 1.5x
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -40,6 +44,11 @@ TILE_ROWS, TILE_CELLS = 64, 1 << 18
 #: Query rows per call of the flash kernel: a causal call also computes the hidden upper triangle
 #: of its newest keys, ``FLASH_ROWS / L`` of its work.
 FLASH_ROWS = 256
+#: Keys per call of the kernel's backward: it returns fresh ``dk, dv`` for the keys it is given, two
+#: ``(B, H, keys, D)`` tensors on top of the whole-length sums (at L = 16384 and the whole row they
+#: were 32 MB, the route's peak memory 1.15x plain SDPA's). Rows split over key runs this long
+#: give the same gradients (each run's ``dS`` uses the row's own log-sum-exp and ``rowsum(dO O)``).
+BACKWARD_KEYS = 2048
 
 
 def lag_flash_applies(prior: Prior | None, masking: Masking, q: Tensor, v: Tensor, scale_prior: bool) -> bool:
@@ -147,16 +156,23 @@ class LagTableFlash(torch.autograd.Function):
         """``blocks(step)``: query rows in runs of ``step`` and the key columns they see."""
         B, H, Lq, _ = q.shape
         Lk = k.shape[2]
+        ctx.bands = call_bands(blocks, table, q, k)
         k_rev, v_rev = query_heads(k, H).flip(2), query_heads(v, H).flip(2)
-        out = q.new_zeros(B, H, Lq, v.shape[-1])  # rows that see no key stay 0
-        log_sum_exp = q.new_empty(B, H, Lq)
-        for rows, cols in blocks(FLASH_ROWS):
+        out = q.new_zeros(B, H, Lq, v.shape[-1])  # rows that see no key (or none in a band) stay 0
+        log_sum_exp = q.new_zeros(B, H, Lq)
+        for rows, heads, cols in ctx.bands(FLASH_ROWS):
             keys = slice(Lk - cols.stop, Lk - cols.start)
-            mask = hankel_mask(table, B, H, rows, cols, keys_reversed(rows, cols, Lk))
-            out[:, :, rows], log_sum_exp[:, :, rows] = flash(
-                q[:, :, rows], k_rev[:, :, keys], v_rev[:, :, keys], 0.0, False, attn_mask=mask, scale=1.0
+            mask = hankel_mask(table, B, H, rows, cols, keys_reversed(rows, cols, Lk))[:, heads]
+            out[:, heads, rows], log_sum_exp[:, heads, rows] = flash(
+                q[:, heads, rows],
+                k_rev[:, heads, keys],
+                v_rev[:, heads, keys],
+                0.0,
+                False,
+                attn_mask=mask,
+                scale=1.0,
             )
-        ctx.blocks, ctx.prior_bias = blocks, prior_bias
+        ctx.prior_bias = prior_bias
         ctx.save_for_backward(q, k, v, table, out, log_sum_exp)
         return out
 
@@ -166,38 +182,49 @@ class LagTableFlash(torch.autograd.Function):
         table_rev = table.flip(-1)
         if ctx.prior_bias:
             dq, dk, dv, d_table_rev = table_backward(
-                ctx.blocks(TILE_ROWS), grad_out, q, k, v, table_rev, log_sum_exp, ctx.needs_input_grad[4]
+                ctx.bands(TILE_ROWS),
+                grad_out,
+                q,
+                k,
+                v,
+                table_rev,
+                log_sum_exp,
+                ctx.needs_input_grad[4],
             )
         else:
             dq, dk, dv = kernel_backward(
-                ctx.blocks(FLASH_ROWS), grad_out, q, k, v, table_rev, out, log_sum_exp
+                ctx.bands(FLASH_ROWS), grad_out, q, k, v, table_rev, out, log_sum_exp
             )
             d_table_rev = None
         d_table = None if d_table_rev is None else d_table_rev.flip(-1)
         return None, dq, dk, dv, d_table, None
 
 
-def kernel_backward(blocks, grad_out, q, k, v, table_rev, out, log_sum_exp):
-    """``dq, dk, dv`` from the kernel's own backward, block by block."""
+def kernel_backward(bands, grad_out, q, k, v, table_rev, out, log_sum_exp):
+    """``dq, dk, dv`` from the kernel's own backward, band by band (:func:`weight_bands`), in runs of
+    at most :data:`BACKWARD_KEYS` keys."""
     B, H, Lq, _ = q.shape
     k_heads, v_heads = query_heads(k, H), query_heads(v, H)
     dq, dk_heads, dv_heads = torch.zeros_like(q), torch.zeros_like(k_heads), torch.zeros_like(v_heads)
-    for rows, cols in blocks:
-        dq_rev, dk_block, dv_block = flash_backward(
-            grad_out[:, :, rows].flip(2),
-            q[:, :, rows].flip(2),
-            k_heads[:, :, cols],
-            v_heads[:, :, cols],
-            out[:, :, rows].flip(2),
-            log_sum_exp[:, :, rows].flip(2),
-            0.0,
-            False,
-            attn_mask=hankel_mask(table_rev, B, H, rows, cols, queries_reversed(rows, cols, Lq)),
-            scale=1.0,
-        )
-        dq[:, :, rows] = dq_rev.flip(2)
-        dk_heads[:, :, cols] += dk_block
-        dv_heads[:, :, cols] += dv_block
+    for rows, heads, band in bands:
+        for cols in cut(band.start, band.stop, BACKWARD_KEYS):
+            dq_rev, dk_block, dv_block = flash_backward(
+                grad_out[:, heads, rows].flip(2),
+                q[:, heads, rows].flip(2),
+                k_heads[:, heads, cols],
+                v_heads[:, heads, cols],
+                out[:, heads, rows].flip(2),
+                log_sum_exp[:, heads, rows].flip(2),
+                0.0,
+                False,
+                attn_mask=hankel_mask(table_rev, B, H, rows, cols, queries_reversed(rows, cols, Lq))[
+                    :, heads
+                ],
+                scale=1.0,
+            )
+            dq[:, heads, rows] += dq_rev.flip(2)
+            dk_heads[:, heads, cols] += dk_block
+            dv_heads[:, heads, cols] += dv_block
     return dq, key_heads(dk_heads, k.shape[1]), key_heads(dv_heads, k.shape[1])
 
 
@@ -213,12 +240,81 @@ def smallest_log_weight(dtype: torch.dtype) -> float:
     return 0.5 * math.log(torch.finfo(dtype).tiny)
 
 
-def head_chunks(B: int, H: int, heads: int) -> list[tuple[slice, slice]]:
-    """``(batch rows, heads)`` slices covering ``B x H`` in chunks of about ``heads`` heads: whole
-    batch rows when ``heads >= H``, else part of one row's heads."""
-    if heads >= H:
-        return [(bs, slice(0, H)) for bs in cut(0, B, heads // H)]
-    return [(slice(b, b + 1), hs) for b in range(B) for hs in cut(0, H, heads)]
+Band = tuple[slice, slice, slice]  # query rows, a run of heads, the key columns those heads need
+
+
+def content_reach(q: Tensor, k: Tensor) -> Tensor:
+    """``(H, Lq)``: how far the content ``<q_i, k_j>`` can lift one key of row i above another,
+    ``2 |q_i| max_j |k_j|`` (Cauchy-Schwarz), the largest over the batch."""
+    H = q.shape[1]
+    k_norm = k.norm(dim=-1).amax(dim=(0, 2))  # (Hkv,)
+    return 2 * q.norm(dim=-1).amax(0) * k_norm.repeat_interleave(H // k.shape[1])[:, None]
+
+
+def call_bands(
+    blocks: Callable[[int], tuple[tuple[slice, slice], ...]], table: Tensor, q: Tensor, k: Tensor
+) -> Callable[[int], list[Band]]:
+    """``step -> bands`` of one call: its blocks of ``step`` rows narrowed to the keys each head needs
+    (:func:`weight_bands`), or whole, every head at once, when the table is not steep."""
+    H, cutoff = q.shape[1], smallest_log_weight(q.dtype)
+    if not is_steep(table, cutoff):
+        return lambda step: [(rows, slice(0, H), cols) for rows, cols in blocks(step)]
+    reach = content_reach(q, k)
+    return lambda step: weight_bands(blocks(step), table, reach, cutoff)
+
+
+def is_steep(table: Tensor, cutoff: float) -> bool:
+    """Whether the table's finite entries span more than ``-cutoff``. Otherwise no bias lies far
+    enough below another for :func:`weight_bands` to leave a key out, and the norms it needs are not
+    computed: a flat prior (GGD as it starts in training, none) takes whole blocks."""
+    finite = table[table.isfinite()]
+    return finite.numel() > 0 and float(finite.max() - finite.min()) > -cutoff
+
+
+def weight_bands(
+    blocks: tuple[tuple[slice, slice], ...], table: Tensor, reach: Tensor, cutoff: float
+) -> list[Band]:
+    """The ``blocks`` (query rows, key columns) narrowed per head to the keys whose weight can reach
+    ``exp(cutoff)`` (:func:`smallest_log_weight`); heads in a row that need the same keys share a band.
+
+    Row i's log-sum-exp is at least its largest logit, so key j's log-weight is at most
+    ``table[t_ij] - best_i + reach_i``, with ``best_i`` the largest table entry the row sees and
+    ``reach_i`` from :func:`content_reach`. Every row of a block reads the entries
+    ``rows.stop - 1 .. rows.start + Lk - 1``, whose maximum bounds each ``best_i`` from below (or
+    nothing: no narrowing). Beyond the lags where a steep prior falls that far, the keys are left
+    out; which lags those are depends on the prior and on the inputs' norms.
+    """
+    Lk = table.shape[-1] - reach.shape[-1] + 1
+    lowest = torch.finfo(table.dtype).min
+    bands = []
+    for rows, cols in blocks:
+        seen_by_all = table[:, rows.stop - 1 : rows.start + Lk]
+        best = seen_by_all.amax(-1) if seen_by_all.shape[-1] else table.new_full(table.shape[:1], lowest)
+        floor = (best - reach[:, rows].amax(-1) + cutoff).clamp(min=lowest)  # (H,)
+        # Row i reads table entries i .. i + Lk - 1; entry t is its key i + Lk - 1 - t.
+        window = table[:, rows.start : rows.stop + Lk - 1]
+        index = torch.arange(window.shape[-1], device=table.device)
+        needed = window >= floor[:, None]  # (H, lq + Lk - 1)
+        first = torch.where(needed, index, window.shape[-1]).amin(-1).tolist()
+        last = torch.where(needed, index, -1).amax(-1).tolist()
+        lq = rows.stop - rows.start
+        keys = [
+            (max(cols.start, Lk - 1 - hi), min(cols.stop, lq + Lk - 1 - lo)) for lo, hi in zip(first, last)
+        ]
+        for (c0, c1), heads in itertools.groupby(range(len(keys)), key=keys.__getitem__):
+            heads = list(heads)
+            if c1 > c0:
+                bands.append((rows, slice(heads[0], heads[-1] + 1), slice(c0, c1)))
+    return bands
+
+
+def head_chunks(B: int, H: int, heads: slice, n: int) -> list[tuple[slice, slice]]:
+    """``(batch rows, heads)`` slices covering ``B x heads`` in chunks of about ``n`` heads: whole
+    batch rows when ``heads`` are all ``H`` and ``n`` covers them, else part of one row's ``heads``
+    (so that :func:`merged` is a view)."""
+    if heads == slice(0, H) and n >= H:
+        return [(bs, heads) for bs in cut(0, B, n // H)]
+    return [(slice(b, b + 1), hs) for b in range(B) for hs in cut(heads.start, heads.stop, n)]
 
 
 def merged(x: Tensor, bs: slice, hs: slice, positions: slice) -> Tensor:
@@ -230,9 +326,9 @@ def merged(x: Tensor, bs: slice, hs: slice, positions: slice) -> Tensor:
 def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad):
     """``dq, dk, dv`` and the reversed table's gradient (None unless ``table_grad``), tile by tile.
 
-    A tile is :data:`TILE_ROWS` query rows (in reverse order) of a few heads, and all the keys those
-    rows see (``tiles``), at most :data:`TILE_CELLS` cells; its buffers are reused by every tile.
-    Grouped keys and values are repeated per query head here (one copy each).
+    A tile is :data:`TILE_ROWS` query rows (in reverse order) of a few heads of a band, and the keys
+    the band needs (``tiles``, :func:`weight_bands`), at most :data:`TILE_CELLS` cells; its buffers
+    are reused by every tile. Grouped keys and values are repeated per query head here (one copy each).
     """
     B, H, Lq, _ = q.shape
     Hkv, Lk = k.shape[1:3]
@@ -243,16 +339,19 @@ def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad)
     shared = table_rev.shape[0] == 1  # one table row for every head
     cutoff = smallest_log_weight(q.dtype)
     smallest = math.exp(cutoff)
-    chunk = [min(B * H, max(1, TILE_CELLS // ((r.stop - r.start) * (c.stop - c.start)))) for r, c in tiles]
+    chunk = [
+        min(B * (h.stop - h.start), max(1, TILE_CELLS // ((r.stop - r.start) * (c.stop - c.start))))
+        for r, h, c in tiles
+    ]
     cells = max(
-        (n * (r.stop - r.start) * (c.stop - c.start + TILE_ROWS) for n, (r, c) in zip(chunk, tiles)),
+        (n * (r.stop - r.start) * (c.stop - c.start + TILE_ROWS) for n, (r, _, c) in zip(chunk, tiles)),
         default=0,
     )
     weights_buffer, products_buffer, grads_buffer = (q.new_empty(cells) for _ in range(3))
-    for heads, (rows, cols) in zip(chunk, tiles):
+    for n, (rows, heads, cols) in zip(chunk, tiles):
         lq, lk = rows.stop - rows.start, cols.stop - cols.start
         start = queries_reversed(rows, cols, Lq)  # the reversed table's index of the tile's cell (0, 0)
-        for bs, hs in head_chunks(B, H, heads):
+        for bs, hs in head_chunks(B, H, heads, n):
             shape = (bs.stop - bs.start, hs.stop - hs.start, lq, lk)
             G = shape[0] * shape[1]
             probs = weights_buffer[: G * lq * lk].view(G, lq, lk)
