@@ -83,7 +83,7 @@ class KVCache:
         max(Dq, D))``: zero lanes add nothing to ``<q, k>``. A view of the buffers :meth:`extend`
         made; a cache never extended (a prefill's) pads a copy."""
         keys = self._buffers.k[:, :, : len(self)]
-        return to_width(keys, self.v.shape[-1]) if keys.shape[-1] < self.v.shape[-1] else keys
+        return keys if keys.shape[-1] >= self.v.shape[-1] else to_width(keys, self.v.shape[-1])
 
     def extend(self, new: KVCache) -> KVCache:
         """A cache holding these keys followed by ``new``'s; this cache stays as it is.
@@ -282,8 +282,10 @@ class PriorMultiheadAttention(nn.Module):
         new = KVCache(k, v, positions, doc_ids, key_padding_mask)
         cache = new if cache is None else cache.extend(new)
         keys = cache.k
-        if is_decode_step(q, keys):  # the route the CPU flash kernel runs, which wants one width for q, k, v
-            keys = cache.padded_keys()  # a view: the cache keeps them so; padding q costs O(Lq)
+        if self.backend == "auto" and is_decode_step(q, keys):
+            # auto's decode route runs the CPU flash kernel, which wants one width for q, k and v:
+            # the cache keeps its keys padded to the values' width (a view), so only q is padded
+            keys = cache.padded_keys()
             q = to_width(q, keys.shape[-1])
         y = attention(
             q,
