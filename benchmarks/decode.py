@@ -20,7 +20,11 @@ each round); ``concat`` is the earlier ``extend``, swapped in for its rounds.
    tokens once, then ``S`` single-token steps per round through ``GPT.forward`` with the KV caches,
    as ``GPT.generate`` does; the priors take turns (the order rotates each round) and each goes on
    from its own caches, so the caches grow by ``S`` per round as in a generation. Tokens/s from the
-   median step time over all rounds, and its ratio to NoPE's (issue 13's target: >= 0.9x).
+   median step time over all rounds, and its ratio to NoPE's (issue 13's target: >= 0.9x). By
+   default one step per prior per round and 100 rounds: turns of a fraction of a second, so a
+   change in the machine's load falls on every prior alike (with 16 steps in 5 rounds, runs on a
+   shared machine put RoPE, whose step is NoPE's plus the rotation of one token, anywhere in
+   0.88x-1.15x NoPE's).
    Sections 3 and 4 time the CPU time of the thread (``time.thread_time``; run them with one
    thread): on a shared machine wall time also counts the time other jobs hold the core.
 
@@ -251,8 +255,8 @@ def main() -> None:
     parser.add_argument("--priors", action="store_true", help="section 3 only: decoding with every prior")
     parser.add_argument("--preset", default="tiny", help="section 3's model size (default tiny)")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
-    parser.add_argument("--steps", type=int, default=16, help="section 3: decode steps per round")
-    parser.add_argument("--rounds", type=int, help="sections 3 and 4: rounds (default 5 and 1)")
+    parser.add_argument("--steps", type=int, default=1, help="section 3: decode steps per round")
+    parser.add_argument("--rounds", type=int, help="sections 3 and 4: rounds (default 100 and 1)")
     parser.add_argument("--json", action="store_true", help="section 3's or 4's results as JSON, last line")
     parser.add_argument("--prefill", action="store_true", help="section 4 only: prefill with every prior")
     parser.add_argument("--presets", nargs="+", default=["tiny", "small"], help="section 4's model sizes")
@@ -272,7 +276,7 @@ def main() -> None:
         return
     if args.priors:
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-        print_prior_decode(args.preset, args.lengths, args.steps, args.rounds or 5, args.json)
+        print_prior_decode(args.preset, args.lengths, args.steps, args.rounds or 100, args.json)
         return
     generations, prompts, rounds, steps = [2048, 4096, 8192], [4096, 16384], 3, 32
     if args.quick:

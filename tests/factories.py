@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from priorattn import cli
+from priorattn.functional import sdpa
 from priorattn.priors import GGD, GOAT, ALiBi, Prior, Sum, Uniform
 
 PRIOR_NAMES = ("uniform", "alibi", "ggd", "ggd_negative", "goat", "goat_noslope", "sum")
@@ -70,3 +71,12 @@ def word_salad(root: Path, words: str, docs: int = 6, length: int = 600) -> Path
 def flushes() -> bool:
     """Whether the current thread flushes float32 subnormals to zero."""
     return bool(torch.tensor(2.0**-149) * 2 == 0)
+
+
+def recording_flash_takes(monkeypatch) -> list[bool]:
+    """Patch ``sdpa.flash_takes`` (whether a decode step runs the CPU flash kernel) to record each
+    answer it gives."""
+    took_flash = []
+    takes = sdpa.flash_takes
+    monkeypatch.setattr(sdpa, "flash_takes", lambda *a: took_flash.append(takes(*a)) or took_flash[-1])
+    return took_flash

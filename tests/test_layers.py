@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 import torch
-from factories import PRIOR_NAMES, make_prior
+from factories import PRIOR_NAMES, make_prior, recording_flash_takes
 
 from priorattn import KVCache, PriorMultiheadAttention, SSMax
 from priorattn.encodings import RoPE, Sinusoidal
@@ -76,6 +76,35 @@ def test_cached_decoding_equals_full_pass(prior_name, encoding, ssmax, window, k
     torch.testing.assert_close(cache.k, full_cache.k.detach(), rtol=0, atol=1e-12)
     torch.testing.assert_close(cache.v, full_cache.v.detach(), rtol=0, atol=1e-12)
     assert torch.equal(cache.positions, full_cache.positions)
+
+
+@pytest.mark.parametrize("prior_name", PRIOR_NAMES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("prefill", [5, 600])
+def test_decode_steps_run_the_flash_kernel_on_padded_keys_and_equal_the_full_pass(
+    prior_name, dtype, prefill, monkeypatch
+):
+    """Every decode step of a prior (single tokens and a chunk, grouped heads) runs the CPU flash
+    kernel: the cache keeps its keys padded to the values' width, a view of its buffers."""
+    took_flash = recording_flash_takes(monkeypatch)
+    module = layer(prior_name, encoding="rope", num_kv_heads=2).to(dtype)
+    x = inputs(1, prefill + 6).to(dtype)
+    with torch.no_grad():
+        full, _ = module(x)
+        cached, cache = decode(module, x, [prefill, 1, 3, 1, 1])
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(cached, full, rtol=tol, atol=tol)
+    assert took_flash == ([] if prior_name == "uniform" else [True] * 4)  # no prior: plain SDPA
+    keys, Dq = cache.padded_keys(), module.content_dim
+    assert keys.shape[-1] == HEAD_DIM and keys.data_ptr() == cache.k.data_ptr()
+    assert torch.equal(keys[..., :Dq], cache.k) and not keys[..., Dq:].any()
+
+
+def test_a_cache_never_extended_pads_a_copy_of_its_keys():
+    k = torch.randn(1, 2, 3, 4)
+    keys = KVCache(k, torch.zeros(1, 2, 3, 6), torch.arange(3)[None]).padded_keys()
+    assert torch.equal(keys, torch.cat([k, torch.zeros(1, 2, 3, 2)], dim=-1))
+    assert torch.equal(KVCache(k, torch.zeros(1, 2, 3, 3), torch.arange(3)[None]).padded_keys(), k)  # wider
 
 
 @pytest.mark.parametrize("prior_name", ["alibi", "ggd", "goat"])

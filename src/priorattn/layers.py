@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ from .checks import check_doc_ids, check_key_padding_mask, check_positions, desc
 from .encodings import RoPE, Sinusoidal
 from .functional import attention
 from .functional.api import check_normalizer, check_options
+from .functional.sdpa import is_decode_step, to_width
 from .priors import Prior
 from .ssmax import SSMax
 
@@ -21,12 +23,13 @@ class _Buffers:
     """Storage that caches share: a cache of length ``n`` reads entries ``[0, n)``. Entries
     ``[0, filled)`` hold data; the rest, up to the capacity ``C``, is room to grow into."""
 
-    k: Tensor  # (B, Hkv, C, Dq)
+    k: Tensor  # (B, Hkv, C, max(Dq, D)), zero lanes past Dq once moved (see KVCache.padded_keys)
     v: Tensor  # (B, Hkv, C, D)
     positions: Tensor  # (B or 1, C)
     doc_ids: Tensor | None  # (B, C)
     key_padding_mask: Tensor | None  # (B, C)
     filled: int
+    key_width: int  # Dq
 
 
 class KVCache:
@@ -43,6 +46,11 @@ class KVCache:
     A cache never changes once made, so several continuations may branch from one prefix. Under
     autograd (keys or values that require grad) every extension gets new buffers of exactly its
     size, as concatenation did: a buffer autograd saved for the backward is never written again.
+
+    Keys narrower than the values (a head whose prior folds into q/k lanes keeps ``D`` lanes for
+    values and ``Dq < D`` for content) are kept with zero lanes up to ``D`` in the buffers that
+    :meth:`extend` makes, for :meth:`padded_keys`: the CPU flash kernel wants one width for q, k
+    and v, and padding every cached key at every decode step would copy the whole cache.
     """
 
     def __init__(
@@ -53,11 +61,14 @@ class KVCache:
         doc_ids: Tensor | None = None,  # (B, Lc)
         key_padding_mask: Tensor | None = None,  # (B, Lc) bool, True marks a padding key
     ):
-        self._view(_Buffers(k, v, positions, doc_ids, key_padding_mask, filled=k.shape[2]), k.shape[2])
+        buffers = _Buffers(
+            k, v, positions, doc_ids, key_padding_mask, filled=k.shape[2], key_width=k.shape[-1]
+        )
+        self._view(buffers, k.shape[2])
 
     def _view(self, buffers: _Buffers, length: int) -> KVCache:
         self._buffers = buffers
-        self.k, self.v = buffers.k[:, :, :length], buffers.v[:, :, :length]
+        self.k, self.v = buffers.k[:, :, :length, : buffers.key_width], buffers.v[:, :, :length]
         self.positions = buffers.positions[:, :length]
         self.doc_ids = None if buffers.doc_ids is None else buffers.doc_ids[:, :length]
         padding = buffers.key_padding_mask
@@ -66,6 +77,13 @@ class KVCache:
 
     def __len__(self) -> int:
         return self.k.shape[2]
+
+    def padded_keys(self) -> Tensor:
+        """The keys with zero lanes up to the values' width where they are narrower, ``(B, Hkv, Lc,
+        max(Dq, D))``: zero lanes add nothing to ``<q, k>``. A view of the buffers :meth:`extend`
+        made; a cache never extended (a prefill's) pads a copy."""
+        keys = self._buffers.k[:, :, : len(self)]
+        return keys if keys.shape[-1] >= self.v.shape[-1] else to_width(keys, self.v.shape[-1])
 
     def extend(self, new: KVCache) -> KVCache:
         """A cache holding these keys followed by ``new``'s; this cache stays as it is.
@@ -83,7 +101,7 @@ class KVCache:
             raise ValueError(f"the cache {state}: pass doc_ids on every call or on none")
         start, stop = len(self), len(self) + len(new)
         buffers = self._buffers if self._has_room_for(new) else self._moved(new, stop)
-        buffers.k[:, :, start:stop] = new.k
+        buffers.k[:, :, start:stop, : buffers.key_width] = new.k
         buffers.v[:, :, start:stop] = new.v
         buffers.positions[:, start:stop] = new.positions
         if buffers.doc_ids is not None:
@@ -120,6 +138,8 @@ class KVCache:
             return out
 
         B = self.k.shape[0]
+        keys = buffer(self.padded_keys(), new.k, B, 2)
+        keys[:, :, n:].zero_()  # the new entries' lanes past Dq stay zero: extend writes Dq lanes
         padding = None
         if self.key_padding_mask is not None or new.key_padding_mask is not None:
             padding = torch.zeros(B, capacity, dtype=torch.bool, device=self.k.device)
@@ -127,12 +147,13 @@ class KVCache:
                 padding[:, :n] = self.key_padding_mask
         rows = max(self.positions.shape[0], new.positions.shape[0])  # positions shared or per sequence
         return _Buffers(
-            buffer(self.k, new.k, B, 2),
+            keys,
             buffer(self.v, new.v, B, 2),
             buffer(self.positions.expand(rows, -1), new.positions, rows, 1),
             None if self.doc_ids is None else buffer(self.doc_ids, new.doc_ids, B, 1),
             padding,
             filled=n,
+            key_width=self._buffers.key_width,
         )
 
 
@@ -260,12 +281,19 @@ class PriorMultiheadAttention(nn.Module):
             q, k = self.rope.rotate(q, rotations), self.rope.rotate(k, rotations)
         new = KVCache(k, v, positions, doc_ids, key_padding_mask)
         cache = new if cache is None else cache.extend(new)
+        keys = cache.k
+        if self.backend == "auto" and is_decode_step(q, keys):
+            # auto's decode route runs the CPU flash kernel, which wants one width for q, k and v:
+            # the cache keeps its keys padded to the values' width (a view), so only q is padded
+            keys = cache.padded_keys()
+            q = to_width(q, keys.shape[-1])
         y = attention(
             q,
-            cache.k,
+            keys,
             cache.v,
             prior=self.prior,
             causal=self.causal,
+            scale=1.0 / math.sqrt(Dq),  # attention's default, taken before q was padded
             q_pos=None if runs else positions,
             k_pos=None if runs else cache.positions,
             doc_ids=None if doc_ids is None else (doc_ids, cache.doc_ids),

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..priors import FoldLanes, Prior
 from ..ssmax import Scaling
-from .grouped import grouped_scores, grouped_values
+from .grouped import grouped, grouped_scores, grouped_values
 from .masks import Masking
 from .prior_inputs import centred_keys, content_queries, fold_dtype, query_lanes, slope_precision, slope_span
 from .reference import compute_dtype
@@ -542,10 +542,11 @@ def is_decode_step(q: Tensor, k: Tensor) -> bool:
 
 
 def flash_takes(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> bool:
-    """Whether a decode step may run the CPU flash kernel with the tile as its mask: one width and
-    one head count for q, k and v, in float32 or float64 (half precision computes in float32 here),
-    and no gradient asked of the tile (the kernel's backward gives none to its mask)."""
-    same = q.shape[1] == k.shape[1] and q.shape[-1] == k.shape[-1] == v.shape[-1]
+    """Whether a decode step may run the CPU flash kernel with the tile as its mask: one width for
+    q, k and v (a layer's KV cache keeps its keys padded to the values' width for this:
+    ``KVCache.padded_keys``), one dtype, float32 or float64 (half precision computes in float32
+    here), and no gradient asked of the tile (the kernel's backward gives none to its mask)."""
+    same = q.shape[-1] == k.shape[-1] == v.shape[-1]
     plain = q.dtype == k.dtype == v.dtype == bias.dtype and q.dtype in (torch.float32, torch.float64)
     return same and plain and q.device.type == "cpu" and not (torch.is_grad_enabled() and bias.requires_grad)
 
@@ -565,11 +566,14 @@ def sdpa_bias_attention(
     pad ``v``) for every cached key at every step, an O(Lk D) copy as costly as the attention itself,
     while the tile is O(H Lk). Any prior fits, folding or not, and the tile is the reference's own
     ``log_prior``; on run positions (a generation's) ``log_prior_of_runs``, which priors with
-    position tables answer with a view of them, so building the tile costs nothing per key. The
-    products are taken directly rather than through SDPA: its CPU kernel would
-    fall back to its slower math path whenever q/k and v differ in width, as a folding prior's
-    content lanes do. Hidden keys take the lowest finite logit and get zero weight, so rows that see
-    no key (or only keys with a -inf log-prior) return zeros, as on the reference route.
+    position tables answer with a view of them, so building the tile costs nothing per key.
+    A row that sees no key (or only keys with a -inf log-prior) returns zeros, as on the reference
+    route.
+
+    Where :func:`flash_takes`, the CPU flash kernel takes the tile as its additive mask and reads k
+    and v once, grouped query heads as extra queries of their key/value head (no copy of the
+    cache). Otherwise (keys narrower than values, half precision, a tile that needs its gradient,
+    other devices) the products are taken directly.
     """
     Lq, Lk = q.shape[2], k.shape[2]
     dtype = compute_dtype(q.dtype)
@@ -586,12 +590,14 @@ def sdpa_bias_attention(
         q = q * factor
         if ssmax.scale_prior:
             bias = bias * factor
-    if visible is None and flash_takes(q, k, v, bias):
-        # Heads and widths agree (a prior that does not fold, as GGD): the CPU flash kernel takes the
-        # tile as its additive mask and reads k and v once, without a separate softmax pass.
-        B, H = q.shape[:2]
+    if flash_takes(q, k, v, bias):
+        if visible is not None:  # the kernel returns zeros for a row of -inf (tested)
+            bias = bias.masked_fill(~visible, -torch.inf)
+        B, H, Hkv = *q.shape[:2], k.shape[1]
         flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-        return flash(q, k, v, 0.0, False, attn_mask=bias.expand(B, H, Lq, Lk), scale=1.0)[0]
+        mask = grouped(bias.expand(B, H, Lq, Lk), Hkv)
+        out = flash(grouped(q, Hkv), k, v, 0.0, False, attn_mask=mask, scale=1.0)[0]
+        return out.view(B, H, Lq, v.shape[-1])
     logits = grouped_scores(q, k.to(dtype)) + bias
     if visible is None:
         return grouped_values(torch.softmax(logits, dim=-1), v.to(dtype)).to(v.dtype)
