@@ -101,7 +101,7 @@ def test_the_cpu_route_flushes_subnormals_on_its_own_thread_only(flushing):
     q, k, v = (torch.randn(1, 2, 300, 8, requires_grad=True) for _ in range(3))
 
     during, after = [], []
-    build = sdpa.flash_queries
+    build = sdpa.flash_inputs
 
     def watched(*args):
         during.append(flushes())
@@ -111,7 +111,7 @@ def test_the_cpu_route_flushes_subnormals_on_its_own_thread_only(flushing):
         torch.set_flush_denormal(before)
         try:
             with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(sdpa, "flash_queries", watched)
+                patch.setattr(sdpa, "flash_inputs", watched)
                 out = priorattn.attention(q, k, v, prior=ALiBi(2), causal=True, backend="sdpa")
                 after.append(flushes())
                 out.sum().backward()

@@ -87,6 +87,12 @@ class Fold:
             k = torch.cat([k, *k_lanes], dim=-1)
         return k, v if v.shape[-1] == self.width else F.pad(v, (0, self.width - v.shape[-1]))
 
+    @staticmethod
+    def slope_lane(content: int, lanes: int, key_bias: bool) -> int:
+        """Index of the slope lane in :meth:`keys`' ``k'``: after ``content`` lanes of k, ``lanes``
+        fold lanes and the key bias lane, if any."""
+        return content + lanes + key_bias
+
 
 class LowerRightCausal(torch.autograd.Function):
     """Causal attention of the last ``Lq`` positions over ``Lk`` keys (SDPA scale 1), without a mask.
@@ -183,28 +189,6 @@ def lanes_of(lanes: FoldLanes, rows: slice, cols: slice) -> FoldLanes:
     return FoldLanes(lanes.q[..., rows, :], lanes.k[..., cols, :], key_bias, lanes.slope)
 
 
-def span_of(t: Tensor | None, span: slice) -> Tensor | None:
-    """``t[..., span, :]``: a call's rows of q or of q lanes, or a block's columns of k, v, k lanes."""
-    return None if t is None else t[..., span, :]
-
-
-def detached(t: Tensor | None) -> Tensor | None:
-    """A leaf of ``t``'s values, to rebuild from it with autograd in a backward."""
-    return None if t is None else t.detach().requires_grad_()
-
-
-def add_at(total: Tensor | None, like: Tensor, grad: Tensor | None, span: slice) -> Tensor | None:
-    """``total`` (None: zero) plus ``grad`` at ``[..., span, :]`` of a tensor shaped as ``like``;
-    a ``grad`` that covers all of ``like`` and comes first is taken as it is, without a copy."""
-    if grad is None:
-        return total
-    if span.start == 0 and span.stop == like.shape[-2]:
-        return grad if total is None else total + grad
-    total = torch.zeros_like(like) if total is None else total
-    total[..., span, :] += grad
-    return total
-
-
 def with_gaps(parts: list[Tensor], calls: list[Call], like: Tensor, length: int) -> Tensor:
     """The calls' parts of rows in one tensor shaped as ``like`` with ``length`` rows (dim 2),
     zeros in the rows no call reads."""
@@ -224,18 +208,18 @@ class FoldedCalls(torch.autograd.Function):
     Autograd through the calls keeps every call's ``q'``, ``k'``, ``v'`` for the backward; with a
     slope, every run of queries has keys of its own centre, ``O(L^2 / run)`` lanes in all (1.7x-1.9x
     plain SDPA's peak memory at L = 16384, docs/benchmarks.md). Here the forward keeps q, k, v,
-    the lanes' sources, the output and its log-sum-exp; the backward rebuilds each call's ``q'``
-    and, one key block at a time, ``k'`` and ``v'``, runs the kernel's own backward on them (with
-    the merged output and log-sum-exp that is exactly the softmax gradient restricted to those
-    keys, as in :class:`LowerRightCausal`) and carries their gradients back by autograd to q, k, v
-    and the lanes, so learnable priors train. Keys come in blocks of at most ``KEY_BLOCK``, merged
-    by their log-sum-exps, so no more than one block of ``k'`` exists at a time. Both passes run
-    on the thread that flushes subnormals (``subnormals.py``).
+    the lanes' sources, the output and its log-sum-exp. Each pass builds ``q'``, ``k'``, ``v'`` of
+    all the queries and keys once (:func:`flash_inputs`, O(L) memory) and, before each call,
+    re-centres only the slope lane of ``k'`` in place (:func:`recentre`): a per-call rebuild of the
+    lanes was 10-20% of the route's time. The backward runs the kernel's own backward on each
+    block of keys (with the merged output and log-sum-exp that is exactly the softmax gradient
+    restricted to those keys, as in :class:`LowerRightCausal`), sums the gradients of ``q'``,
+    ``k'``, ``v'`` and carries them back by autograd to q, k, v and the lanes in one pass, so
+    learnable priors train. Both passes run on the thread that flushes subnormals (``subnormals.py``).
     """
 
     @staticmethod
     def forward(ctx, fold: Fold, calls: list[Call], q, k, v, q_lanes, k_lanes, key_bias, slope, factor):
-        """``key_bias`` comes as a lane ``(B or 1, H, Lk, 1)``, so every key input is cut along dim -2."""
         sources = dict(zip(SOURCES, (q, k, v, q_lanes, k_lanes, key_bias, slope, factor)))
         out, lse = on_flushing_thread(q.device, folded_forward, fold, calls, sources)
         ctx.save_for_backward(q, k, v, q_lanes, k_lanes, key_bias, slope, factor, out, lse)
@@ -248,8 +232,6 @@ class FoldedCalls(torch.autograd.Function):
         sources = dict(zip(SOURCES, saved))
         work = (folded_backward, ctx.fold, ctx.calls, sources, out, lse, grad_out)
         totals = on_flushing_thread(grad_out.device, *work)
-        if totals["q"] is None:  # no query sees a key: a zero gradient, as every output is one
-            totals["q"] = torch.zeros_like(sources["q"])
         needed = dict(zip(SOURCES, ctx.needs_input_grad[2:]))
         return None, None, *(totals[name] if needed[name] else None for name in SOURCES)
 
@@ -257,22 +239,21 @@ class FoldedCalls(torch.autograd.Function):
 @torch.no_grad()
 def folded_forward(fold: Fold, calls: list[Call], sources: dict[str, Tensor | None]) -> tuple[Tensor, Tensor]:
     """:class:`FoldedCalls`' output, ``width`` lanes wide, and its log-sum-exp."""
-    q, k, v, q_lanes, k_lanes, key_bias, slope, factor = (sources[name] for name in SOURCES)
+    q2, k2, v2 = flash_inputs(fold, sources)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     outs, lses = [], []
     for call in calls:
-        rows = call.rows
-        lanes = FoldLanes(span_of(q_lanes, rows), k_lanes, key_bias, slope)
-        q2 = flash_queries(fold, span_of(q, rows), lanes, span_of(factor, rows))
-        merged = None
+        recentre(fold, k2, sources, call)
+        q_call, merged = q2[..., call.rows, :], None
         for block in key_blocks(call):
-            cols = block.cols
-            lanes = FoldLanes(q_lanes, span_of(k_lanes, cols), span_of(key_bias, cols), slope)
-            k2, v2 = flash_keys(fold, span_of(k, cols), span_of(v, cols), lanes, rows, cols)
-            part = flash(q2, k2, v2, 0.0, block.causal, attn_mask=block.bias(q2.dtype), scale=1.0)
+            k_block, v_block = k2[..., block.cols, :], v2[..., block.cols, :]
+            part = flash(
+                q_call, k_block, v_block, 0.0, block.causal, attn_mask=block.bias(q2.dtype), scale=1.0
+            )
             merged = part if merged is None else merge(merged, part)
         outs.append(merged[0].to(q2.dtype))
         lses.append(merged[1])
+    q = sources["q"]
     like = q.new_empty(q.shape[0], fold.heads, 0, fold.width)  # (B, H, 0, width)
     out = with_gaps(outs, calls, like, q.shape[2])
     lse = with_gaps(lses, calls, like[..., 0].to(torch.promote_types(q.dtype, torch.float32)), q.shape[2])
@@ -287,71 +268,65 @@ def folded_backward(
     lse: Tensor,
     grad_out: Tensor,
 ) -> dict[str, Tensor | None]:
-    """The gradients of :class:`FoldedCalls`' sources: each call's ``q'`` and each block's ``k'``,
-    ``v'`` rebuilt with autograd from leaves of their sources, the kernel's own backward on them."""
-    totals = dict.fromkeys(SOURCES)
+    """The gradients of :class:`FoldedCalls`' sources: ``q'``, ``k'``, ``v'`` rebuilt with autograd
+    from leaves of their sources, the kernel's own backward on each call's blocks, the summed
+    gradients carried back to the leaves."""
     grad_out = to_width(grad_out, fold.width)
     flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
     with torch.enable_grad():
-        slope = detached(sources["slope"])  # every call's q' and k' read it
-        for call in calls:
-            rows = call.rows
-            g, o, l = grad_out[..., rows, :].contiguous(), out[..., rows, :], lse[..., rows]
-            mine = {name: detached(span_of(sources[name], rows)) for name in ("q", "q_lanes", "factor")}
-            lanes = FoldLanes(mine["q_lanes"], sources["k_lanes"], sources["key_bias"], slope)
-            q2 = flash_queries(fold, mine["q"], lanes, mine["factor"])
-            dq2 = None
-            for block in key_blocks(call):
-                cols = block.cols
-                theirs = {name: detached(span_of(sources[name], cols)) for name in KEY_SOURCES}
-                lanes = FoldLanes(sources["q_lanes"], theirs["k_lanes"], theirs["key_bias"], slope)
-                k2, v2 = flash_keys(fold, theirs["k"], theirs["v"], lanes, rows, cols)
-                inputs = (q2.detach(), k2.detach(), v2.detach())
-                mask = block.bias(q2.dtype)
-                dq, dk2, dv2 = flash_backward(g, *inputs, o, l, 0.0, block.causal, attn_mask=mask, scale=1.0)
-                dq2 = dq if dq2 is None else dq2 + dq
-                collect(totals, sources, (k2, v2), (dk2, dv2), {**theirs, "slope": slope}, cols)
-            collect(totals, sources, (q2,), (dq2,), {**mine, "slope": slope}, rows)
-    return totals
+        leaves = {name: t.detach().requires_grad_() for name, t in sources.items() if t is not None}
+        inputs = flash_inputs(fold, leaves)
+    # The kernel's inputs share storage with the graph's outputs, which no node of the graph saves,
+    # so re-centring the slope lane in place leaves the graph's gradients as they are.
+    q2, k2, v2 = (t.detach() for t in inputs)
+    dq2, dk2, dv2 = (torch.zeros_like(t) for t in (q2, k2, v2))
+    for call in calls:
+        recentre(fold, k2, sources, call)
+        rows = call.rows
+        g, o, l = grad_out[..., rows, :].contiguous(), out[..., rows, :], lse[..., rows]
+        for block in key_blocks(call):
+            cols = block.cols
+            mask = block.bias(q2.dtype)
+            dq, dk, dv = flash_backward(
+                g,
+                q2[..., rows, :],
+                k2[..., cols, :],
+                v2[..., cols, :],
+                o,
+                l,
+                0.0,
+                block.causal,
+                attn_mask=mask,
+                scale=1.0,
+            )
+            dq2[..., rows, :] += dq
+            dk2[..., cols, :] += dk
+            dv2[..., cols, :] += dv
+    found = torch.autograd.grad(inputs, list(leaves.values()), (dq2, dk2, dv2), allow_unused=True)
+    return {name: dict(zip(leaves, found)).get(name) for name in SOURCES}
 
 
-#: The inputs of :class:`FoldedCalls` after ``fold`` and ``calls``, and those cut by key columns.
+#: The inputs of :class:`FoldedCalls` after ``fold`` and ``calls``.
 SOURCES = ("q", "k", "v", "q_lanes", "k_lanes", "key_bias", "slope", "factor")
-KEY_SOURCES = ("k", "v", "k_lanes", "key_bias")
 
 
-def flash_queries(fold: Fold, q: Tensor, lanes: FoldLanes, factor: Tensor | None) -> Tensor:
-    """``q'`` as the flash kernel takes it: ``width`` lanes."""
-    return to_width(fold.queries(q, lanes, factor), fold.width)
+def flash_inputs(fold: Fold, sources: dict[str, Tensor | None]) -> tuple[Tensor, Tensor, Tensor]:
+    """``q'`` of every query and ``k'``, ``v'`` of every key as the flash kernel takes them: ``width``
+    lanes, one head per query head; the slope lane is centred by :func:`recentre` before each call."""
+    q, k, v = sources["q"], sources["k"], sources["v"]
+    lanes = FoldLanes(*(sources.get(name) for name in ("q_lanes", "k_lanes", "key_bias", "slope")))
+    q2 = to_width(fold.queries(q, lanes, sources.get("factor")), fold.width)
+    k2, v2 = fold.keys(k, v, lanes, slice(0, q.shape[2]), slice(0, k.shape[2]))
+    return q2, every_head(to_width(k2, fold.width), fold.heads), every_head(v2, fold.heads)
 
 
-def flash_keys(
-    fold: Fold, k: Tensor, v: Tensor, lanes: FoldLanes, rows: slice, cols: slice
-) -> tuple[Tensor, Tensor]:
-    """``k'`` and ``v'`` as the flash kernel takes them: ``width`` lanes, one head per query head;
-    ``lanes.key_bias`` is a lane ``(.., lk, 1)``."""
-    key_bias = None if lanes.key_bias is None else lanes.key_bias[..., 0]
-    k2, v2 = fold.keys(k, v, lanes._replace(key_bias=key_bias), rows, cols)
-    return every_head(to_width(k2, fold.width), fold.heads), every_head(v2, fold.heads)
-
-
-def collect(
-    totals: dict[str, Tensor | None],
-    sources: dict[str, Tensor | None],
-    outputs: tuple[Tensor, ...],
-    grads: tuple[Tensor, ...],
-    leaves: dict[str, Tensor | None],
-    span: slice,
-) -> None:
-    """Add to ``totals`` the gradients ``grads`` of ``outputs`` carry to ``leaves``, each the
-    ``[..., span, :]`` of its source (the slope: all of it)."""
-    leaves = {name: leaf for name, leaf in leaves.items() if leaf is not None}
-    found = torch.autograd.grad(outputs, list(leaves.values()), grads, allow_unused=True)
-    for name, grad in zip(leaves, found):
-        if name == "slope" and grad is not None:
-            totals[name] = grad if totals[name] is None else totals[name] + grad
-        elif name != "slope":
-            totals[name] = add_at(totals[name], sources[name], grad, span)
+def recentre(fold: Fold, k2: Tensor, sources: dict[str, Tensor | None], call: Call) -> None:
+    """Centre the slope lane of ``k2`` (:func:`flash_inputs`) on ``call``'s queries, in place."""
+    if sources["slope"] is not None:
+        lane = fold.slope_lane(
+            sources["k"].shape[-1], sources["k_lanes"].shape[-1], sources["key_bias"] is not None
+        )
+        k2[..., call.cols, lane] = centred_keys(fold.masking, call.rows, call.cols, k2.dtype)[:, None, :]
 
 
 class Runs:
@@ -364,7 +339,9 @@ class Runs:
 
     def __init__(self, t: Tensor, bounds: list[int]):
         self.bounds = sorted({0, t.shape[2], *bounds})
-        self.pieces = t.split([b - a for a, b in zip(self.bounds, self.bounds[1:])], dim=2)
+        # One piece is t itself: a split into one piece would copy its gradient back in the backward.
+        sizes = [b - a for a, b in zip(self.bounds, self.bounds[1:])]
+        self.pieces = t.split(sizes, dim=2) if len(sizes) > 1 else (t,)
         self.first = {bound: i for i, bound in enumerate(self.bounds)}
 
     def __getitem__(self, run: slice) -> Tensor:
@@ -494,8 +471,7 @@ def folded_calls(
     fold: Fold, calls: list[Call], q: Tensor, k: Tensor, v: Tensor, lanes: FoldLanes, factor: Tensor | None
 ) -> Tensor:
     """:class:`FoldedCalls`, with the lanes as separate inputs (autograd tracks tensors only)."""
-    key_bias = None if lanes.key_bias is None else lanes.key_bias[..., None]
-    return FoldedCalls.apply(fold, calls, q, k, v, lanes.q, lanes.k, key_bias, lanes.slope, factor)
+    return FoldedCalls.apply(fold, calls, q, k, v, lanes.q, lanes.k, lanes.key_bias, lanes.slope, factor)
 
 
 def folded_calls_kernel(device: torch.device) -> Callable[..., Tensor]:
