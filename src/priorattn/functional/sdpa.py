@@ -219,7 +219,7 @@ class FoldedCalls(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, fold: Fold, calls: list[Call], q, k, v, q_lanes, k_lanes, key_bias, slope, factor):
+    def forward(ctx, fold: Fold, calls: Plans, q, k, v, q_lanes, k_lanes, key_bias, slope, factor):
         sources = dict(zip(SOURCES, (q, k, v, q_lanes, k_lanes, key_bias, slope, factor)))
         out, lse = on_flushing_thread(q.device, folded_forward, fold, calls, sources)
         ctx.save_for_backward(q, k, v, q_lanes, k_lanes, key_bias, slope, factor, out, lse)
@@ -236,33 +236,38 @@ class FoldedCalls(torch.autograd.Function):
         return None, None, *(totals[name] if needed[name] else None for name in SOURCES)
 
 
+#: Key-sorted query runs of one batch group, per run of heads: ``[(heads, calls), ...]``.
+Plans = list[tuple[slice, list[Call]]]
+
+
 @torch.no_grad()
-def folded_forward(fold: Fold, calls: list[Call], sources: dict[str, Tensor | None]) -> tuple[Tensor, Tensor]:
+def folded_forward(fold: Fold, plans: Plans, sources: dict[str, Tensor | None]) -> tuple[Tensor, Tensor]:
     """:class:`FoldedCalls`' output, ``width`` lanes wide, and its log-sum-exp."""
     q2, k2, v2 = flash_inputs(fold, sources)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    outs, lses = [], []
-    for call in calls:
-        recentre(fold, k2, sources, call)
-        q_call, merged = q2[..., call.rows, :], None
-        for block in key_blocks(call):
-            k_block, v_block = k2[..., block.cols, :], v2[..., block.cols, :]
-            part = flash(
-                q_call, k_block, v_block, 0.0, block.causal, attn_mask=block.bias(q2.dtype), scale=1.0
-            )
-            merged = part if merged is None else merge(merged, part)
-        outs.append(merged[0].to(q2.dtype))
-        lses.append(merged[1])
-    q = sources["q"]
-    like = q.new_empty(q.shape[0], fold.heads, 0, fold.width)  # (B, H, 0, width)
-    out = with_gaps(outs, calls, like, q.shape[2])
-    lse = with_gaps(lses, calls, like[..., 0].to(torch.promote_types(q.dtype, torch.float32)), q.shape[2])
-    return out, lse
+    q, outs, lses = sources["q"], [], []
+    for heads, calls in plans:
+        head_outs, head_lses = [], []
+        for call in calls:
+            recentre(fold, k2[:, heads], sources, call)
+            q_call, merged = q2[:, heads, call.rows], None
+            for block in key_blocks(call):
+                k_block, v_block = k2[:, heads, block.cols], v2[:, heads, block.cols]
+                mask = block.bias(q2.dtype)
+                part = flash(q_call, k_block, v_block, 0.0, block.causal, attn_mask=mask, scale=1.0)
+                merged = part if merged is None else merge(merged, part)
+            head_outs.append(merged[0].to(q2.dtype))
+            head_lses.append(merged[1])
+        like = q.new_empty(q.shape[0], heads.stop - heads.start, 0, fold.width)  # (B, heads, 0, width)
+        outs.append(with_gaps(head_outs, calls, like, q.shape[2]))
+        lse_like = like[..., 0].to(torch.promote_types(q.dtype, torch.float32))
+        lses.append(with_gaps(head_lses, calls, lse_like, q.shape[2]))
+    return (outs[0], lses[0]) if len(plans) == 1 else (torch.cat(outs, dim=1), torch.cat(lses, dim=1))
 
 
 def folded_backward(
     fold: Fold,
-    calls: list[Call],
+    plans: Plans,
     sources: dict[str, Tensor | None],
     out: Tensor,
     lse: Tensor,
@@ -280,28 +285,21 @@ def folded_backward(
     # so re-centring the slope lane in place leaves the graph's gradients as they are.
     q2, k2, v2 = (t.detach() for t in inputs)
     dq2, dk2, dv2 = (torch.zeros_like(t) for t in (q2, k2, v2))
-    for call in calls:
-        recentre(fold, k2, sources, call)
-        rows = call.rows
-        g, o, l = grad_out[..., rows, :].contiguous(), out[..., rows, :], lse[..., rows]
-        for block in key_blocks(call):
-            cols = block.cols
-            mask = block.bias(q2.dtype)
-            dq, dk, dv = flash_backward(
-                g,
-                q2[..., rows, :],
-                k2[..., cols, :],
-                v2[..., cols, :],
-                o,
-                l,
-                0.0,
-                block.causal,
-                attn_mask=mask,
-                scale=1.0,
-            )
-            dq2[..., rows, :] += dq
-            dk2[..., cols, :] += dk
-            dv2[..., cols, :] += dv
+    for heads, calls in plans:
+        for call in calls:
+            recentre(fold, k2[:, heads], sources, call)
+            rows = call.rows
+            g, o, l = grad_out[:, heads, rows].contiguous(), out[:, heads, rows], lse[:, heads, rows]
+            for block in key_blocks(call):
+                cols = block.cols
+                kernel_inputs = q2[:, heads, rows], k2[:, heads, cols], v2[:, heads, cols]
+                mask = block.bias(q2.dtype)
+                dq, dk, dv = flash_backward(
+                    g, *kernel_inputs, o, l, 0.0, block.causal, attn_mask=mask, scale=1.0
+                )
+                dq2[:, heads, rows] += dq
+                dk2[:, heads, cols] += dk
+                dv2[:, heads, cols] += dv
     found = torch.autograd.grad(inputs, list(leaves.values()), (dq2, dk2, dv2), allow_unused=True)
     return {name: dict(zip(leaves, found)).get(name) for name in SOURCES}
 
@@ -458,20 +456,45 @@ def folded_attention(
         lanes = prior.fold(masking.q_pos, masking.k_pos)
         compute = fold_dtype(lanes.slope, dtype, masking)
         q, k, v = q.to(compute), k.to(compute), v.to(compute)
-    step = slope_span(lanes.slope, slope_precision(q.dtype, masking))
     width = max(q.shape[-1] + lanes.width, v.shape[-1])
     fold = Fold(masking, scale, ssmax is not None and ssmax.scale_prior, q.shape[1], width)
-    calls = plan_calls(masking, spans, step)
     # No prior: the calls take q, k, v as they are, and autograd saves no copies.
     run_calls = autograd_calls if prior is None else folded_calls_kernel(q.device)
-    return run_calls(fold, calls, q, k, v, lanes, factor).to(dtype)
+    precision = slope_precision(q.dtype, masking)
+    plans = head_plans(masking, spans, lanes.slope, precision, q.shape[1], per_head=run_calls is folded_calls)
+    return run_calls(fold, plans, q, k, v, lanes, factor).to(dtype)
+
+
+def head_plans(
+    masking: Masking,
+    spans: tuple[Tensor, Tensor] | None,
+    slope: Tensor | None,
+    precision: torch.dtype,
+    heads: int,
+    per_head: bool,
+) -> Plans:
+    """The calls of :func:`plan_calls` for runs of consecutive heads, each run of queries as long as
+    the steepest slope among the heads allows (:func:`~.prior_inputs.slope_span`). ``per_head``:
+    heads whose slopes allow different runs take their own calls (ALiBi's and GOAT's gentler heads
+    then need few or one), else every head takes the steepest head's."""
+    Lq = masking.q_pos.shape[-1]
+    if slope is None or not per_head or slope.shape[0] != heads:
+        return [(slice(0, heads), plan_calls(masking, spans, slope_span(slope, precision)))]
+    steps = [slope_span(slope[h : h + 1], precision) for h in range(heads)]
+    steps = [None if step is None or step >= Lq else step for step in steps]  # one run: no limit
+    groups = []  # [first head, step] of each run of heads with one step
+    for h, step in enumerate(steps):
+        if not groups or groups[-1][1] != step:
+            groups.append((h, step))
+    bounds = [h for h, _ in groups] + [heads]
+    return [(slice(a, b), plan_calls(masking, spans, step)) for (a, step), b in zip(groups, bounds[1:])]
 
 
 def folded_calls(
-    fold: Fold, calls: list[Call], q: Tensor, k: Tensor, v: Tensor, lanes: FoldLanes, factor: Tensor | None
+    fold: Fold, plans: Plans, q: Tensor, k: Tensor, v: Tensor, lanes: FoldLanes, factor: Tensor | None
 ) -> Tensor:
     """:class:`FoldedCalls`, with the lanes as separate inputs (autograd tracks tensors only)."""
-    return FoldedCalls.apply(fold, calls, q, k, v, lanes.q, lanes.k, lanes.key_bias, lanes.slope, factor)
+    return FoldedCalls.apply(fold, plans, q, k, v, lanes.q, lanes.k, lanes.key_bias, lanes.slope, factor)
 
 
 def folded_calls_kernel(device: torch.device) -> Callable[..., Tensor]:
@@ -484,10 +507,11 @@ def folded_calls_kernel(device: torch.device) -> Callable[..., Tensor]:
 
 
 def autograd_calls(
-    fold: Fold, calls: list[Call], q: Tensor, k: Tensor, v: Tensor, lanes: FoldLanes, factor: Tensor | None
+    fold: Fold, plans: Plans, q: Tensor, k: Tensor, v: Tensor, lanes: FoldLanes, factor: Tensor | None
 ) -> Tensor:
     """The calls through public SDPA with autograd (any device): the backward keeps every call's
-    ``q'``, ``k'``, ``v'``."""
+    ``q'``, ``k'``, ``v'``. Every head takes the same calls (``plans`` has one entry)."""
+    [(_, calls)] = plans
     B, H, Lq, Dv = *q.shape[:3], v.shape[-1]
     queries = Runs(q, [bound for c in calls for bound in (c.rows.start, c.rows.stop)])
     keys = Runs(k, [bound for c in calls for bound in (c.cols.start, c.cols.stop)])
