@@ -189,19 +189,6 @@ def lanes_of(lanes: FoldLanes, rows: slice, cols: slice) -> FoldLanes:
     return FoldLanes(lanes.q[..., rows, :], lanes.k[..., cols, :], key_bias, lanes.slope)
 
 
-def with_gaps(parts: list[Tensor], calls: list[Call], like: Tensor, length: int) -> Tensor:
-    """The calls' parts of rows in one tensor shaped as ``like`` with ``length`` rows (dim 2),
-    zeros in the rows no call reads."""
-    pieces, done = [], 0
-    for part, call in zip([*parts, None], [*calls, Call(slice(length, length), slice(0), Kind.FULL)]):
-        if call.rows.start > done:
-            pieces.append(like.new_zeros(*like.shape[:2], call.rows.start - done, *like.shape[3:]))
-        if part is not None:
-            pieces.append(part)
-        done = call.rows.stop
-    return torch.cat([like, *pieces], dim=2) if len(pieces) != 1 else pieces[0]
-
-
 class FoldedCalls(torch.autograd.Function):
     """The calls of one batch group through the CPU flash kernel, keeping only what they share.
 
@@ -242,12 +229,13 @@ Plans = list[tuple[slice, list[Call]]]
 
 @torch.no_grad()
 def folded_forward(fold: Fold, plans: Plans, sources: dict[str, Tensor | None]) -> tuple[Tensor, Tensor]:
-    """:class:`FoldedCalls`' output, ``width`` lanes wide, and its log-sum-exp."""
+    """:class:`FoldedCalls`' output, ``width`` lanes wide, and its log-sum-exp; zeros in the rows
+    no call reads."""
     q2, k2, v2 = flash_inputs(fold, sources)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    q, outs, lses = sources["q"], [], []
+    out = torch.zeros_like(q2)
+    lse = q2.new_zeros(q2.shape[:3], dtype=torch.promote_types(q2.dtype, torch.float32))
     for heads, calls in plans:
-        head_outs, head_lses = [], []
         for call in calls:
             recentre(fold, k2[:, heads], sources, call)
             q_call, merged = q2[:, heads, call.rows], None
@@ -256,13 +244,8 @@ def folded_forward(fold: Fold, plans: Plans, sources: dict[str, Tensor | None]) 
                 mask = block.bias(q2.dtype)
                 part = flash(q_call, k_block, v_block, 0.0, block.causal, attn_mask=mask, scale=1.0)
                 merged = part if merged is None else merge(merged, part)
-            head_outs.append(merged[0].to(q2.dtype))
-            head_lses.append(merged[1])
-        like = q.new_empty(q.shape[0], heads.stop - heads.start, 0, fold.width)  # (B, heads, 0, width)
-        outs.append(with_gaps(head_outs, calls, like, q.shape[2]))
-        lse_like = like[..., 0].to(torch.promote_types(q.dtype, torch.float32))
-        lses.append(with_gaps(head_lses, calls, lse_like, q.shape[2]))
-    return (outs[0], lses[0]) if len(plans) == 1 else (torch.cat(outs, dim=1), torch.cat(lses, dim=1))
+            out[:, heads, call.rows], lse[:, heads, call.rows] = merged
+    return out, lse
 
 
 def folded_backward(
