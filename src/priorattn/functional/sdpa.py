@@ -230,13 +230,16 @@ Plans = list[tuple[slice, list[Call]]]
 @torch.no_grad()
 def folded_forward(fold: Fold, plans: Plans, sources: dict[str, Tensor | None]) -> tuple[Tensor, Tensor]:
     """:class:`FoldedCalls`' output, ``width`` lanes wide, and its log-sum-exp; zeros in the rows
-    no call reads."""
+    no call reads. Each call's output takes the place of its rows of ``q'`` (a tensor of its own,
+    :meth:`Fold.queries`), which no other call reads: the output needs no memory of its own."""
     q2, k2, v2 = flash_inputs(fold, sources)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    out = torch.zeros_like(q2)
+    out = q2
     lse = q2.new_zeros(q2.shape[:3], dtype=torch.promote_types(q2.dtype, torch.float32))
     for heads, calls in plans:
+        done = 0
         for call in calls:
+            out[:, heads, done : call.rows.start] = 0.0
             recentre(fold, k2[:, heads], sources, call)
             q_call, merged = q2[:, heads, call.rows], None
             for block in key_blocks(call):
@@ -245,6 +248,8 @@ def folded_forward(fold: Fold, plans: Plans, sources: dict[str, Tensor | None]) 
                 part = flash(q_call, k_block, v_block, 0.0, block.causal, attn_mask=mask, scale=1.0)
                 merged = part if merged is None else merge(merged, part)
             out[:, heads, call.rows], lse[:, heads, call.rows] = merged
+            done = call.rows.stop
+        out[:, heads, done:] = 0.0
     return out, lse
 
 
