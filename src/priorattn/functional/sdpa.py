@@ -272,7 +272,7 @@ def folded_backward(
     # The kernel's inputs share storage with the graph's outputs, which no node of the graph saves,
     # so re-centring the slope lane in place leaves the graph's gradients as they are.
     q2, k2, v2 = (t.detach() for t in inputs)
-    dq2, dk2, dv2 = (torch.zeros_like(t) for t in (q2, k2, v2))
+    sums = [None, None, None]  # of the gradients of q2, k2, v2
     for heads, calls in plans:
         for call in calls:
             recentre(fold, k2[:, heads], sources, call)
@@ -285,11 +285,21 @@ def folded_backward(
                 dq, dk, dv = flash_backward(
                     g, *kernel_inputs, o, l, 0.0, block.causal, attn_mask=mask, scale=1.0
                 )
-                dq2[:, heads, rows] += dq
-                dk2[:, heads, cols] += dk
-                dv2[:, heads, cols] += dv
-    found = torch.autograd.grad(inputs, list(leaves.values()), (dq2, dk2, dv2), allow_unused=True)
+                for i, (like, grad, span) in enumerate(zip((q2, k2, v2), (dq, dk, dv), (rows, cols, cols))):
+                    sums[i] = add_at(sums[i], like, grad, (slice(None), heads, span))
+    grads = [torch.zeros_like(like) if total is None else total for like, total in zip((q2, k2, v2), sums)]
+    found = torch.autograd.grad(inputs, list(leaves.values()), grads, allow_unused=True)
     return {name: dict(zip(leaves, found)).get(name) for name in SOURCES}
+
+
+def add_at(total: Tensor | None, like: Tensor, grad: Tensor, index: tuple[slice, ...]) -> Tensor:
+    """``total`` (None: zeros shaped as ``like``) plus ``grad`` at ``[index]``; a first ``grad`` that
+    covers all of ``like`` (one kernel call over every query, key and head) is taken as it is."""
+    if total is None and grad.shape == like.shape:
+        return grad
+    total = torch.zeros_like(like) if total is None else total
+    total[index] += grad
+    return total
 
 
 #: The inputs of :class:`FoldedCalls` after ``fold`` and ``calls``.
