@@ -8,10 +8,11 @@ sliding window); a boolean mask is handed to SDPA only where no mask-free kernel
 million cells at a time, and a key-linear slope is re-centred on each chunk's queries.
 
 On the CPU a prior's calls run through the flash kernel's own forward and backward
-(:class:`FoldedCalls`): the backward rebuilds each call's ``q'`` and ``k'`` from q, k, v and the
-lanes instead of keeping them, so a slope re-centred on every run of queries costs O(L) memory,
-not a ``k'`` per run (at L = 16384, 1.73x-1.87x plain SDPA's peak memory before, 1.06x-1.11x
-after: docs/benchmarks.md), and the kernel calls run on a thread that flushes float32
+(:class:`FoldedCalls`): each pass builds ``q'`` and ``k'`` of all queries and keys once and
+re-centres only the slope lane of ``k'`` in place before each call, so a slope re-centred on every
+run of queries costs O(L) memory, not a ``k'`` per run (at L = 16384, 1.73x-1.87x plain SDPA's
+peak memory before, 1.06x-1.11x after: docs/benchmarks.md); heads whose slopes allow longer runs
+take fewer calls (:func:`head_plans`); and the kernel calls run on a thread that flushes float32
 subnormals, which made the route 2-7x plain SDPA's time under a slope.
 """
 
@@ -36,7 +37,7 @@ from .subnormals import on_flushing_thread
 #: Largest number of (query, key) cells of a boolean mask handed to SDPA in one call.
 MASK_CHUNK_CELLS = 1 << 22
 #: Most keys one kernel call of a folded route takes; longer calls merge blocks by log-sum-exp, so
-#: the backward rebuilds no more of ``k'`` than this at a time.
+#: the kernel's backward returns the gradients of no more keys than this at a time.
 KEY_BLOCK = 4096
 #: A decode step has at most this many queries (see :func:`sdpa_bias_attention`).
 DECODE_QUERIES = 16
