@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.graph import get_gradient_edge
 
 from ..priors import FoldLanes, Prior
 from ..ssmax import Scaling
@@ -238,9 +239,8 @@ def folded_forward(fold: Fold, plans: Plans, sources: dict[str, Tensor | None]) 
     out = q2
     lse = q2.new_zeros(q2.shape[:3], dtype=torch.promote_types(q2.dtype, torch.float32))
     for heads, calls in plans:
-        done = 0
+        zero_gaps(out, heads, calls)
         for call in calls:
-            out[:, heads, done : call.rows.start] = 0.0
             recentre(fold, k2[:, heads], sources, call)
             q_call, merged = q2[:, heads, call.rows], None
             for block in key_blocks(call):
@@ -249,9 +249,16 @@ def folded_forward(fold: Fold, plans: Plans, sources: dict[str, Tensor | None]) 
                 part = flash(q_call, k_block, v_block, 0.0, block.causal, attn_mask=mask, scale=1.0)
                 merged = part if merged is None else merge(merged, part)
             out[:, heads, call.rows], lse[:, heads, call.rows] = merged
-            done = call.rows.stop
-        out[:, heads, done:] = 0.0
     return out, lse
+
+
+def zero_gaps(t: Tensor, heads: slice, calls: list[Call]) -> None:
+    """Zero the rows of ``t[:, heads]`` (dim 2) that none of ``calls`` (in query order) reads."""
+    done = 0
+    for call in calls:
+        t[:, heads, done : call.rows.start] = 0.0
+        done = call.rows.stop
+    t[:, heads, done:] = 0.0
 
 
 def folded_backward(
@@ -269,16 +276,21 @@ def folded_backward(
     flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
     with torch.enable_grad():
         leaves = {name: t.detach().requires_grad_() for name, t in sources.items() if t is not None}
-        inputs = flash_inputs(fold, leaves)
-    # The kernel's inputs share storage with the graph's outputs, which no node of the graph saves,
-    # so re-centring the slope lane in place leaves the graph's gradients as they are.
-    q2, k2, v2 = (t.detach() for t in inputs)
-    sums = [None, None, None]  # of the gradients of q2, k2, v2
+        q2, k2, v2 = flash_inputs(fold, leaves)
+    # The graph is kept by its edges only: no node of it saves q', k' or v', whose memory is then
+    # free once the calls are done. In that graph's eyes they are outputs, so the slope lane is
+    # re-centred in place, and each call's gradient of q' takes the place of its rows of q',
+    # which no other call reads.
+    edges = [get_gradient_edge(t) for t in (q2, k2, v2)]
+    q2, k2, v2 = (t.detach() for t in (q2, k2, v2))
+    sums = [None, None]  # of the gradients of k2 and v2
     for heads, calls in plans:
+        zero_gaps(q2, heads, calls)
         for call in calls:
             recentre(fold, k2[:, heads], sources, call)
             rows = call.rows
             g, o, l = grad_out[:, heads, rows].contiguous(), out[:, heads, rows], lse[:, heads, rows]
+            dq_call = None
             for block in key_blocks(call):
                 cols = block.cols
                 kernel_inputs = q2[:, heads, rows], k2[:, heads, cols], v2[:, heads, cols]
@@ -286,10 +298,13 @@ def folded_backward(
                 dq, dk, dv = flash_backward(
                     g, *kernel_inputs, o, l, 0.0, block.causal, attn_mask=mask, scale=1.0
                 )
-                for i, (like, grad, span) in enumerate(zip((q2, k2, v2), (dq, dk, dv), (rows, cols, cols))):
-                    sums[i] = add_at(sums[i], like, grad, (slice(None), heads, span))
-    grads = [torch.zeros_like(like) if total is None else total for like, total in zip((q2, k2, v2), sums)]
-    found = torch.autograd.grad(inputs, list(leaves.values()), grads, allow_unused=True)
+                dq_call = dq if dq_call is None else dq_call + dq
+                for i, (like, grad) in enumerate(zip((k2, v2), (dk, dv))):
+                    sums[i] = add_at(sums[i], like, grad, (slice(None), heads, cols))
+            q2[:, heads, rows] = dq_call
+    grads = [q2] + [torch.zeros_like(like) if total is None else total for like, total in zip((k2, v2), sums)]
+    del k2, v2
+    found = torch.autograd.grad(edges, list(leaves.values()), grads, allow_unused=True)
     return {name: dict(zip(leaves, found)).get(name) for name in SOURCES}
 
 
