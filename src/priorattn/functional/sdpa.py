@@ -272,7 +272,6 @@ def folded_backward(
     """The gradients of :class:`FoldedCalls`' sources: ``q'``, ``k'``, ``v'`` rebuilt with autograd
     from leaves of their sources, the kernel's own backward on each call's blocks, the summed
     gradients carried back to the leaves."""
-    grad_out = to_width(grad_out, fold.width)
     flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
     with torch.enable_grad():
         leaves = {name: t.detach().requires_grad_() for name, t in sources.items() if t is not None}
@@ -289,7 +288,8 @@ def folded_backward(
         for call in calls:
             recentre(fold, k2[:, heads], sources, call)
             rows = call.rows
-            g, o, l = grad_out[:, heads, rows].contiguous(), out[:, heads, rows], lse[:, heads, rows]
+            g = to_width(grad_out[:, heads, rows], fold.width).contiguous()
+            o, l = out[:, heads, rows], lse[:, heads, rows]
             dq_call = None
             for block in key_blocks(call):
                 cols = block.cols
@@ -304,7 +304,12 @@ def folded_backward(
             q2[:, heads, rows] = dq_call
     grads = [q2] + [torch.zeros_like(like) if total is None else total for like, total in zip((k2, v2), sums)]
     del k2, v2
-    found = torch.autograd.grad(edges, list(leaves.values()), grads, allow_unused=True)
+    found = list(torch.autograd.grad(edges, list(leaves.values()), grads, allow_unused=True))
+    del grads, sums, q2
+    # Lanes cut from the sums come as views of them: one contiguous copy at a time frees each sum
+    # before the next is copied (the caller's gradient accumulation would otherwise copy them all).
+    for i, grad in enumerate(found):
+        found[i] = None if grad is None else grad.contiguous()
     return {name: dict(zip(leaves, found)).get(name) for name in SOURCES}
 
 
