@@ -263,20 +263,14 @@ def test_goat_head_keeps_its_width(monkeypatch):
     assert module.out_proj.in_features == 4 * head_dim
 
     widths = []
-    queries, keys = sdpa.flash_queries, sdpa.flash_keys  # what the CPU flash kernel is given
+    inputs = sdpa.flash_inputs  # what the CPU flash kernel is given
 
-    def spy_queries(*args):
-        q = queries(*args)
-        widths.append(q.shape[-1])
-        return q
+    def spy(*args):
+        q, k, v = inputs(*args)
+        widths.extend([q.shape[-1], k.shape[-1], v.shape[-1]])
+        return q, k, v
 
-    def spy_keys(*args):
-        k, v = keys(*args)
-        widths.extend([k.shape[-1], v.shape[-1]])
-        return k, v
-
-    monkeypatch.setattr(sdpa, "flash_queries", spy_queries)
-    monkeypatch.setattr(sdpa, "flash_keys", spy_keys)
+    monkeypatch.setattr(sdpa, "flash_inputs", spy)
     module(torch.randn(1, 5, 128))
     assert widths == [head_dim, head_dim, head_dim]
 

@@ -15,14 +15,14 @@ def kernel_dtypes(monkeypatch) -> set[torch.dtype]:
     """The dtypes of the queries the SDPA route hands its CPU flash kernel (forward and backward),
     recorded while the test runs."""
     seen = set()
-    flash_queries = sdpa.flash_queries
+    flash_inputs = sdpa.flash_inputs
 
     def spy(*args):
-        q2 = flash_queries(*args)
+        q2, k2, v2 = flash_inputs(*args)
         seen.add(q2.dtype)
-        return q2
+        return q2, k2, v2
 
-    monkeypatch.setattr(sdpa, "flash_queries", spy)
+    monkeypatch.setattr(sdpa, "flash_inputs", spy)
     return seen
 
 

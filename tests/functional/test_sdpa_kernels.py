@@ -11,6 +11,7 @@ from factories import flushes
 
 import priorattn
 from priorattn.functional import prior_inputs, sdpa, subnormals
+from priorattn.functional.masks import Masking
 from priorattn.functional.sdpa import LowerRightCausal, lower_right_kernel, public_lower_right_causal
 from priorattn.priors import GOAT, ALiBi
 
@@ -41,6 +42,48 @@ def test_the_cpu_flash_kernel_runs_only_on_the_cpu():
 def test_a_prior_takes_the_flash_kernel_and_its_backward_only_on_the_cpu():
     assert sdpa.folded_calls_kernel(torch.device("cpu")) is sdpa.folded_calls
     assert sdpa.folded_calls_kernel(torch.device("cuda")) is sdpa.autograd_calls
+
+
+def alibi_plans(L: int, per_head: bool) -> list[tuple[slice, list[slice]]]:
+    pos = torch.arange(L)[None]
+    slope = ALiBi(4).fold(pos, pos).slope
+    plans = sdpa.head_plans(Masking(True, pos, pos, starts=(0, 0)), None, slope, torch.float32, 4, per_head)
+    return [(heads, [call.rows for call in calls]) for heads, calls in plans]
+
+
+def test_heads_whose_slopes_allow_longer_runs_take_fewer_calls():
+    """ALiBi's slopes 1/4, 1/16, 1/64, 1/256 allow float32 runs of 1024, 4096, 16384, 65536
+    queries: at L = 2048 head 0 takes two runs and heads 1-3 one call together. Without ``per_head``
+    (the public-operator route) every head takes the steepest head's runs."""
+    halves = [slice(0, 1024), slice(1024, 2048)]
+    assert alibi_plans(2048, per_head=True) == [(slice(0, 1), halves), (slice(1, 4), [slice(0, 2048)])]
+    assert alibi_plans(2048, per_head=False) == [(slice(0, 4), halves)]
+    assert alibi_plans(1024, per_head=True) == [(slice(0, 4), [slice(0, 1024)])]
+
+
+@pytest.mark.parametrize("Hkv", [4, 2])
+def test_heads_in_runs_of_their_own_match_the_reference(Hkv, monkeypatch):
+    """Heads whose slopes give them different runs (not in slope order), with the sink's key bias
+    and grouped keys: output and every gradient against the float64 reference."""
+    monkeypatch.setitem(prior_inputs.SLOPE_MAGNITUDE, torch.float64, 2.0**4)  # runs of 16 / |m|
+    prior = GOAT(4, 2, init="recency").double()
+    with torch.no_grad():
+        prior.slope.copy_(torch.tensor([0.5, 0.5, 0.01, 0.2]))  # runs of 32, 32, all, 80 queries
+    gen = torch.Generator().manual_seed(Hkv)
+    q = torch.randn(2, 4, 200, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    k, v = (
+        torch.randn(2, Hkv, 200, 6, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2)
+    )
+    results = []
+    for backend in ("sdpa", "reference"):
+        out = priorattn.attention(q, k, v, prior=prior, causal=True, backend=backend)
+        grads = torch.autograd.grad(
+            out, [q, k, v, *prior.parameters()], torch.ones_like(out), allow_unused=True
+        )
+        results.append([out, *grads])
+    for mine, ref in zip(*results, strict=True):
+        assert (mine is None) == (ref is None)
+        assert mine is None or torch.allclose(mine, ref, atol=1e-10)
 
 
 def saved_elements(run) -> int:
@@ -101,7 +144,7 @@ def test_the_cpu_route_flushes_subnormals_on_its_own_thread_only(flushing):
     q, k, v = (torch.randn(1, 2, 300, 8, requires_grad=True) for _ in range(3))
 
     during, after = [], []
-    build = sdpa.flash_queries
+    build = sdpa.flash_inputs
 
     def watched(*args):
         during.append(flushes())
@@ -111,7 +154,7 @@ def test_the_cpu_route_flushes_subnormals_on_its_own_thread_only(flushing):
         torch.set_flush_denormal(before)
         try:
             with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(sdpa, "flash_queries", watched)
+                patch.setattr(sdpa, "flash_inputs", watched)
                 out = priorattn.attention(q, k, v, prior=ALiBi(2), causal=True, backend="sdpa")
                 after.append(flushes())
                 out.sum().backward()

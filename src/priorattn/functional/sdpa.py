@@ -8,10 +8,11 @@ sliding window); a boolean mask is handed to SDPA only where no mask-free kernel
 million cells at a time, and a key-linear slope is re-centred on each chunk's queries.
 
 On the CPU a prior's calls run through the flash kernel's own forward and backward
-(:class:`FoldedCalls`): the backward rebuilds each call's ``q'`` and ``k'`` from q, k, v and the
-lanes instead of keeping them, so a slope re-centred on every run of queries costs O(L) memory,
-not a ``k'`` per run (at L = 16384, 1.73x-1.87x plain SDPA's peak memory before, 1.06x-1.11x
-after: docs/benchmarks.md), and the kernel calls run on a thread that flushes float32
+(:class:`FoldedCalls`): each pass builds ``q'`` and ``k'`` of all queries and keys once and
+re-centres only the slope lane of ``k'`` in place before each call, so a slope re-centred on every
+run of queries costs O(L) memory, not a ``k'`` per run (at L = 16384, 1.73x-1.87x plain SDPA's
+peak memory before, 1.06x-1.11x after: docs/benchmarks.md); heads whose slopes allow longer runs
+take fewer calls (:func:`head_plans`); and the kernel calls run on a thread that flushes float32
 subnormals, which made the route 2-7x plain SDPA's time under a slope.
 """
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.graph import get_gradient_edge
 
 from ..priors import FoldLanes, Prior
 from ..ssmax import Scaling
@@ -36,7 +38,7 @@ from .subnormals import on_flushing_thread
 #: Largest number of (query, key) cells of a boolean mask handed to SDPA in one call.
 MASK_CHUNK_CELLS = 1 << 22
 #: Most keys one kernel call of a folded route takes; longer calls merge blocks by log-sum-exp, so
-#: the backward rebuilds no more of ``k'`` than this at a time.
+#: the kernel's backward returns the gradients of no more keys than this at a time.
 KEY_BLOCK = 4096
 #: A decode step has at most this many queries (see :func:`sdpa_bias_attention`).
 DECODE_QUERIES = 16
@@ -86,6 +88,12 @@ class Fold:
         if len(k_lanes) > 1 or lanes.k.shape[-1]:
             k = torch.cat([k, *k_lanes], dim=-1)
         return k, v if v.shape[-1] == self.width else F.pad(v, (0, self.width - v.shape[-1]))
+
+    @staticmethod
+    def slope_lane(content: int, lanes: int, key_bias: bool) -> int:
+        """Index of the slope lane in :meth:`keys`' ``k'``: after ``content`` lanes of k, ``lanes``
+        fold lanes and the key bias lane, if any."""
+        return content + lanes + key_bias
 
 
 class LowerRightCausal(torch.autograd.Function):
@@ -183,59 +191,24 @@ def lanes_of(lanes: FoldLanes, rows: slice, cols: slice) -> FoldLanes:
     return FoldLanes(lanes.q[..., rows, :], lanes.k[..., cols, :], key_bias, lanes.slope)
 
 
-def span_of(t: Tensor | None, span: slice) -> Tensor | None:
-    """``t[..., span, :]``: a call's rows of q or of q lanes, or a block's columns of k, v, k lanes."""
-    return None if t is None else t[..., span, :]
-
-
-def detached(t: Tensor | None) -> Tensor | None:
-    """A leaf of ``t``'s values, to rebuild from it with autograd in a backward."""
-    return None if t is None else t.detach().requires_grad_()
-
-
-def add_at(total: Tensor | None, like: Tensor, grad: Tensor | None, span: slice) -> Tensor | None:
-    """``total`` (None: zero) plus ``grad`` at ``[..., span, :]`` of a tensor shaped as ``like``;
-    a ``grad`` that covers all of ``like`` and comes first is taken as it is, without a copy."""
-    if grad is None:
-        return total
-    if span.start == 0 and span.stop == like.shape[-2]:
-        return grad if total is None else total + grad
-    total = torch.zeros_like(like) if total is None else total
-    total[..., span, :] += grad
-    return total
-
-
-def with_gaps(parts: list[Tensor], calls: list[Call], like: Tensor, length: int) -> Tensor:
-    """The calls' parts of rows in one tensor shaped as ``like`` with ``length`` rows (dim 2),
-    zeros in the rows no call reads."""
-    pieces, done = [], 0
-    for part, call in zip([*parts, None], [*calls, Call(slice(length, length), slice(0), Kind.FULL)]):
-        if call.rows.start > done:
-            pieces.append(like.new_zeros(*like.shape[:2], call.rows.start - done, *like.shape[3:]))
-        if part is not None:
-            pieces.append(part)
-        done = call.rows.stop
-    return torch.cat([like, *pieces], dim=2) if len(pieces) != 1 else pieces[0]
-
-
 class FoldedCalls(torch.autograd.Function):
     """The calls of one batch group through the CPU flash kernel, keeping only what they share.
 
     Autograd through the calls keeps every call's ``q'``, ``k'``, ``v'`` for the backward; with a
     slope, every run of queries has keys of its own centre, ``O(L^2 / run)`` lanes in all (1.7x-1.9x
     plain SDPA's peak memory at L = 16384, docs/benchmarks.md). Here the forward keeps q, k, v,
-    the lanes' sources, the output and its log-sum-exp; the backward rebuilds each call's ``q'``
-    and, one key block at a time, ``k'`` and ``v'``, runs the kernel's own backward on them (with
-    the merged output and log-sum-exp that is exactly the softmax gradient restricted to those
-    keys, as in :class:`LowerRightCausal`) and carries their gradients back by autograd to q, k, v
-    and the lanes, so learnable priors train. Keys come in blocks of at most ``KEY_BLOCK``, merged
-    by their log-sum-exps, so no more than one block of ``k'`` exists at a time. Both passes run
-    on the thread that flushes subnormals (``subnormals.py``).
+    the lanes' sources, the output and its log-sum-exp. Each pass builds ``q'``, ``k'``, ``v'`` of
+    all the queries and keys once (:func:`flash_inputs`, O(L) memory) and, before each call,
+    re-centres only the slope lane of ``k'`` in place (:func:`recentre`): a per-call rebuild of the
+    lanes was 10-20% of the route's time. The backward runs the kernel's own backward on each
+    block of keys (with the merged output and log-sum-exp that is exactly the softmax gradient
+    restricted to those keys, as in :class:`LowerRightCausal`), sums the gradients of ``q'``,
+    ``k'``, ``v'`` and carries them back by autograd to q, k, v and the lanes in one pass, so
+    learnable priors train. Both passes run on the thread that flushes subnormals (``subnormals.py``).
     """
 
     @staticmethod
-    def forward(ctx, fold: Fold, calls: list[Call], q, k, v, q_lanes, k_lanes, key_bias, slope, factor):
-        """``key_bias`` comes as a lane ``(B or 1, H, Lk, 1)``, so every key input is cut along dim -2."""
+    def forward(ctx, fold: Fold, calls: Plans, q, k, v, q_lanes, k_lanes, key_bias, slope, factor):
         sources = dict(zip(SOURCES, (q, k, v, q_lanes, k_lanes, key_bias, slope, factor)))
         out, lse = on_flushing_thread(q.device, folded_forward, fold, calls, sources)
         ctx.save_for_backward(q, k, v, q_lanes, k_lanes, key_bias, slope, factor, out, lse)
@@ -248,110 +221,129 @@ class FoldedCalls(torch.autograd.Function):
         sources = dict(zip(SOURCES, saved))
         work = (folded_backward, ctx.fold, ctx.calls, sources, out, lse, grad_out)
         totals = on_flushing_thread(grad_out.device, *work)
-        if totals["q"] is None:  # no query sees a key: a zero gradient, as every output is one
-            totals["q"] = torch.zeros_like(sources["q"])
         needed = dict(zip(SOURCES, ctx.needs_input_grad[2:]))
         return None, None, *(totals[name] if needed[name] else None for name in SOURCES)
 
 
+#: Key-sorted query runs of one batch group, per run of heads: ``[(heads, calls), ...]``.
+Plans = list[tuple[slice, list[Call]]]
+
+
 @torch.no_grad()
-def folded_forward(fold: Fold, calls: list[Call], sources: dict[str, Tensor | None]) -> tuple[Tensor, Tensor]:
-    """:class:`FoldedCalls`' output, ``width`` lanes wide, and its log-sum-exp."""
-    q, k, v, q_lanes, k_lanes, key_bias, slope, factor = (sources[name] for name in SOURCES)
+def folded_forward(fold: Fold, plans: Plans, sources: dict[str, Tensor | None]) -> tuple[Tensor, Tensor]:
+    """:class:`FoldedCalls`' output, ``width`` lanes wide, and its log-sum-exp; zeros in the rows
+    no call reads. Each call's output takes the place of its rows of ``q'`` (a tensor of its own,
+    :meth:`Fold.queries`), which no other call reads: the output needs no memory of its own."""
+    q2, k2, v2 = flash_inputs(fold, sources)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    outs, lses = [], []
-    for call in calls:
-        rows = call.rows
-        lanes = FoldLanes(span_of(q_lanes, rows), k_lanes, key_bias, slope)
-        q2 = flash_queries(fold, span_of(q, rows), lanes, span_of(factor, rows))
-        merged = None
-        for block in key_blocks(call):
-            cols = block.cols
-            lanes = FoldLanes(q_lanes, span_of(k_lanes, cols), span_of(key_bias, cols), slope)
-            k2, v2 = flash_keys(fold, span_of(k, cols), span_of(v, cols), lanes, rows, cols)
-            part = flash(q2, k2, v2, 0.0, block.causal, attn_mask=block.bias(q2.dtype), scale=1.0)
-            merged = part if merged is None else merge(merged, part)
-        outs.append(merged[0].to(q2.dtype))
-        lses.append(merged[1])
-    like = q.new_empty(q.shape[0], fold.heads, 0, fold.width)  # (B, H, 0, width)
-    out = with_gaps(outs, calls, like, q.shape[2])
-    lse = with_gaps(lses, calls, like[..., 0].to(torch.promote_types(q.dtype, torch.float32)), q.shape[2])
+    out = q2
+    lse = q2.new_zeros(q2.shape[:3], dtype=torch.promote_types(q2.dtype, torch.float32))
+    for heads, calls in plans:
+        zero_gaps(out, heads, calls)
+        for call in calls:
+            recentre(fold, k2[:, heads], sources, call)
+            q_call, merged = q2[:, heads, call.rows], None
+            for block in key_blocks(call):
+                k_block, v_block = k2[:, heads, block.cols], v2[:, heads, block.cols]
+                mask = block.bias(q2.dtype)
+                part = flash(q_call, k_block, v_block, 0.0, block.causal, attn_mask=mask, scale=1.0)
+                merged = part if merged is None else merge(merged, part)
+            out[:, heads, call.rows], lse[:, heads, call.rows] = merged
     return out, lse
+
+
+def zero_gaps(t: Tensor, heads: slice, calls: list[Call]) -> None:
+    """Zero the rows of ``t[:, heads]`` (dim 2) that none of ``calls`` (in query order) reads."""
+    done = 0
+    for call in calls:
+        t[:, heads, done : call.rows.start] = 0.0
+        done = call.rows.stop
+    t[:, heads, done:] = 0.0
 
 
 def folded_backward(
     fold: Fold,
-    calls: list[Call],
+    plans: Plans,
     sources: dict[str, Tensor | None],
     out: Tensor,
     lse: Tensor,
     grad_out: Tensor,
 ) -> dict[str, Tensor | None]:
-    """The gradients of :class:`FoldedCalls`' sources: each call's ``q'`` and each block's ``k'``,
-    ``v'`` rebuilt with autograd from leaves of their sources, the kernel's own backward on them."""
-    totals = dict.fromkeys(SOURCES)
-    grad_out = to_width(grad_out, fold.width)
+    """The gradients of :class:`FoldedCalls`' sources: ``q'``, ``k'``, ``v'`` rebuilt with autograd
+    from leaves of their sources, the kernel's own backward on each call's blocks, the summed
+    gradients carried back to the leaves."""
     flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
     with torch.enable_grad():
-        slope = detached(sources["slope"])  # every call's q' and k' read it
+        leaves = {name: t.detach().requires_grad_() for name, t in sources.items() if t is not None}
+        q2, k2, v2 = flash_inputs(fold, leaves)
+    # The graph is kept by its edges only: no node of it saves q', k' or v', whose memory is then
+    # free once the calls are done. In that graph's eyes they are outputs, so the slope lane is
+    # re-centred in place, and each call's gradient of q' takes the place of its rows of q',
+    # which no other call reads.
+    edges = [get_gradient_edge(t) for t in (q2, k2, v2)]
+    q2, k2, v2 = (t.detach() for t in (q2, k2, v2))
+    sums = [None, None]  # of the gradients of k2 and v2
+    for heads, calls in plans:
+        zero_gaps(q2, heads, calls)
         for call in calls:
+            recentre(fold, k2[:, heads], sources, call)
             rows = call.rows
-            g, o, l = grad_out[..., rows, :].contiguous(), out[..., rows, :], lse[..., rows]
-            mine = {name: detached(span_of(sources[name], rows)) for name in ("q", "q_lanes", "factor")}
-            lanes = FoldLanes(mine["q_lanes"], sources["k_lanes"], sources["key_bias"], slope)
-            q2 = flash_queries(fold, mine["q"], lanes, mine["factor"])
-            dq2 = None
+            g = to_width(grad_out[:, heads, rows], fold.width).contiguous()
+            o, l = out[:, heads, rows], lse[:, heads, rows]
+            dq_call = None
             for block in key_blocks(call):
                 cols = block.cols
-                theirs = {name: detached(span_of(sources[name], cols)) for name in KEY_SOURCES}
-                lanes = FoldLanes(sources["q_lanes"], theirs["k_lanes"], theirs["key_bias"], slope)
-                k2, v2 = flash_keys(fold, theirs["k"], theirs["v"], lanes, rows, cols)
-                inputs = (q2.detach(), k2.detach(), v2.detach())
+                kernel_inputs = q2[:, heads, rows], k2[:, heads, cols], v2[:, heads, cols]
                 mask = block.bias(q2.dtype)
-                dq, dk2, dv2 = flash_backward(g, *inputs, o, l, 0.0, block.causal, attn_mask=mask, scale=1.0)
-                dq2 = dq if dq2 is None else dq2 + dq
-                collect(totals, sources, (k2, v2), (dk2, dv2), {**theirs, "slope": slope}, cols)
-            collect(totals, sources, (q2,), (dq2,), {**mine, "slope": slope}, rows)
-    return totals
+                dq, dk, dv = flash_backward(
+                    g, *kernel_inputs, o, l, 0.0, block.causal, attn_mask=mask, scale=1.0
+                )
+                dq_call = dq if dq_call is None else dq_call + dq
+                for i, (like, grad) in enumerate(zip((k2, v2), (dk, dv))):
+                    sums[i] = add_at(sums[i], like, grad, (slice(None), heads, cols))
+            q2[:, heads, rows] = dq_call
+    grads = [q2] + [torch.zeros_like(like) if total is None else total for like, total in zip((k2, v2), sums)]
+    del k2, v2
+    found = list(torch.autograd.grad(edges, list(leaves.values()), grads, allow_unused=True))
+    del grads, sums, q2
+    # Lanes cut from the sums come as views of them: one contiguous copy at a time frees each sum
+    # before the next is copied (the caller's gradient accumulation would otherwise copy them all).
+    for i, grad in enumerate(found):
+        found[i] = None if grad is None else grad.contiguous()
+    return {name: dict(zip(leaves, found)).get(name) for name in SOURCES}
 
 
-#: The inputs of :class:`FoldedCalls` after ``fold`` and ``calls``, and those cut by key columns.
+def add_at(total: Tensor | None, like: Tensor, grad: Tensor, index: tuple[slice, ...]) -> Tensor:
+    """``total`` (None: zeros shaped as ``like``) plus ``grad`` at ``[index]``; a first ``grad`` that
+    covers all of ``like`` (one kernel call over every query, key and head) is taken as it is."""
+    if total is None and grad.shape == like.shape:
+        return grad
+    total = torch.zeros_like(like) if total is None else total
+    total[index] += grad
+    return total
+
+
+#: The inputs of :class:`FoldedCalls` after ``fold`` and ``calls``.
 SOURCES = ("q", "k", "v", "q_lanes", "k_lanes", "key_bias", "slope", "factor")
-KEY_SOURCES = ("k", "v", "k_lanes", "key_bias")
 
 
-def flash_queries(fold: Fold, q: Tensor, lanes: FoldLanes, factor: Tensor | None) -> Tensor:
-    """``q'`` as the flash kernel takes it: ``width`` lanes."""
-    return to_width(fold.queries(q, lanes, factor), fold.width)
+def flash_inputs(fold: Fold, sources: dict[str, Tensor | None]) -> tuple[Tensor, Tensor, Tensor]:
+    """``q'`` of every query and ``k'``, ``v'`` of every key as the flash kernel takes them: ``width``
+    lanes, one head per query head; the slope lane is centred by :func:`recentre` before each call."""
+    q, k, v = sources["q"], sources["k"], sources["v"]
+    lanes = FoldLanes(*(sources.get(name) for name in ("q_lanes", "k_lanes", "key_bias", "slope")))
+    q2 = to_width(fold.queries(q, lanes, sources.get("factor")), fold.width)
+    k2, v2 = fold.keys(k, v, lanes, slice(0, q.shape[2]), slice(0, k.shape[2]))
+    return q2, every_head(to_width(k2, fold.width), fold.heads), every_head(v2, fold.heads)
 
 
-def flash_keys(
-    fold: Fold, k: Tensor, v: Tensor, lanes: FoldLanes, rows: slice, cols: slice
-) -> tuple[Tensor, Tensor]:
-    """``k'`` and ``v'`` as the flash kernel takes them: ``width`` lanes, one head per query head;
-    ``lanes.key_bias`` is a lane ``(.., lk, 1)``."""
-    key_bias = None if lanes.key_bias is None else lanes.key_bias[..., 0]
-    k2, v2 = fold.keys(k, v, lanes._replace(key_bias=key_bias), rows, cols)
-    return every_head(to_width(k2, fold.width), fold.heads), every_head(v2, fold.heads)
-
-
-def collect(
-    totals: dict[str, Tensor | None],
-    sources: dict[str, Tensor | None],
-    outputs: tuple[Tensor, ...],
-    grads: tuple[Tensor, ...],
-    leaves: dict[str, Tensor | None],
-    span: slice,
-) -> None:
-    """Add to ``totals`` the gradients ``grads`` of ``outputs`` carry to ``leaves``, each the
-    ``[..., span, :]`` of its source (the slope: all of it)."""
-    leaves = {name: leaf for name, leaf in leaves.items() if leaf is not None}
-    found = torch.autograd.grad(outputs, list(leaves.values()), grads, allow_unused=True)
-    for name, grad in zip(leaves, found):
-        if name == "slope" and grad is not None:
-            totals[name] = grad if totals[name] is None else totals[name] + grad
-        elif name != "slope":
-            totals[name] = add_at(totals[name], sources[name], grad, span)
+def recentre(fold: Fold, k2: Tensor, sources: dict[str, Tensor | None], call: Call) -> None:
+    """Centre the slope lane of ``k2`` (:func:`flash_inputs`) on ``call``'s queries, in place."""
+    if sources["slope"] is not None:
+        lane = fold.slope_lane(
+            sources["k"].shape[-1], sources["k_lanes"].shape[-1], sources["key_bias"] is not None
+        )
+        k2[..., call.cols, lane] = centred_keys(fold.masking, call.rows, call.cols, k2.dtype)[:, None, :]
 
 
 class Runs:
@@ -364,7 +356,9 @@ class Runs:
 
     def __init__(self, t: Tensor, bounds: list[int]):
         self.bounds = sorted({0, t.shape[2], *bounds})
-        self.pieces = t.split([b - a for a, b in zip(self.bounds, self.bounds[1:])], dim=2)
+        # One piece is t itself: a split into one piece would copy its gradient back in the backward.
+        sizes = [b - a for a, b in zip(self.bounds, self.bounds[1:])]
+        self.pieces = t.split(sizes, dim=2) if len(sizes) > 1 else (t,)
         self.first = {bound: i for i, bound in enumerate(self.bounds)}
 
     def __getitem__(self, run: slice) -> Tensor:
@@ -481,21 +475,45 @@ def folded_attention(
         lanes = prior.fold(masking.q_pos, masking.k_pos)
         compute = fold_dtype(lanes.slope, dtype, masking)
         q, k, v = q.to(compute), k.to(compute), v.to(compute)
-    step = slope_span(lanes.slope, slope_precision(q.dtype, masking))
     width = max(q.shape[-1] + lanes.width, v.shape[-1])
     fold = Fold(masking, scale, ssmax is not None and ssmax.scale_prior, q.shape[1], width)
-    calls = plan_calls(masking, spans, step)
     # No prior: the calls take q, k, v as they are, and autograd saves no copies.
     run_calls = autograd_calls if prior is None else folded_calls_kernel(q.device)
-    return run_calls(fold, calls, q, k, v, lanes, factor).to(dtype)
+    precision = slope_precision(q.dtype, masking)
+    plans = head_plans(masking, spans, lanes.slope, precision, q.shape[1], per_head=run_calls is folded_calls)
+    return run_calls(fold, plans, q, k, v, lanes, factor).to(dtype)
+
+
+def head_plans(
+    masking: Masking,
+    spans: tuple[Tensor, Tensor] | None,
+    slope: Tensor | None,
+    precision: torch.dtype,
+    heads: int,
+    per_head: bool,
+) -> Plans:
+    """The calls of :func:`plan_calls` for runs of consecutive heads, each run of queries as long as
+    the steepest slope among the heads allows (:func:`~.prior_inputs.slope_span`). ``per_head``:
+    heads whose slopes allow different runs take their own calls (ALiBi's and GOAT's gentler heads
+    then need few or one), else every head takes the steepest head's."""
+    Lq = masking.q_pos.shape[-1]
+    if slope is None or not per_head or slope.shape[0] != heads:
+        return [(slice(0, heads), plan_calls(masking, spans, slope_span(slope, precision)))]
+    steps = [slope_span(slope[h : h + 1], precision) for h in range(heads)]
+    steps = [None if step is None or step >= Lq else step for step in steps]  # one run: no limit
+    groups = []  # [first head, step] of each run of heads with one step
+    for h, step in enumerate(steps):
+        if not groups or groups[-1][1] != step:
+            groups.append((h, step))
+    bounds = [h for h, _ in groups] + [heads]
+    return [(slice(a, b), plan_calls(masking, spans, step)) for (a, step), b in zip(groups, bounds[1:])]
 
 
 def folded_calls(
-    fold: Fold, calls: list[Call], q: Tensor, k: Tensor, v: Tensor, lanes: FoldLanes, factor: Tensor | None
+    fold: Fold, plans: Plans, q: Tensor, k: Tensor, v: Tensor, lanes: FoldLanes, factor: Tensor | None
 ) -> Tensor:
     """:class:`FoldedCalls`, with the lanes as separate inputs (autograd tracks tensors only)."""
-    key_bias = None if lanes.key_bias is None else lanes.key_bias[..., None]
-    return FoldedCalls.apply(fold, calls, q, k, v, lanes.q, lanes.k, key_bias, lanes.slope, factor)
+    return FoldedCalls.apply(fold, plans, q, k, v, lanes.q, lanes.k, lanes.key_bias, lanes.slope, factor)
 
 
 def folded_calls_kernel(device: torch.device) -> Callable[..., Tensor]:
@@ -508,10 +526,11 @@ def folded_calls_kernel(device: torch.device) -> Callable[..., Tensor]:
 
 
 def autograd_calls(
-    fold: Fold, calls: list[Call], q: Tensor, k: Tensor, v: Tensor, lanes: FoldLanes, factor: Tensor | None
+    fold: Fold, plans: Plans, q: Tensor, k: Tensor, v: Tensor, lanes: FoldLanes, factor: Tensor | None
 ) -> Tensor:
     """The calls through public SDPA with autograd (any device): the backward keeps every call's
-    ``q'``, ``k'``, ``v'``."""
+    ``q'``, ``k'``, ``v'``. Every head takes the same calls (``plans`` has one entry)."""
+    [(_, calls)] = plans
     B, H, Lq, Dv = *q.shape[:3], v.shape[-1]
     queries = Runs(q, [bound for c in calls for bound in (c.rows.start, c.rows.stop)])
     keys = Runs(k, [bound for c in calls for bound in (c.cols.start, c.cols.stop)])
