@@ -116,12 +116,17 @@ def flushing_team(team: Team) -> Iterator[None]:
     team.get_mode(previous)
     torch.set_flush_denormal(True)
     team.get_mode(flushing)
-    threads = torch.get_num_threads()
-    team.parallel(team.set_mode, ctypes.addressof(flushing), threads, 0)
+    set_team_mode(team, flushing)
     try:
         yield
     finally:
-        team.parallel(team.set_mode, ctypes.addressof(previous), threads, 0)
+        set_team_mode(team, previous)
+
+
+def set_team_mode(team: Team, mode: ctypes.Array) -> None:
+    """``fesetmode(mode)`` on the caller and every worker of a team of torch's current size: the
+    threads that run torch's parallel regions, whose teams are never larger."""
+    team.parallel(team.set_mode, ctypes.addressof(mode), torch.get_num_threads(), 0)
 
 
 @contextmanager
