@@ -4,21 +4,26 @@ With a slope the route cuts the queries into runs (1024 for ALiBi's steepest slo
 each one unmasked call over its older keys (in blocks of ``KEY_BLOCK``) and one causal square over
 its newest: this prints what those calls cost per cell, forward and backward, against one causal
 call over all of L, and what float32 subnormal weights (logits 95 below a row's largest, as a slope
-gives distant keys) cost the backward with and without flushing them.
+gives distant keys) cost the backward with and without flushing them (in the routes' own scope,
+``functional/subnormals.py``, which flushes on every OpenMP worker too).
 
-    OMP_NUM_THREADS=1 python benchmarks/flash_cells.py [--length 16384] [--run 1024]
+    OMP_NUM_THREADS=1 python benchmarks/flash_cells.py [--length 16384] [--run 1024] [--threads 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from contextlib import nullcontext
 
 import torch
+
+from priorattn.functional.subnormals import flushing_subnormals
 
 FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 HEADS, WIDTH = 4, 64
+CPU = torch.device("cpu")
 
 
 def seconds(lq: int, lk: int, causal: bool, distant: float | None = None) -> tuple[float, float]:
@@ -45,18 +50,21 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=16384)
     parser.add_argument("--run", type=int, default=1024)
     parser.add_argument("--key-block", type=int, default=4096)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     print(f"{torch.get_num_threads()} threads, head width {WIDTH}, {HEADS} heads")
     seconds(256, 256, True)  # warm-up
-    torch.set_flush_denormal(True)
     print("| call | forward ns / cell | backward ns / cell |\n|---|---:|---:|")
-    per_cell(f"causal {args.length}", args.length, args.length, True)
-    per_cell(f"unmasked {args.run} x {args.key_block}", args.run, args.key_block, False)
-    per_cell(f"causal square {args.run}", args.run, args.run, True)
+    with flushing_subnormals(CPU):
+        per_cell(f"causal {args.length}", args.length, args.length, True)
+        per_cell(f"unmasked {args.run} x {args.key_block}", args.run, args.key_block, False)
+        per_cell(f"causal square {args.run}", args.run, args.run, True)
     for flush in (False, True):
-        torch.set_flush_denormal(flush)
-        backward = seconds(args.run, 2 * args.run, False, distant=-95.0)[1]
+        with flushing_subnormals(CPU) if flush else nullcontext():
+            backward = seconds(args.run, 2 * args.run, False, distant=-95.0)[1]
         print(f"subnormal weights, flushed={flush}: backward {backward:.3f} s ({args.run} x {2 * args.run})")
 
 

@@ -45,14 +45,13 @@ def test_causal_blocks_skip_future_keys_without_reading_positions():
     assert [cols for _, cols in key_blocks(full, None, step=4)] == [slice(0, Lk)] * 2
 
 
-def test_general_blocks_run_on_the_flushing_thread_and_leave_the_callers_mode(monkeypatch):
+def test_general_blocks_run_with_subnormals_flushed_and_leave_the_callers_mode(monkeypatch):
     """A far-reaching prior gives distant keys subnormal weights, which made the block products
     2-3x slower; both passes of the general blocks run where subnormals flush."""
     import priorattn
-    from priorattn.functional import memeff, subnormals
+    from priorattn.functional import memeff
     from priorattn.priors import GOAT
 
-    monkeypatch.setattr(subnormals, "flushing_pays", lambda device: True)
     q, k, v = (torch.randn(1, 2, 40, 8, requires_grad=True) for _ in range(3))
     seen, probs = [], memeff.Plan.probs
 
@@ -64,30 +63,6 @@ def test_general_blocks_run_on_the_flushing_thread_and_leave_the_callers_mode(mo
     out = priorattn.attention(q, k, v, prior=GOAT(2, 2), causal=True, backend="memeff")
     out.sum().backward()
     assert seen and all(seen) and not flushes()
-
-
-def test_a_route_called_from_the_flushing_thread_runs_there(monkeypatch):
-    """Work already on the flushing thread that calls a route again must not wait for itself."""
-    import threading
-
-    import priorattn
-    from priorattn.functional import subnormals
-    from priorattn.functional.subnormals import on_flushing_thread
-    from priorattn.priors import GOAT
-
-    monkeypatch.setattr(subnormals, "flushing_pays", lambda device: True)
-    q = torch.randn(1, 2, 30, 8)
-
-    def both_routes():
-        return [priorattn.attention(q, q, q, prior=GOAT(2, 2), backend=b) for b in ("sdpa", "memeff")]
-
-    done = []
-    nested = lambda: done.append(on_flushing_thread(q.device, both_routes))  # noqa: E731
-    caller = threading.Thread(target=nested, daemon=True)
-    caller.start()
-    caller.join(timeout=60)
-    assert done, "the nested call waited for its own thread"
-    torch.testing.assert_close(*done[0], rtol=1e-5, atol=1e-6)
 
 
 def test_add_product_adds_into_a_block_of_columns_in_place():

@@ -3,14 +3,12 @@ the CPU flash kernel and the public-operator one that other devices use."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 from factories import flushes
 
 import priorattn
-from priorattn.functional import prior_inputs, sdpa, subnormals
+from priorattn.functional import prior_inputs, sdpa
 from priorattn.functional.masks import Masking
 from priorattn.functional.sdpa import LowerRightCausal, lower_right_kernel, public_lower_right_causal
 from priorattn.priors import GOAT, ALiBi
@@ -120,27 +118,10 @@ def test_a_slope_re_centred_on_every_run_of_queries_saves_only_o_of_l(prior, mon
     assert saved_elements(run) > 30 * B * H * L * width
 
 
-@pytest.fixture
-def flushing(monkeypatch):
-    """Hand work to the flushing thread whatever the number of torch threads."""
-    monkeypatch.setattr(subnormals, "flushing_pays", lambda device: True)
-
-
-def test_work_runs_on_the_caller_where_flushing_does_not_pay(monkeypatch):
-    """With several torch threads the hand-over costs more than flushing saves: no hand-over."""
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    cpu = torch.device("cpu")
-    assert not subnormals.flushing_pays(cpu)
-    assert subnormals.on_flushing_thread(cpu, threading.current_thread) is threading.current_thread()
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    assert subnormals.flushing_pays(cpu)
-    on_thread = subnormals.on_flushing_thread(cpu, threading.current_thread)
-    assert on_thread.name.startswith(subnormals.THREAD_NAME)
-
-
-def test_the_cpu_route_flushes_subnormals_on_its_own_thread_only(flushing):
+def test_the_cpu_route_flushes_subnormals_in_its_calls_and_leaves_the_callers_mode():
     """Tiny weights of distant keys make the CPU kernel's backward slow when they are subnormal; the
-    route's kernel calls run on a thread that flushes them, and the caller's mode stays its own."""
+    route's kernel calls run where they flush (``subnormals.py``), and the caller's mode stays its
+    own after, whichever it was."""
     q, k, v = (torch.randn(1, 2, 300, 8, requires_grad=True) for _ in range(3))
 
     during, after = [], []
@@ -163,19 +144,6 @@ def test_the_cpu_route_flushes_subnormals_on_its_own_thread_only(flushing):
             torch.set_flush_denormal(False)
     assert during == [True] * 4  # forward and backward, each way
     assert after == [False, False, True, True]
-
-
-def test_a_forked_process_runs_the_cpu_route_on_a_flushing_thread_of_its_own(flushing):
-    """The parent's flushing thread does not exist in a forked child: the child starts its own."""
-    import multiprocessing
-
-    q = torch.randn(1, 2, 50, 8)
-    expected = priorattn.attention(q, q, q, prior=ALiBi(2), causal=True, backend="sdpa")
-    with multiprocessing.get_context("fork").Pool(1) as pool:
-        out = pool.apply_async(
-            priorattn.attention, (q, q, q), dict(prior=ALiBi(2), causal=True, backend="sdpa")
-        )
-        assert torch.equal(out.get(timeout=60), expected)
 
 
 @pytest.mark.parametrize("Lq", [0, 3])

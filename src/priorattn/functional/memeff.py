@@ -49,7 +49,7 @@ from .masks import Masking
 from .prior_inputs import centred_keys, lag_table, slope_span, split_prior
 from .reference import compute_dtype
 from .spans import cut, key_spans, visible_counts
-from .subnormals import on_flushing_thread
+from .subnormals import flushing_subnormals
 
 #: Logit cells per block (``B * H * rows * Lk``): 2^21 floats are 8 MB in float32.
 BLOCK_CELLS = 1 << 21
@@ -187,7 +187,7 @@ def sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
 
 class BlockwiseAttention(torch.autograd.Function):
     """Blockwise softmax attention; the backward rebuilds each block's weights (flash-style). Both
-    passes run on the thread that flushes subnormals where that pays (``subnormals.py``): a steep or
+    passes run with subnormals flushed where that pays (``subnormals.py``): a steep or
     far-reaching prior gives distant keys weights below 2^-126, and the block products on them ran
     2-3x slower (GOAT via this route at L = 4096 on one thread: 5x plain SDPA's time, 2.2x flushed)."""
 
@@ -196,11 +196,13 @@ class BlockwiseAttention(torch.autograd.Function):
         ctx.plan, ctx.params = plan, params
         ctx.save_for_backward(q2, k2, v, key_bias, slope, table, row_scale)
         sources = (key_bias, slope, table, row_scale)
-        return on_flushing_thread(q2.device, blockwise_forward, plan, q2, k2, v, *sources)
+        with flushing_subnormals(q2.device):
+            return blockwise_forward(plan, q2, k2, v, *sources)
 
     @staticmethod
     def backward(ctx, grad_out):
-        return on_flushing_thread(grad_out.device, blockwise_backward, ctx, grad_out)
+        with flushing_subnormals(grad_out.device):
+            return blockwise_backward(ctx, grad_out)
 
 
 @torch.no_grad()

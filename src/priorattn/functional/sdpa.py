@@ -12,8 +12,9 @@ On the CPU a prior's calls run through the flash kernel's own forward and backwa
 re-centres only the slope lane of ``k'`` in place before each call, so a slope re-centred on every
 run of queries costs O(L) memory, not a ``k'`` per run (at L = 16384, 1.73x-1.87x plain SDPA's
 peak memory before, 1.06x-1.11x after: docs/benchmarks.md); heads whose slopes allow longer runs
-take fewer calls (:func:`head_plans`); and the kernel calls run on a thread that flushes float32
-subnormals, which made the route 2-7x plain SDPA's time under a slope.
+take fewer calls (:func:`head_plans`); and the kernel calls run where float32
+subnormals flush to zero (``subnormals.py``), which made the route 2-7x plain SDPA's time under a
+slope.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .masks import Masking
 from .prior_inputs import centred_keys, content_queries, fold_dtype, query_lanes, slope_precision, slope_span
 from .reference import compute_dtype
 from .spans import Call, Kind, batch_groups, cut, key_spans, select_rows, span_calls, visible_counts
-from .subnormals import on_flushing_thread
+from .subnormals import flushing_subnormals
 
 #: Largest number of (query, key) cells of a boolean mask handed to SDPA in one call.
 MASK_CHUNK_CELLS = 1 << 22
@@ -204,13 +205,14 @@ class FoldedCalls(torch.autograd.Function):
     block of keys (with the merged output and log-sum-exp that is exactly the softmax gradient
     restricted to those keys, as in :class:`LowerRightCausal`), sums the gradients of ``q'``,
     ``k'``, ``v'`` and carries them back by autograd to q, k, v and the lanes in one pass, so
-    learnable priors train. Both passes run on the thread that flushes subnormals (``subnormals.py``).
+    learnable priors train. Both passes run with subnormals flushed (``subnormals.py``).
     """
 
     @staticmethod
     def forward(ctx, fold: Fold, calls: Plans, q, k, v, q_lanes, k_lanes, key_bias, slope, factor):
         sources = dict(zip(SOURCES, (q, k, v, q_lanes, k_lanes, key_bias, slope, factor)))
-        out, lse = on_flushing_thread(q.device, folded_forward, fold, calls, sources)
+        with flushing_subnormals(q.device):
+            out, lse = folded_forward(fold, calls, sources)
         ctx.save_for_backward(q, k, v, q_lanes, k_lanes, key_bias, slope, factor, out, lse)
         ctx.fold, ctx.calls = fold, calls
         return out[..., : v.shape[-1]]
@@ -219,8 +221,8 @@ class FoldedCalls(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         *saved, out, lse = ctx.saved_tensors
         sources = dict(zip(SOURCES, saved))
-        work = (folded_backward, ctx.fold, ctx.calls, sources, out, lse, grad_out)
-        totals = on_flushing_thread(grad_out.device, *work)
+        with flushing_subnormals(grad_out.device):
+            totals = folded_backward(ctx.fold, ctx.calls, sources, out, lse, grad_out)
         needed = dict(zip(SOURCES, ctx.needs_input_grad[2:]))
         return None, None, *(totals[name] if needed[name] else None for name in SOURCES)
 
