@@ -11,7 +11,7 @@ On the CPU a prior's calls run through the flash kernel's own forward and backwa
 (:class:`FoldedCalls`): each pass builds ``q'`` and ``k'`` of all queries and keys once and
 re-centres only the slope lane of ``k'`` in place before each call, so a slope re-centred on every
 run of queries costs O(L) memory, not a ``k'`` per run (at L = 16384, 1.73x-1.87x plain SDPA's
-peak memory before, 1.06x-1.11x after: docs/benchmarks.md); heads whose slopes allow longer runs
+peak memory before, 1.04x-1.07x after: docs/benchmarks.md); heads whose slopes allow longer runs
 take fewer calls (:func:`head_plans`); and the kernel calls run where float32
 subnormals flush to zero (``subnormals.py``), which made the route 2-7x plain SDPA's time under a
 slope.
@@ -203,9 +203,12 @@ class FoldedCalls(torch.autograd.Function):
     re-centres only the slope lane of ``k'`` in place (:func:`recentre`): a per-call rebuild of the
     lanes was 10-20% of the route's time. The backward runs the kernel's own backward on each
     block of keys (with the merged output and log-sum-exp that is exactly the softmax gradient
-    restricted to those keys, as in :class:`LowerRightCausal`), sums the gradients of ``q'``,
-    ``k'``, ``v'`` and carries them back by autograd to q, k, v and the lanes in one pass, so
-    learnable priors train. Both passes run with subnormals flushed (``subnormals.py``).
+    restricted to those keys, as in :class:`LowerRightCausal`) and sums the gradients of ``q'``,
+    ``k'``, ``v'`` into their own places (:func:`heads_backward`): holding whole sums of the
+    gradients of ``k'`` and ``v'`` beside them took ALiBi to 1.21x plain SDPA's peak memory at
+    L = 16384, one run of heads' sums at a time 1.07x (GOAT 1.12x -> 1.04x; ``benchmarks/attention.py
+    --one``). It carries them back by autograd to q, k, v and the lanes in one pass, so learnable
+    priors train. Both passes run with subnormals flushed (``subnormals.py``).
     """
 
     @staticmethod
@@ -341,7 +344,7 @@ def own_memory(t: Tensor, sources: dict[str, Tensor | None]) -> Tensor:
 
 def add_at(total: Tensor | None, like: Tensor, grad: Tensor, index: tuple[slice, ...]) -> Tensor:
     """``total`` (None: zeros shaped as ``like``) plus ``grad`` at ``[index]``; a first ``grad`` that
-    covers all of ``like`` (one kernel call over every query, key and head) is taken as it is."""
+    covers all of ``like`` (one kernel call over every query and key of its heads) is taken as it is."""
     if total is None and grad.shape == like.shape:
         return grad
     total = torch.zeros_like(like) if total is None else total
