@@ -206,9 +206,9 @@ class FoldedCalls(torch.autograd.Function):
     restricted to those keys, as in :class:`LowerRightCausal`) and sums the gradients of ``q'``,
     ``k'``, ``v'`` into their own places (:func:`heads_backward`): holding whole sums of the
     gradients of ``k'`` and ``v'`` beside them took ALiBi to 1.21x plain SDPA's peak memory at
-    L = 16384, one run of heads' sums at a time 1.07x (GOAT 1.12x -> 1.04x; ``benchmarks/attention.py
-    --one``). It carries them back by autograd to q, k, v and the lanes in one pass, so learnable
-    priors train. Both passes run with subnormals flushed (``subnormals.py``).
+    L = 16384, one run of heads' sums at a time 1.06x-1.07x (GOAT 1.13x -> 1.04x-1.07x;
+    ``benchmarks/attention.py --one``). It carries them back by autograd to q, k, v and the lanes
+    in one pass, so learnable priors train. Both passes run with subnormals flushed (``subnormals.py``).
     """
 
     @staticmethod
