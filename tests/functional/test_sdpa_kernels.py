@@ -84,6 +84,25 @@ def test_heads_in_runs_of_their_own_match_the_reference(Hkv, monkeypatch):
         assert mine is None or torch.allclose(mine, ref, atol=1e-10)
 
 
+def test_values_as_wide_as_the_folded_queries_come_back_unchanged_and_match_the_reference():
+    """The backward writes the gradients of q', k', v' into them; with values as wide as q' (no
+    padding) v' is v itself, which must be copied, not overwritten."""
+    prior = ALiBi(2).double()
+    gen = torch.Generator().manual_seed(0)
+    q, k = (
+        torch.randn(1, 2, 50, 5, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2)
+    )
+    v = torch.randn(1, 2, 50, 5 + prior.fold_width, generator=gen, dtype=torch.float64, requires_grad=True)
+    before = v.detach().clone()
+    results = []
+    for backend in ("sdpa", "reference"):
+        out = priorattn.attention(q, k, v, prior=prior, causal=True, backend=backend)
+        results.append([out, *torch.autograd.grad(out, [q, k, v], torch.ones_like(out))])
+    assert torch.equal(v, before)
+    for mine, ref in zip(*results, strict=True):
+        assert torch.allclose(mine, ref, atol=1e-10)
+
+
 def saved_elements(run) -> int:
     """Elements of the distinct tensors autograd keeps for the backward of ``run()``."""
     kept = {}

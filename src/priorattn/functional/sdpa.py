@@ -11,7 +11,7 @@ On the CPU a prior's calls run through the flash kernel's own forward and backwa
 (:class:`FoldedCalls`): each pass builds ``q'`` and ``k'`` of all queries and keys once and
 re-centres only the slope lane of ``k'`` in place before each call, so a slope re-centred on every
 run of queries costs O(L) memory, not a ``k'`` per run (at L = 16384, 1.73x-1.87x plain SDPA's
-peak memory before, 1.06x-1.11x after: docs/benchmarks.md); heads whose slopes allow longer runs
+peak memory before, 1.04x-1.07x after: docs/benchmarks.md); heads whose slopes allow longer runs
 take fewer calls (:func:`head_plans`); and the kernel calls run where float32
 subnormals flush to zero (``subnormals.py``), which made the route 2-7x plain SDPA's time under a
 slope.
@@ -203,9 +203,12 @@ class FoldedCalls(torch.autograd.Function):
     re-centres only the slope lane of ``k'`` in place (:func:`recentre`): a per-call rebuild of the
     lanes was 10-20% of the route's time. The backward runs the kernel's own backward on each
     block of keys (with the merged output and log-sum-exp that is exactly the softmax gradient
-    restricted to those keys, as in :class:`LowerRightCausal`), sums the gradients of ``q'``,
-    ``k'``, ``v'`` and carries them back by autograd to q, k, v and the lanes in one pass, so
-    learnable priors train. Both passes run with subnormals flushed (``subnormals.py``).
+    restricted to those keys, as in :class:`LowerRightCausal`) and sums the gradients of ``q'``,
+    ``k'``, ``v'`` into their own places (:func:`heads_backward`): holding whole sums of the
+    gradients of ``k'`` and ``v'`` beside them took ALiBi to 1.21x plain SDPA's peak memory at
+    L = 16384, one run of heads' sums at a time 1.06x-1.07x (GOAT 1.13x -> 1.04x-1.07x;
+    ``benchmarks/attention.py --one``). It carries them back by autograd to q, k, v and the lanes
+    in one pass, so learnable priors train. Both passes run with subnormals flushed (``subnormals.py``).
     """
 
     @staticmethod
@@ -274,50 +277,74 @@ def folded_backward(
     """The gradients of :class:`FoldedCalls`' sources: ``q'``, ``k'``, ``v'`` rebuilt with autograd
     from leaves of their sources, the kernel's own backward on each call's blocks, the summed
     gradients carried back to the leaves."""
-    flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
     with torch.enable_grad():
         leaves = {name: t.detach().requires_grad_() for name, t in sources.items() if t is not None}
         q2, k2, v2 = flash_inputs(fold, leaves)
     # The graph is kept by its edges only: no node of it saves q', k' or v', whose memory is then
     # free once the calls are done. In that graph's eyes they are outputs, so the slope lane is
-    # re-centred in place, and each call's gradient of q' takes the place of its rows of q',
-    # which no other call reads.
+    # re-centred in place and their gradients take their places (:func:`heads_backward`).
     edges = [get_gradient_edge(t) for t in (q2, k2, v2)]
-    q2, k2, v2 = (t.detach() for t in (q2, k2, v2))
-    sums = [None, None]  # of the gradients of k2 and v2
+    grads = [own_memory(t.detach(), sources) for t in (q2, k2, v2)]
+    del q2, k2, v2
     for heads, calls in plans:
-        zero_gaps(q2, heads, calls)
-        for call in calls:
-            recentre(fold, k2[:, heads], sources, call)
-            rows = call.rows
-            g = to_width(grad_out[:, heads, rows], fold.width).contiguous()
-            o, l = out[:, heads, rows], lse[:, heads, rows]
-            dq_call = None
-            for block in key_blocks(call):
-                cols = block.cols
-                kernel_inputs = q2[:, heads, rows], k2[:, heads, cols], v2[:, heads, cols]
-                mask = block.bias(q2.dtype)
-                dq, dk, dv = flash_backward(
-                    g, *kernel_inputs, o, l, 0.0, block.causal, attn_mask=mask, scale=1.0
-                )
-                dq_call = dq if dq_call is None else dq_call + dq
-                for i, (like, grad) in enumerate(zip((k2, v2), (dk, dv))):
-                    sums[i] = add_at(sums[i], like, grad, (slice(None), heads, cols))
-            q2[:, heads, rows] = dq_call
-    grads = [q2] + [torch.zeros_like(like) if total is None else total for like, total in zip((k2, v2), sums)]
-    del k2, v2
+        heads_backward(fold, calls, sources, [t[:, heads] for t in grads], (out, lse, grad_out), heads)
     found = list(torch.autograd.grad(edges, list(leaves.values()), grads, allow_unused=True))
-    del grads, sums, q2
-    # Lanes cut from the sums come as views of them: one contiguous copy at a time frees each sum
+    del grads
+    # Lanes cut from the gradients come as views of them: one contiguous copy at a time frees each
     # before the next is copied (the caller's gradient accumulation would otherwise copy them all).
     for i, grad in enumerate(found):
         found[i] = None if grad is None else grad.contiguous()
     return {name: dict(zip(leaves, found)).get(name) for name in SOURCES}
 
 
+def heads_backward(
+    fold: Fold,
+    calls: list[Call],
+    sources: dict[str, Tensor | None],
+    inputs: list[Tensor],
+    forward: tuple[Tensor, Tensor, Tensor],
+    heads: slice,
+) -> None:
+    """The kernel's backward on the ``calls`` of ``heads``, whose ``q'``, ``k'``, ``v'`` are ``inputs``
+    and become their gradients; ``forward`` is the output, log-sum-exp and output gradient of all
+    heads. Each call's gradient of ``q'`` takes the place of its rows of ``q'``, which no other call
+    reads. No later run of heads reads these heads of ``k'`` and ``v'``: their summed gradients take
+    their place once the calls are done, so only one run's sums are held beside ``k'`` and ``v'``."""
+    flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    q2, k2, v2 = inputs
+    out, lse, grad_out = (t[:, heads] for t in forward)
+    zero_gaps(q2, slice(None), calls)
+    sums = [None, None]  # of the gradients of k2 and v2
+    for call in calls:
+        recentre(fold, k2, sources, call)
+        rows = call.rows
+        g = to_width(grad_out[:, :, rows], fold.width).contiguous()
+        dq_call = None
+        for block in key_blocks(call):
+            k_block, v_block, mask = k2[:, :, block.cols], v2[:, :, block.cols], block.bias(q2.dtype)
+            o, l = out[:, :, rows], lse[:, :, rows]
+            dq, dk, dv = flash_backward(
+                g, q2[:, :, rows], k_block, v_block, o, l, 0.0, block.causal, attn_mask=mask, scale=1.0
+            )
+            dq_call = dq if dq_call is None else dq_call + dq
+            for i, (like, grad) in enumerate(zip((k2, v2), (dk, dv))):
+                sums[i] = add_at(sums[i], like, grad, (slice(None), slice(None), block.cols))
+        q2[:, :, rows] = dq_call
+    for like, total in zip((k2, v2), sums):
+        like.zero_() if total is None else like.copy_(total)
+
+
+def own_memory(t: Tensor, sources: dict[str, Tensor | None]) -> Tensor:
+    """``t``, or a copy if it shares memory with a source (``v'`` is ``v`` itself when no lane pads
+    it): the backward writes the gradients of ``q'``, ``k'``, ``v'`` into them."""
+    memory = t.untyped_storage().data_ptr()
+    shared = any(s is not None and s.untyped_storage().data_ptr() == memory for s in sources.values())
+    return t.clone() if shared else t
+
+
 def add_at(total: Tensor | None, like: Tensor, grad: Tensor, index: tuple[slice, ...]) -> Tensor:
     """``total`` (None: zeros shaped as ``like``) plus ``grad`` at ``[index]``; a first ``grad`` that
-    covers all of ``like`` (one kernel call over every query, key and head) is taken as it is."""
+    covers all of ``like`` (one kernel call over every query and key of its heads) is taken as it is."""
     if total is None and grad.shape == like.shape:
         return grad
     total = torch.zeros_like(like) if total is None else total
