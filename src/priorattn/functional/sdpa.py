@@ -284,10 +284,21 @@ def folded_backward(
     # free once the calls are done. In that graph's eyes they are outputs, so the slope lane is
     # re-centred in place and their gradients take their places (:func:`heads_backward`).
     edges = [get_gradient_edge(t) for t in (q2, k2, v2)]
-    grads = [own_memory(t.detach(), sources) for t in (q2, k2, v2)]
+    inputs = [own_memory(t.detach(), sources) for t in (q2, k2)] + [v2.detach()]
     del q2, k2, v2
-    for heads, calls in plans:
-        heads_backward(fold, calls, sources, [t[:, heads] for t in grads], (out, lse, grad_out), heads)
+    if len(plans) == 1:  # one run of every head: its gradients need no place of their own
+        heads, calls = plans[0]
+        grads = heads_backward(fold, calls, sources, inputs, (out, lse, grad_out), heads)
+    else:
+        grads = inputs[:2] + [own_memory(inputs[2], sources)]
+        for heads, calls in plans:
+            run = [t[:, heads] for t in grads]
+            for place, grad in zip(
+                run, heads_backward(fold, calls, sources, run, (out, lse, grad_out), heads)
+            ):
+                if grad is not place:
+                    place.copy_(grad)
+    del inputs
     found = list(torch.autograd.grad(edges, list(leaves.values()), grads, allow_unused=True))
     del grads
     # Lanes cut from the gradients come as views of them: one contiguous copy at a time frees each
@@ -304,12 +315,14 @@ def heads_backward(
     inputs: list[Tensor],
     forward: tuple[Tensor, Tensor, Tensor],
     heads: slice,
-) -> None:
-    """The kernel's backward on the ``calls`` of ``heads``, whose ``q'``, ``k'``, ``v'`` are ``inputs``
-    and become their gradients; ``forward`` is the output, log-sum-exp and output gradient of all
+) -> list[Tensor]:
+    """The gradients of ``q'``, ``k'``, ``v'`` of ``heads`` (``inputs``), from the kernel's backward on
+    the ``calls`` of ``heads``; ``forward`` is the output, log-sum-exp and output gradient of all
     heads. Each call's gradient of ``q'`` takes the place of its rows of ``q'``, which no other call
-    reads. No later run of heads reads these heads of ``k'`` and ``v'``: their summed gradients take
-    their place once the calls are done, so only one run's sums are held beside ``k'`` and ``v'``."""
+    reads, unless one call covers every row: then it is returned as the kernel gave it, as are the
+    summed gradients of ``k'`` and ``v'``. The caller copies those into ``k'`` and ``v'`` where
+    another run of heads follows (no later run reads these heads), so only one run's sums are held
+    beside ``k'`` and ``v'``; ``inputs[2]`` is only read."""
     flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
     q2, k2, v2 = inputs
     out, lse, grad_out = (t[:, heads] for t in forward)
@@ -329,9 +342,11 @@ def heads_backward(
             dq_call = dq if dq_call is None else dq_call + dq
             for i, (like, grad) in enumerate(zip((k2, v2), (dk, dv))):
                 sums[i] = add_at(sums[i], like, grad, (slice(None), slice(None), block.cols))
-        q2[:, :, rows] = dq_call
-    for like, total in zip((k2, v2), sums):
-        like.zero_() if total is None else like.copy_(total)
+        if dq_call.shape == q2.shape:
+            q2 = dq_call
+        else:
+            q2[:, :, rows] = dq_call
+    return [q2] + [torch.zeros_like(like) if total is None else total for like, total in zip((k2, v2), sums)]
 
 
 def own_memory(t: Tensor, sources: dict[str, Tensor | None]) -> Tensor:
