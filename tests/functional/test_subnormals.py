@@ -137,7 +137,9 @@ def test_routes_called_inside_a_scope_match_those_outside():
 
 
 def test_a_forked_process_flushes_in_its_own_scope():
-    """A forked child (one torch thread, as the parent's team here) sets and restores its own mode."""
+    """A forked child sets and restores its own mode. The child runs one torch thread: libgomp cannot
+    start a team of several in a child forked from a parent that used one (it hangs, with or without
+    the scope), and the suite runs on the machine's threads."""
     import multiprocessing
 
     q = torch.randn(1, 2, 50, 8)
@@ -150,6 +152,7 @@ def test_a_forked_process_flushes_in_its_own_scope():
 
 def scoped_route(q):
     """In a forked child: the route's output, and whether the caller flushed in and after a scope."""
+    torch.set_num_threads(1)
     with flushing_subnormals(CPU):
         during = flushes()
     out = priorattn.attention(q, q, q, prior=ALiBi(2), causal=True, backend="sdpa")
