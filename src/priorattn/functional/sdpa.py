@@ -203,8 +203,9 @@ class FoldedCalls(torch.autograd.Function):
     re-centres only the slope lane of ``k'`` in place (:func:`recentre`): a per-call rebuild of the
     lanes was 10-20% of the route's time. The backward runs the kernel's own backward on each
     block of keys (with the merged output and log-sum-exp that is exactly the softmax gradient
-    restricted to those keys, as in :class:`LowerRightCausal`) and sums the gradients of ``q'``,
-    ``k'``, ``v'`` into their own places (:func:`heads_backward`): holding whole sums of the
+    restricted to those keys, as in :class:`LowerRightCausal`) and, where the heads come in several
+    runs, sums the gradients of ``q'``, ``k'``, ``v'`` into their own places (one call over every
+    head and row is taken as the kernel gives it, forward and backward): holding whole sums of the
     gradients of ``k'`` and ``v'`` beside them took ALiBi to 1.21x plain SDPA's peak memory at
     L = 16384, one run of heads' sums at a time 1.06x-1.07x (GOAT 1.13x -> 1.04x-1.07x;
     ``benchmarks/attention.py --one``). It carries them back by autograd to q, k, v and the lanes
@@ -238,7 +239,8 @@ Plans = list[tuple[slice, list[Call]]]
 def folded_forward(fold: Fold, plans: Plans, sources: dict[str, Tensor | None]) -> tuple[Tensor, Tensor]:
     """:class:`FoldedCalls`' output, ``width`` lanes wide, and its log-sum-exp; zeros in the rows
     no call reads. Each call's output takes the place of its rows of ``q'`` (a tensor of its own,
-    :meth:`Fold.queries`), which no other call reads: the output needs no memory of its own."""
+    :meth:`Fold.queries`), which no other call reads: the output needs no memory of its own. One
+    call over every head and row returns the kernel's output as it is."""
     q2, k2, v2 = flash_inputs(fold, sources)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     out = q2
@@ -294,11 +296,10 @@ def folded_backward(
     else:
         grads = inputs[:2] + [own_memory(inputs[2], sources)]
         for heads, calls in plans:
-            run = [t[:, heads] for t in grads]
-            for place, grad in zip(
-                run, heads_backward(fold, calls, sources, run, (out, lse, grad_out), heads)
-            ):
-                if grad is not place:
+            places = [t[:, heads] for t in grads]
+            run_grads = heads_backward(fold, calls, sources, places, (out, lse, grad_out), heads)
+            for place, grad in zip(places, run_grads):
+                if grad is not place:  # a later run must not find this run's sums beside k', v'
                     place.copy_(grad)
     del inputs
     found = list(torch.autograd.grad(edges, list(leaves.values()), grads, allow_unused=True))
