@@ -11,7 +11,7 @@ import priorattn
 from priorattn.functional import prior_inputs, sdpa
 from priorattn.functional.masks import Masking
 from priorattn.functional.sdpa import LowerRightCausal, lower_right_kernel, public_lower_right_causal
-from priorattn.priors import GOAT, ALiBi
+from priorattn.priors import GOAT, ALiBi, FoldLanes, Prior
 
 
 def dense_lower_right(q, k, v):
@@ -100,6 +100,38 @@ def test_values_as_wide_as_the_folded_queries_come_back_unchanged_and_match_the_
     results = []
     for backend in ("sdpa", "reference"):
         out = priorattn.attention(q, k, v, prior=prior, causal=True, backend=backend)
+        results.append([out, *torch.autograd.grad(out, [q, k, v], torch.ones_like(out))])
+    assert all(torch.equal(t, copy) for t, copy in zip((q, k, v), before))
+    for mine, ref in zip(*results, strict=True):
+        assert torch.allclose(mine, ref, atol=1e-10)
+
+
+class NoLanes(Prior):
+    """A prior that folds into no lane at all (``K = 0``): ``q'``, ``k'``, ``v'`` are q, k, v."""
+
+    def log_prior(self, q_pos, k_pos):
+        return torch.zeros(1, q_pos.shape[-1], k_pos.shape[-1], dtype=torch.float64)
+
+    def can_fold(self, causal):
+        return True
+
+    def fold(self, q_pos, k_pos):
+        return FoldLanes(torch.zeros(1, q_pos.shape[-1], 0), torch.zeros(1, k_pos.shape[-1], 0))
+
+
+def test_calls_on_q_k_v_themselves_leave_them_unchanged(monkeypatch):
+    """A fold of no lanes hands the kernel q, k, v themselves (the content scale is the kernel's);
+    calls of 10 queries each write their query gradients into a copy of q, not into q."""
+    monkeypatch.setattr(sdpa, "MASK_CHUNK_CELLS", 10 * 30)
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (
+        torch.randn(1, 2, 30, 4, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3)
+    )
+    doc_ids = torch.tensor([[0] * 12 + [1] * 18])
+    before = [t.detach().clone() for t in (q, k, v)]
+    results = []
+    for backend in ("sdpa", "reference"):
+        out = priorattn.attention(q, k, v, prior=NoLanes(), causal=True, doc_ids=doc_ids, backend=backend)
         results.append([out, *torch.autograd.grad(out, [q, k, v], torch.ones_like(out))])
     assert all(torch.equal(t, copy) for t, copy in zip((q, k, v), before))
     for mine, ref in zip(*results, strict=True):
