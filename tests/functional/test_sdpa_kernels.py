@@ -107,7 +107,7 @@ def test_values_as_wide_as_the_folded_queries_come_back_unchanged_and_match_the_
 
 
 class NoLanes(Prior):
-    """A prior that folds into no lane at all (``K = 0``): ``q'``, ``k'``, ``v'`` are q, k, v."""
+    """A prior that folds into no lane at all (``K = 0``): ``k'``, ``v'`` are k, v themselves."""
 
     def log_prior(self, q_pos, k_pos):
         return torch.zeros(1, q_pos.shape[-1], k_pos.shape[-1], dtype=torch.float64)
@@ -119,9 +119,9 @@ class NoLanes(Prior):
         return FoldLanes(torch.zeros(1, q_pos.shape[-1], 0), torch.zeros(1, k_pos.shape[-1], 0))
 
 
-def test_calls_on_q_k_v_themselves_leave_them_unchanged(monkeypatch):
-    """A fold of no lanes hands the kernel q, k, v themselves (the content scale is the kernel's);
-    calls of 10 queries each write their query gradients into a copy of q, not into q."""
+def test_calls_on_k_v_themselves_leave_them_unchanged(monkeypatch):
+    """A fold of no lanes hands the kernel k and v themselves; calls of 10 queries each write their
+    query gradients into q' (scaled q), and nothing into k or v."""
     monkeypatch.setattr(sdpa, "MASK_CHUNK_CELLS", 10 * 30)
     gen = torch.Generator().manual_seed(1)
     q, k, v = (

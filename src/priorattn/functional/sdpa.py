@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..priors import FoldLanes, Prior
-from ..priors.base import cat_lanes
 from ..ssmax import Scaling
 from .grouped import grouped, grouped_scores, grouped_values
 from .masks import Masking
@@ -50,33 +49,27 @@ BIAS_TILE_CELLS = 1 << 24
 @dataclass(frozen=True)
 class Fold:
     """What turns one call's q, k, v and lanes into SDPA's inputs of ``heads`` heads and ``width``
-    lanes (seed 000 Eq. 20-24): ``q' = [scale * q, q_lanes, 1, m_h] / kernel_scale``, ``k' = [k,
-    k_lanes, u_h(j), k_pos[j] - centre]`` (the last two lanes for a key bias and a slope), ``v``
-    padded to ``width``, for a kernel that multiplies every logit by ``kernel_scale``. The CPU flash
-    calls take the content scale as their own (``kernel_scale = scale``): ``q'`` then starts with q
-    itself, which saves a product of every query and its gradient (docs/benchmarks.md, shortseq)."""
+    lanes (seed 000 Eq. 20-24): ``q' = [scale * q, q_lanes, 1, m_h]``, ``k' = [k, k_lanes, u_h(j),
+    k_pos[j] - centre]`` (the last two lanes for a key bias and a slope), ``v`` padded to ``width``."""
 
     masking: Masking
     scale: float
     scale_prior: bool
     heads: int
     width: int
-    kernel_scale: float = 1.0
 
     def queries(self, q: Tensor, lanes: FoldLanes, factor: Tensor | None) -> Tensor:
         """``q'`` of one call: ``q``, ``lanes.q`` and ``factor`` hold its query rows."""
-        content_scale = self.scale / self.kernel_scale
-        content = q if factor is None and content_scale == 1.0 else content_queries(q, content_scale, factor)
-        q_lanes = [lanes.q]
+        content = content_queries(q, self.scale, factor)
+        B, H, lq = q.shape[:3]
+        q_lanes = [lanes.q.expand(B, H, lq, lanes.q.shape[-1])]
         if lanes.key_bias is not None:  # <1, u_h(j)>
-            q_lanes.append(lanes.q.new_ones(1, 1, 1))
+            q_lanes.append(lanes.q.new_ones(1, 1, 1, 1).expand(B, H, lq, 1))
         if lanes.slope is not None:  # <m_h, k_pos[j] - centre>
-            q_lanes.append(lanes.slope[:, None, None].to(lanes.q.dtype))
+            q_lanes.append(lanes.slope[:, None, None].to(lanes.q.dtype).expand(B, H, lq, 1))
         if len(q_lanes) == 1 and not lanes.q.shape[-1]:
             return content
-        q_lanes = cat_lanes(q_lanes)  # (.., H or 1, lq, P): broadcast over the batch, not copied
-        if self.kernel_scale != 1.0:
-            q_lanes = q_lanes / self.kernel_scale
+        q_lanes = torch.cat(q_lanes, dim=-1)
         return torch.cat([content, query_lanes(q, q_lanes, factor, self.scale_prior)], dim=-1)
 
     def keys(self, k: Tensor, v: Tensor, lanes: FoldLanes, rows: slice, cols: slice) -> tuple[Tensor, Tensor]:
@@ -240,21 +233,17 @@ class FoldedCalls(torch.autograd.Function):
 @dataclass(frozen=True)
 class Layout:
     """What :class:`FoldedCalls` needs to know of :func:`flash_inputs`' results: the index of the
-    slope lane in ``k'`` (None: no slope), the values' own width, and whether ``q'``, ``k'``, ``v'``
-    are ``q``, ``k``, ``v`` themselves (no lane to add or pad), which the backward must not write into."""
+    slope lane in ``k'`` (None: no slope), the values' own width, and whether ``k'`` and ``v'`` are
+    ``k`` and ``v`` themselves (no lane to add or pad), which the backward must not write into."""
 
     slope_lane: int | None
     values: int
-    shared: tuple[bool, bool, bool]
+    shared: tuple[bool, bool]
 
     @classmethod
-    def of(
-        cls, sources: tuple[Tensor, Tensor, Tensor], lanes: FoldLanes, inputs: tuple[Tensor, ...]
-    ) -> Layout:
-        """The layout of ``inputs``, :func:`flash_inputs` of ``sources`` (q, k, v) and ``lanes``."""
-        k, v = sources[1:]
+    def of(cls, k: Tensor, v: Tensor, lanes: FoldLanes, k2: Tensor, v2: Tensor) -> Layout:
         lane = None if lanes.slope is None else k.shape[-1] + lanes.k.shape[-1] + (lanes.key_bias is not None)
-        return cls(lane, v.shape[-1], tuple(a is b for a, b in zip(inputs, sources)))
+        return cls(lane, v.shape[-1], (k2 is k, v2 is v))
 
 
 #: Key-sorted query runs of one batch group, per run of heads: ``[(heads, calls), ...]``.
@@ -279,25 +268,25 @@ def folded_forward(
     lse_dtype = torch.promote_types(q2.dtype, torch.float32)
     call = only_call(plans, q2.shape[2])
     if call is not None:  # the slope lane is centred on every query already (flash_inputs)
-        out, lse = flash_call(fold, q2, k2, v2, call)
+        out, lse = flash_call(q2, k2, v2, call)
         return out.to(q2.dtype), lse.to(lse_dtype)
     out, lse = torch.zeros_like(q2), q2.new_zeros(q2.shape[:3], dtype=lse_dtype)
     for heads, calls in plans:
         for call in calls:
             recentre(fold, k2[:, heads], layout, call)
             out[:, heads, call.rows], lse[:, heads, call.rows] = flash_call(
-                fold, q2[:, heads], k2[:, heads], v2[:, heads], call
+                q2[:, heads], k2[:, heads], v2[:, heads], call
             )
     return out, lse
 
 
-def flash_call(fold: Fold, q2: Tensor, k2: Tensor, v2: Tensor, call: Call) -> tuple[Tensor, Tensor]:
+def flash_call(q2: Tensor, k2: Tensor, v2: Tensor, call: Call) -> tuple[Tensor, Tensor]:
     """The output and log-sum-exp of ``call``'s queries: the kernel on each block of its keys, merged."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     q_call, merged = q2[:, :, call.rows], None
     for block in key_blocks(call):
         k_block, v_block, mask = k2[:, :, block.cols], v2[:, :, block.cols], block.bias(q2.dtype)
-        part = flash(q_call, k_block, v_block, 0.0, block.causal, attn_mask=mask, scale=fold.kernel_scale)
+        part = flash(q_call, k_block, v_block, 0.0, block.causal, attn_mask=mask, scale=1.0)
         merged = part if merged is None else merge(merged, part)
     return merged
 
@@ -320,13 +309,11 @@ def folded_backward(
 ) -> list[Tensor]:
     """The gradients of ``q'``, ``k'``, ``v'`` (``inputs``): the kernel's own backward on each call's
     blocks; ``forward`` is the output, its log-sum-exp and the output's gradient."""
-    if len(plans) == 1:  # one run of every head: the gradients of k', v' need no place of their own
+    if len(plans) == 1:  # one run of every head: its gradients need no place of their own
         heads, calls = plans[0]
-        q2, k2, v2 = inputs
-        if layout.shared[0] and only_call(plans, q2.shape[2]) is None:  # calls write into q'
-            q2 = q2.clone()
-        return heads_backward(fold, calls, layout, [q2, k2, v2], forward, heads)
-    grads = [t.clone() if shared else t for t, shared in zip(inputs, layout.shared)]
+        return heads_backward(fold, calls, layout, inputs, forward, heads)
+    q2, k2, v2 = inputs
+    grads = [q2, *(t.clone() if shared else t for t, shared in zip((k2, v2), layout.shared))]
     for heads, calls in plans:
         places = [t[:, heads] for t in grads]
         run_grads = heads_backward(fold, calls, layout, places, forward, heads)
@@ -368,16 +355,7 @@ def heads_backward(
             k_block, v_block, mask = k2[:, :, block.cols], v2[:, :, block.cols], block.bias(q2.dtype)
             o, l = out[:, :, rows], lse[:, :, rows]
             dq, dk, dv = flash_backward(
-                g,
-                q2[:, :, rows],
-                k_block,
-                v_block,
-                o,
-                l,
-                0.0,
-                block.causal,
-                attn_mask=mask,
-                scale=fold.kernel_scale,
+                g, q2[:, :, rows], k_block, v_block, o, l, 0.0, block.causal, attn_mask=mask, scale=1.0
             )
             dq_call = dq if dq_call is None else dq_call + dq
             for i, (like, grad) in enumerate(zip((k2, v2), (dk, dv))):
@@ -547,10 +525,9 @@ def folded_attention(
         compute = fold_dtype(lanes.slope, dtype, masking)
         q, k, v = q.to(compute), k.to(compute), v.to(compute)
     width = max(q.shape[-1] + lanes.width, v.shape[-1])
+    fold = Fold(masking, scale, ssmax is not None and ssmax.scale_prior, q.shape[1], width)
     # No prior: the calls take q, k, v as they are, and autograd saves no copies.
     run_calls = autograd_calls if prior is None else folded_calls_kernel(q.device)
-    kernel_scale = scale if run_calls is folded_calls else 1.0
-    fold = Fold(masking, scale, ssmax is not None and ssmax.scale_prior, q.shape[1], width, kernel_scale)
     precision = slope_precision(q.dtype, masking)
     plans = head_plans(masking, spans, lanes.slope, precision, q.shape[1], per_head=run_calls is folded_calls)
     return run_calls(fold, plans, q, k, v, lanes, factor).to(dtype)
@@ -585,8 +562,8 @@ def folded_calls(
     fold: Fold, plans: Plans, q: Tensor, k: Tensor, v: Tensor, lanes: FoldLanes, factor: Tensor | None
 ) -> Tensor:
     """:class:`FoldedCalls` on the inputs of :func:`flash_inputs`, which autograd builds and carries back."""
-    inputs = flash_inputs(fold, q, k, v, lanes, factor)
-    return FoldedCalls.apply(fold, plans, Layout.of((q, k, v), lanes, inputs), *inputs)
+    q2, k2, v2 = flash_inputs(fold, q, k, v, lanes, factor)
+    return FoldedCalls.apply(fold, plans, Layout.of(k, v, lanes, k2, v2), q2, k2, v2)
 
 
 def folded_calls_kernel(device: torch.device) -> Callable[..., Tensor]:
