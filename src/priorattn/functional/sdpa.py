@@ -222,12 +222,8 @@ class FoldedCalls(torch.autograd.Function):
         q2, k2, v2, out, lse = ctx.saved_tensors
         with flushing_subnormals(grad_out.device):
             grads = folded_backward(ctx.fold, ctx.plans, ctx.layout, [q2, k2, v2], (out, lse, grad_out))
-        return (
-            None,
-            None,
-            None,
-            *(g if needed else None for g, needed in zip(grads, ctx.needs_input_grad[3:])),
-        )
+        needed = ctx.needs_input_grad[3:]
+        return None, None, None, *(grad if need else None for grad, need in zip(grads, needed))
 
 
 @dataclass(frozen=True)
@@ -242,6 +238,7 @@ class Layout:
 
     @classmethod
     def of(cls, k: Tensor, v: Tensor, lanes: FoldLanes, k2: Tensor, v2: Tensor) -> Layout:
+        """The layout of ``k2``, ``v2``: :func:`flash_inputs` of ``k``, ``v`` and ``lanes``."""
         lane = None if lanes.slope is None else k.shape[-1] + lanes.k.shape[-1] + (lanes.key_bias is not None)
         return cls(lane, v.shape[-1], (k2 is k, v2 is v))
 
