@@ -175,8 +175,8 @@ def saved_elements(run) -> int:
 @pytest.mark.parametrize("prior", [ALiBi(4), GOAT(4, 4, init="recency")], ids=["alibi", "goat"])
 def test_a_slope_re_centred_on_every_run_of_queries_saves_only_o_of_l(prior, monkeypatch):
     """Issue 13: autograd through the re-centred runs kept each run's k' = [k, lanes, slope lane],
-    O(L^2 / run) in all (1.5x plain SDPA's peak memory at L = 16384). The route keeps q, k, v, the
-    lanes, the output and its log-sum-exp, and rebuilds each run's q' and k' in the backward."""
+    O(L^2 / run) in all (1.5x plain SDPA's peak memory at L = 16384). The route keeps one q', k', v'
+    of every query and key, the output and its log-sum-exp, and re-centres the slope lane per run."""
     monkeypatch.setitem(prior_inputs.SLOPE_MAGNITUDE, torch.float32, 2.0**4)  # runs of 64 queries
     monkeypatch.setattr(sdpa, "KEY_BLOCK", 256)
     B, H, L, D = 1, 4, 2048, 16
@@ -186,7 +186,7 @@ def test_a_slope_re_centred_on_every_run_of_queries_saves_only_o_of_l(prior, mon
         priorattn.attention(q, k, v, prior=prior, causal=True, backend="sdpa")
 
     width = D + prior.fold_width
-    # q, k, v, the output (width lanes) and the lanes' sources: about 4 B H L width.
+    # q', k', v', the output (width lanes each) and the log-sum-exp: about 4 B H L width.
     assert saved_elements(run) <= 5 * B * H * L * width
     # Autograd through the runs keeps every run's k' and v': 2 x 16.5 L x width for 32 runs.
     monkeypatch.setattr(sdpa, "folded_calls_kernel", lambda device: sdpa.autograd_calls)
