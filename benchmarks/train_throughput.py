@@ -10,28 +10,34 @@ means 90% of NoPE's tokens per second.
     python benchmarks/train_throughput.py            # 7 rounds x 4 steps each, about 4 minutes
     python benchmarks/train_throughput.py --bf16     # the same under bfloat16 autocast
     python benchmarks/train_throughput.py --quick    # 3 rounds x 2 steps, a sanity run
+    python benchmarks/train_throughput.py --before /work/main/src --configurations alibi goat --cpu-time
+
+``--before SRC`` (the ``src`` directory of another checkout) times every configuration on that
+library too, in the same round-robin, as rows marked "(before)" whose ratios are to its own NoPE;
+``--configurations`` keeps only the named ones (NoPE always runs: it is the baseline).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import platform
 import statistics
 import tempfile
+import time
 from pathlib import Path
+from types import ModuleType
 
 import torch
+from spans import load_library
 from torch.utils.benchmark import Timer
 from tqdm import tqdm
 
+import priorattn
 from priorattn.data import Batches, prepare_data
-from priorattn.models import GPT, preset
-from priorattn.train import TrainConfig
-from priorattn.train.distributed import Process
-from priorattn.train.loop import train_step
-from priorattn.train.optim import build_optimizer
+from priorattn.models import preset
 
 #: name -> GPTConfig overrides of the tiny preset. NoPE first: it is the baseline.
 CONFIGURATIONS = {
@@ -45,6 +51,8 @@ CONFIGURATIONS = {
     "goat": dict(prior="goat"),
     "goat + ssmax": dict(prior="goat", ssmax=True),
 }
+#: What marks the rows of the library given by ``--before``.
+BEFORE = " (before)"
 #: Least tokens/s as a fraction of NoPE's, per dtype (issue 13 for bf16 autocast).
 TARGETS = {
     "fp32": {"goat": 0.9},
@@ -60,42 +68,68 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--quick", action="store_true", help="3 rounds of 2 steps")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--cpu-time", action="store_true", help="time by process CPU time (one thread, a loaded machine)"
+    )
+    parser.add_argument("--before", help="src directory of a library to time side by side with this one")
+    parser.add_argument(
+        "--configurations", nargs="+", choices=list(CONFIGURATIONS), help="only these (and NoPE)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.steps = 3, 2
 
-    config = TrainConfig(batch_size=args.batch_size, bf16=args.bf16)
     seq_len = preset("tiny").seq_len
     with tempfile.TemporaryDirectory() as run_dir:
         data = prepare_data(None, tokenizer="byte", seq_len=seq_len, run_dir=Path(run_dir))
     batches = Batches(data.train, args.batch_size, seed=0)
-    steps = {name: training_step(overrides, config, batches) for name, overrides in CONFIGURATIONS.items()}
-    report(round_robin(steps, args.rounds, args.steps), args, seq_len)
+    chosen = {"nope", *(args.configurations or CONFIGURATIONS)}
+    libraries = {"": priorattn} if args.before is None else {"": priorattn, BEFORE: load_library(args.before)}
+    steps = {
+        name + label: training_step(lib, overrides, args, batches)
+        for label, lib in libraries.items()
+        for name, overrides in CONFIGURATIONS.items()
+        if name in chosen
+    }
+    report(round_robin(steps, args.rounds, args.steps, args.cpu_time), args, seq_len)
 
 
-def round_robin(steps: dict, rounds: int, repeats: int) -> dict[str, list[float]]:
+def round_robin(steps: dict, rounds: int, repeats: int, cpu_time: bool = False) -> dict[str, list[float]]:
     """Seconds per call of each ``steps[name]()``: after one warm-up call each, ``rounds`` samples
-    of ``repeats`` calls, the configurations taken in turn with the order rotating each round."""
+    of ``repeats`` calls, the configurations taken in turn with the order rotating each round.
+    ``cpu_time``: the process's CPU seconds rather than wall-clock ones (on one thread, what the
+    step costs whatever else the machine runs)."""
     for step in steps.values():  # warm up: first-call allocations, lazy kernels
         step()
     samples = {name: [] for name in steps}
     names = list(steps)
     for r in tqdm(range(rounds), desc="rounds"):
         for name in names[r % len(names) :] + names[: r % len(names)]:
+            if cpu_time:
+                start = time.process_time()
+                for _ in range(repeats):
+                    steps[name]()
+                samples[name].append((time.process_time() - start) / repeats)
+                continue
             timer = Timer("step()", globals={"step": steps[name]}, num_threads=torch.get_num_threads())
             samples[name].append(timer.timeit(repeats).mean)
     return samples
 
 
-def training_step(overrides: dict, config: TrainConfig, batches: Batches):
-    """A closure running one optimizer step of a fresh tiny model on the next batch."""
+def training_step(lib: ModuleType, overrides: dict, args, batches: Batches):
+    """A closure running one optimizer step of a fresh tiny model of library ``lib`` on the next batch."""
+    models, train, optim, distributed, loop = (
+        importlib.import_module(f"{lib.__name__}.{part}")
+        for part in ("models", "train", "train.optim", "train.distributed", "train.loop")
+    )
     torch.manual_seed(0)
-    model = GPT(preset("tiny", **overrides))
-    optimizer = build_optimizer(model, config)
-    process, counter = Process(), iter(range(10**9))
+    config = train.TrainConfig(batch_size=args.batch_size, bf16=args.bf16)
+    model = models.GPT(models.preset("tiny", **overrides))
+    optimizer = optim.build_optimizer(model, config)
+    process, counter = distributed.Process(), iter(range(10**9))
 
     def step():
-        train_step(model, [batches.batch(next(counter))], optimizer, config, process)
+        loop.train_step(model, [batches.batch(next(counter))], optimizer, config, process)
 
     return step
 
@@ -103,19 +137,22 @@ def training_step(overrides: dict, config: TrainConfig, batches: Batches):
 def report(samples: dict[str, list[float]], args, seq_len: int) -> None:
     tokens = args.batch_size * seq_len
     medians = {name: statistics.median(times) for name, times in samples.items()}
-    base = medians["nope"]
+    ratios = {name: medians["nope" + BEFORE * name.endswith(BEFORE)] / m for name, m in medians.items()}
     dtype = "bf16 autocast" if args.bf16 else "fp32"
+    clock = "process CPU time" if args.cpu_time else "wall-clock"
     print(
         f"\ntiny preset, batch {args.batch_size} x {seq_len} tokens, {dtype}, {torch.get_num_threads()} "
-        f"threads, median of {args.rounds} samples x {args.steps} steps\n"
+        f"threads, median of {args.rounds} samples x {args.steps} steps, {clock}\n"
     )
     print("| configuration | ms / step | tokens / s | ratio to NoPE |")
     print("|---|---:|---:|---:|")
     for name, median in medians.items():
-        print(f"| {name} | {1e3 * median:.0f} | {tokens / median:,.0f} | {base / median:.2f} |")
+        print(f"| {name} | {1e3 * median:.0f} | {tokens / median:,.0f} | {ratios[name]:.2f} |")
     print()
     for name, target in TARGETS[dtype].items():
-        ratio = base / medians[name]
+        if name not in ratios:
+            continue
+        ratio = ratios[name]
         verdict = "met" if ratio >= target else "MISSED"
         print(f"target: {name} >= {target:.2f}x NoPE tokens/s: {ratio:.2f}x, {verdict}")
     if args.json:
@@ -126,10 +163,11 @@ def report(samples: dict[str, list[float]], args, seq_len: int) -> None:
                     machine=platform.processor() or platform.machine(),
                     threads=torch.get_num_threads(),
                     dtype=dtype,
+                    clock=clock,
                     batch_size=args.batch_size,
                     seq_len=seq_len,
                     median_step_s=medians,
-                    ratio_to_nope={n: base / m for n, m in medians.items()},
+                    ratio_to_nope=ratios,
                 ),
                 indent=2,
             )

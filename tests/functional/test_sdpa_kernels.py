@@ -11,7 +11,7 @@ import priorattn
 from priorattn.functional import prior_inputs, sdpa
 from priorattn.functional.masks import Masking
 from priorattn.functional.sdpa import LowerRightCausal, lower_right_kernel, public_lower_right_causal
-from priorattn.priors import GOAT, ALiBi
+from priorattn.priors import GOAT, ALiBi, FoldLanes, Prior
 
 
 def dense_lower_right(q, k, v):
@@ -84,23 +84,79 @@ def test_heads_in_runs_of_their_own_match_the_reference(Hkv, monkeypatch):
         assert mine is None or torch.allclose(mine, ref, atol=1e-10)
 
 
-def test_values_as_wide_as_the_folded_queries_come_back_unchanged_and_match_the_reference():
-    """The backward writes the gradients of q', k', v' into them; with values as wide as q' (no
-    padding) v' is v itself, which must be copied, not overwritten."""
+@pytest.mark.parametrize("runs", [False, True], ids=["one-call", "runs"])
+def test_values_as_wide_as_the_folded_queries_come_back_unchanged_and_match_the_reference(runs, monkeypatch):
+    """The backward writes the gradients of q', k', v' into them where the heads take several runs;
+    with values as wide as q' (no padding) v' is v itself, which must be copied, not overwritten."""
+    if runs:  # ALiBi's slopes 1/16, 1/256: head 0 in runs of 16 queries, head 1 in one call
+        monkeypatch.setitem(prior_inputs.SLOPE_MAGNITUDE, torch.float64, 1.0)
     prior = ALiBi(2).double()
     gen = torch.Generator().manual_seed(0)
     q, k = (
         torch.randn(1, 2, 50, 5, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2)
     )
     v = torch.randn(1, 2, 50, 5 + prior.fold_width, generator=gen, dtype=torch.float64, requires_grad=True)
-    before = v.detach().clone()
+    before = [t.detach().clone() for t in (q, k, v)]
     results = []
     for backend in ("sdpa", "reference"):
         out = priorattn.attention(q, k, v, prior=prior, causal=True, backend=backend)
         results.append([out, *torch.autograd.grad(out, [q, k, v], torch.ones_like(out))])
-    assert torch.equal(v, before)
+    assert all(torch.equal(t, copy) for t, copy in zip((q, k, v), before))
     for mine, ref in zip(*results, strict=True):
         assert torch.allclose(mine, ref, atol=1e-10)
+
+
+class NoLanes(Prior):
+    """A prior that folds into no lane at all (``K = 0``): ``k'``, ``v'`` are k, v themselves."""
+
+    def log_prior(self, q_pos, k_pos):
+        return torch.zeros(1, q_pos.shape[-1], k_pos.shape[-1], dtype=torch.float64)
+
+    def can_fold(self, causal):
+        return True
+
+    def fold(self, q_pos, k_pos):
+        return FoldLanes(torch.zeros(1, q_pos.shape[-1], 0), torch.zeros(1, k_pos.shape[-1], 0))
+
+
+def test_calls_on_k_v_themselves_leave_them_unchanged(monkeypatch):
+    """A fold of no lanes hands the kernel k and v themselves; calls of 10 queries each write their
+    query gradients into q' (scaled q), and nothing into k or v."""
+    monkeypatch.setattr(sdpa, "MASK_CHUNK_CELLS", 10 * 30)
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (
+        torch.randn(1, 2, 30, 4, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3)
+    )
+    doc_ids = torch.tensor([[0] * 12 + [1] * 18])
+    before = [t.detach().clone() for t in (q, k, v)]
+    results = []
+    for backend in ("sdpa", "reference"):
+        out = priorattn.attention(q, k, v, prior=NoLanes(), causal=True, doc_ids=doc_ids, backend=backend)
+        results.append([out, *torch.autograd.grad(out, [q, k, v], torch.ones_like(out))])
+    assert all(torch.equal(t, copy) for t, copy in zip((q, k, v), before))
+    for mine, ref in zip(*results, strict=True):
+        assert torch.allclose(mine, ref, atol=1e-10)
+
+
+def test_one_call_keeps_its_graph_for_a_second_backward_and_runs_say_they_cannot(monkeypatch):
+    """One call over every head and row leaves the saved q', k', v' as they were: a kept graph gives
+    the same gradients again. Runs of heads write their gradients into the saved q' and k' (memory at
+    long lengths, :class:`~priorattn.functional.sdpa.FoldedCalls`), so autograd refuses a second pass."""
+    prior = GOAT(2, 2, init="recency").double()
+    q, k, v = (torch.randn(1, 2, 40, 6, dtype=torch.float64, requires_grad=True) for _ in range(3))
+
+    def gradients():
+        return torch.autograd.grad(out.sum(), [q, k, v, prior.slope], retain_graph=True)
+
+    out = priorattn.attention(q, k, v, prior=prior, causal=True, backend="sdpa")
+    first, second = gradients(), gradients()
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+    monkeypatch.setitem(prior_inputs.SLOPE_MAGNITUDE, torch.float64, 1.0)  # runs of 4 and 16 queries
+    out = priorattn.attention(q, k, v, prior=prior, causal=True, backend="sdpa")
+    gradients()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        gradients()
 
 
 def saved_elements(run) -> int:
@@ -119,8 +175,8 @@ def saved_elements(run) -> int:
 @pytest.mark.parametrize("prior", [ALiBi(4), GOAT(4, 4, init="recency")], ids=["alibi", "goat"])
 def test_a_slope_re_centred_on_every_run_of_queries_saves_only_o_of_l(prior, monkeypatch):
     """Issue 13: autograd through the re-centred runs kept each run's k' = [k, lanes, slope lane],
-    O(L^2 / run) in all (1.5x plain SDPA's peak memory at L = 16384). The route keeps q, k, v, the
-    lanes, the output and its log-sum-exp, and rebuilds each run's q' and k' in the backward."""
+    O(L^2 / run) in all (1.5x plain SDPA's peak memory at L = 16384). The route keeps one q', k', v'
+    of every query and key, the output and its log-sum-exp, and re-centres the slope lane per run."""
     monkeypatch.setitem(prior_inputs.SLOPE_MAGNITUDE, torch.float32, 2.0**4)  # runs of 64 queries
     monkeypatch.setattr(sdpa, "KEY_BLOCK", 256)
     B, H, L, D = 1, 4, 2048, 16
@@ -130,7 +186,7 @@ def test_a_slope_re_centred_on_every_run_of_queries_saves_only_o_of_l(prior, mon
         priorattn.attention(q, k, v, prior=prior, causal=True, backend="sdpa")
 
     width = D + prior.fold_width
-    # q, k, v, the output (width lanes) and the lanes' sources: about 4 B H L width.
+    # q', k', v', the output (width lanes each) and the log-sum-exp: about 4 B H L width.
     assert saved_elements(run) <= 5 * B * H * L * width
     # Autograd through the runs keeps every run's k' and v': 2 x 16.5 L x width for 32 runs.
     monkeypatch.setattr(sdpa, "folded_calls_kernel", lambda device: sdpa.autograd_calls)
@@ -144,17 +200,20 @@ def test_the_cpu_route_flushes_subnormals_in_its_calls_and_leaves_the_callers_mo
     q, k, v = (torch.randn(1, 2, 300, 8, requires_grad=True) for _ in range(3))
 
     during, after = [], []
-    build = sdpa.flash_inputs
 
-    def watched(*args):
-        during.append(flushes())
-        return build(*args)
+    def watched(work):
+        def run(*args):
+            during.append(flushes())
+            return work(*args)
+
+        return run
 
     for before in (False, True):
         torch.set_flush_denormal(before)
         try:
             with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(sdpa, "flash_inputs", watched)
+                for name in ("flash_call", "heads_backward"):  # the forward's calls, the backward's
+                    patch.setattr(sdpa, name, watched(getattr(sdpa, name)))
                 out = priorattn.attention(q, k, v, prior=ALiBi(2), causal=True, backend="sdpa")
                 after.append(flushes())
                 out.sum().backward()

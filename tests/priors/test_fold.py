@@ -34,6 +34,16 @@ def test_fold_equals_log_prior_up_to_row_constants(name, offset):
     assert torch.allclose(row_centred(folded, visible), row_centred(K, visible), atol=1e-9)
 
 
+@pytest.mark.parametrize("name", FOLDABLE)
+def test_fold_slope_is_the_folds_slope(name):
+    """``fold_slope`` answers a route's question without folding: the same slope as the fold's."""
+    prior = make_prior(name, 3, seed=1)
+    slope, pos = prior.fold_slope(), torch.arange(3, 9)
+    expected = prior.fold(pos, pos).slope
+    assert (slope is None) == (expected is None)
+    assert slope is None or torch.equal(slope, expected)
+
+
 def test_fold_lane_counts():
     assert ALiBi(4).fold_width == 1
     assert GOAT(4, 5).fold_width == 2 * 5 + 2

@@ -144,8 +144,7 @@ def _choose(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking) -> str:
     if is_decode_step(q, k):
         return DECODE_ROUTE
     if prior.can_fold(masking.causal):
-        origin = masking.q_pos[:, -1:]
-        slope = prior.fold(origin, origin).slope
+        slope = prior.fold_slope()
         span = slope_span(slope, slope_precision(fold_dtype(slope, q.dtype, masking), masking))
         if span is None or span >= min(q.shape[2], MIN_FOLD_SPAN):
             return "sdpa"

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.graph import get_gradient_edge
 
 from ..priors import FoldLanes, Prior
 from ..ssmax import Scaling
@@ -89,12 +88,6 @@ class Fold:
         if len(k_lanes) > 1 or lanes.k.shape[-1]:
             k = torch.cat([k, *k_lanes], dim=-1)
         return k, v if v.shape[-1] == self.width else F.pad(v, (0, self.width - v.shape[-1]))
-
-    @staticmethod
-    def slope_lane(content: int, lanes: int, key_bias: bool) -> int:
-        """Index of the slope lane in :meth:`keys`' ``k'``: after ``content`` lanes of k, ``lanes``
-        fold lanes and the key bias lane, if any."""
-        return content + lanes + key_bias
 
 
 class LowerRightCausal(torch.autograd.Function):
@@ -193,72 +186,106 @@ def lanes_of(lanes: FoldLanes, rows: slice, cols: slice) -> FoldLanes:
 
 
 class FoldedCalls(torch.autograd.Function):
-    """The calls of one batch group through the CPU flash kernel, keeping only what they share.
+    """The calls of one batch group through the CPU flash kernel, on ``q'``, ``k'``, ``v'`` of all the
+    queries and keys, which :func:`flash_inputs` builds once per pass, outside: autograd carries their
+    gradients back to q, k, v and the lanes, so learnable priors train.
 
     Autograd through the calls keeps every call's ``q'``, ``k'``, ``v'`` for the backward; with a
     slope, every run of queries has keys of its own centre, ``O(L^2 / run)`` lanes in all (1.7x-1.9x
-    plain SDPA's peak memory at L = 16384, docs/benchmarks.md). Here the forward keeps q, k, v,
-    the lanes' sources, the output and its log-sum-exp. Each pass builds ``q'``, ``k'``, ``v'`` of
-    all the queries and keys once (:func:`flash_inputs`, O(L) memory) and, before each call,
-    re-centres only the slope lane of ``k'`` in place (:func:`recentre`): a per-call rebuild of the
-    lanes was 10-20% of the route's time. The backward runs the kernel's own backward on each
-    block of keys (with the merged output and log-sum-exp that is exactly the softmax gradient
-    restricted to those keys, as in :class:`LowerRightCausal`) and, where the heads come in several
-    runs, sums the gradients of ``q'``, ``k'``, ``v'`` into their own places (one call over every
-    head and row is taken as the kernel gives it, forward and backward): holding whole sums of the
-    gradients of ``k'`` and ``v'`` beside them took ALiBi to 1.21x plain SDPA's peak memory at
-    L = 16384, one run of heads' sums at a time 1.06x-1.07x (GOAT 1.13x -> 1.04x-1.07x;
-    ``benchmarks/attention.py --one``). It carries them back by autograd to q, k, v and the lanes
-    in one pass, so learnable priors train. Both passes run with subnormals flushed (``subnormals.py``).
+    plain SDPA's peak memory at L = 16384, docs/benchmarks.md). Here the forward keeps ``q'``,
+    ``k'``, ``v'`` once, the output and its log-sum-exp, as plain SDPA keeps its inputs, and before
+    each call re-centres only the slope lane of ``k'`` in place (:func:`recentre`): a per-call
+    rebuild of the lanes was 10-20% of the route's time, and rebuilding ``q'``, ``k'``, ``v'`` in the
+    backward (to carry their gradients back by a graph of its own) a quarter of the route's time
+    beyond the kernel's at the tiny model's shape (docs/benchmarks.md, shortseq). The backward runs
+    the kernel's own backward on each block of keys (with the merged output and log-sum-exp that is
+    exactly the softmax gradient restricted to those keys, as in :class:`LowerRightCausal`). One call
+    over every head and row takes the kernel's results as they are, forward and backward. Otherwise
+    the gradients of ``q'``, ``k'`` (and of a ``v'`` that is not ``v`` itself) are summed into their
+    own places, which no call reads again once their run of heads is done (a graph kept for a second
+    backward then finds them changed, and autograd says so): holding whole sums of the gradients of
+    ``k'`` and ``v'`` beside them took ALiBi to 1.21x plain SDPA's peak memory at L = 16384, one run
+    of heads' sums at a time 1.06x-1.07x (GOAT 1.13x -> 1.04x-1.07x; ``benchmarks/attention.py
+    --one``). Both passes run with subnormals flushed (``subnormals.py``).
     """
 
     @staticmethod
-    def forward(ctx, fold: Fold, calls: Plans, q, k, v, q_lanes, k_lanes, key_bias, slope, factor):
-        sources = dict(zip(SOURCES, (q, k, v, q_lanes, k_lanes, key_bias, slope, factor)))
-        with flushing_subnormals(q.device):
-            out, lse = folded_forward(fold, calls, sources)
-        ctx.save_for_backward(q, k, v, q_lanes, k_lanes, key_bias, slope, factor, out, lse)
-        ctx.fold, ctx.calls = fold, calls
-        return out[..., : v.shape[-1]]
+    def forward(ctx, fold: Fold, plans: Plans, layout: Layout, q2: Tensor, k2: Tensor, v2: Tensor):
+        with flushing_subnormals(q2.device):
+            out, lse = folded_forward(fold, plans, layout, (q2, k2, v2))
+        ctx.save_for_backward(q2, k2, v2, out, lse)
+        ctx.fold, ctx.plans, ctx.layout = fold, plans, layout
+        return out if out.shape[-1] == layout.values else out[..., : layout.values]
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
-        *saved, out, lse = ctx.saved_tensors
-        sources = dict(zip(SOURCES, saved))
+        q2, k2, v2, out, lse = ctx.saved_tensors
         with flushing_subnormals(grad_out.device):
-            totals = folded_backward(ctx.fold, ctx.calls, sources, out, lse, grad_out)
-        needed = dict(zip(SOURCES, ctx.needs_input_grad[2:]))
-        return None, None, *(totals[name] if needed[name] else None for name in SOURCES)
+            grads = folded_backward(ctx.fold, ctx.plans, ctx.layout, [q2, k2, v2], (out, lse, grad_out))
+        needed = ctx.needs_input_grad[3:]
+        return None, None, None, *(grad if need else None for grad, need in zip(grads, needed))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What :class:`FoldedCalls` needs to know of :func:`flash_inputs`' results: the index of the
+    slope lane in ``k'`` (None: no slope), the values' own width, and whether ``k'`` and ``v'`` are
+    ``k`` and ``v`` themselves (no lane to add or pad), which the backward must not write into."""
+
+    slope_lane: int | None
+    values: int
+    shared: tuple[bool, bool]
+
+    @classmethod
+    def of(cls, k: Tensor, v: Tensor, lanes: FoldLanes, k2: Tensor, v2: Tensor) -> Layout:
+        """The layout of ``k2``, ``v2``: :func:`flash_inputs` of ``k``, ``v`` and ``lanes``."""
+        lane = None if lanes.slope is None else k.shape[-1] + lanes.k.shape[-1] + (lanes.key_bias is not None)
+        return cls(lane, v.shape[-1], (k2 is k, v2 is v))
 
 
 #: Key-sorted query runs of one batch group, per run of heads: ``[(heads, calls), ...]``.
 Plans = list[tuple[slice, list[Call]]]
 
 
+def only_call(plans: Plans, Lq: int) -> Call | None:
+    """The call, where one call covers every head and all ``Lq`` rows (its results need no place)."""
+    if len(plans) != 1 or len(plans[0][1]) != 1:
+        return None
+    call = plans[0][1][0]
+    return call if (call.rows.start, call.rows.stop) == (0, Lq) else None
+
+
 @torch.no_grad()
-def folded_forward(fold: Fold, plans: Plans, sources: dict[str, Tensor | None]) -> tuple[Tensor, Tensor]:
+def folded_forward(
+    fold: Fold, plans: Plans, layout: Layout, inputs: tuple[Tensor, Tensor, Tensor]
+) -> tuple[Tensor, Tensor]:
     """:class:`FoldedCalls`' output, ``width`` lanes wide, and its log-sum-exp; zeros in the rows
-    no call reads. Each call's output takes the place of its rows of ``q'`` (a tensor of its own,
-    :meth:`Fold.queries`), which no other call reads: the output needs no memory of its own. One
-    call over every head and row returns the kernel's output as it is."""
-    q2, k2, v2 = flash_inputs(fold, sources)
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    out = q2
-    lse = q2.new_zeros(q2.shape[:3], dtype=torch.promote_types(q2.dtype, torch.float32))
+    no call reads. One call over every head and row returns the kernel's output as it is."""
+    q2, k2, v2 = inputs
+    lse_dtype = torch.promote_types(q2.dtype, torch.float32)
+    call = only_call(plans, q2.shape[2])
+    if call is not None:  # the slope lane is centred on every query already (flash_inputs)
+        out, lse = flash_call(q2, k2, v2, call)
+        return out.to(q2.dtype), lse.to(lse_dtype)
+    out, lse = torch.zeros_like(q2), q2.new_zeros(q2.shape[:3], dtype=lse_dtype)
     for heads, calls in plans:
-        zero_gaps(out, heads, calls)
         for call in calls:
-            recentre(fold, k2[:, heads], sources, call)
-            q_call, merged = q2[:, heads, call.rows], None
-            for block in key_blocks(call):
-                k_block, v_block = k2[:, heads, block.cols], v2[:, heads, block.cols]
-                mask = block.bias(q2.dtype)
-                part = flash(q_call, k_block, v_block, 0.0, block.causal, attn_mask=mask, scale=1.0)
-                merged = part if merged is None else merge(merged, part)
-            if merged[0].shape == out.shape:  # one call over every head and row: nothing to place
-                return merged[0].to(out.dtype), merged[1].to(lse.dtype)
-            out[:, heads, call.rows], lse[:, heads, call.rows] = merged
+            recentre(fold, k2[:, heads], layout, call)
+            out[:, heads, call.rows], lse[:, heads, call.rows] = flash_call(
+                q2[:, heads], k2[:, heads], v2[:, heads], call
+            )
     return out, lse
+
+
+def flash_call(q2: Tensor, k2: Tensor, v2: Tensor, call: Call) -> tuple[Tensor, Tensor]:
+    """The output and log-sum-exp of ``call``'s queries: the kernel on each block of its keys, merged."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    q_call, merged = q2[:, :, call.rows], None
+    for block in key_blocks(call):
+        k_block, v_block, mask = k2[:, :, block.cols], v2[:, :, block.cols], block.bias(q2.dtype)
+        part = flash(q_call, k_block, v_block, 0.0, block.causal, attn_mask=mask, scale=1.0)
+        merged = part if merged is None else merge(merged, part)
+    return merged
 
 
 def zero_gaps(t: Tensor, heads: slice, calls: list[Call]) -> None:
@@ -273,48 +300,30 @@ def zero_gaps(t: Tensor, heads: slice, calls: list[Call]) -> None:
 def folded_backward(
     fold: Fold,
     plans: Plans,
-    sources: dict[str, Tensor | None],
-    out: Tensor,
-    lse: Tensor,
-    grad_out: Tensor,
-) -> dict[str, Tensor | None]:
-    """The gradients of :class:`FoldedCalls`' sources: ``q'``, ``k'``, ``v'`` rebuilt with autograd
-    from leaves of their sources, the kernel's own backward on each call's blocks, the summed
-    gradients carried back to the leaves."""
-    with torch.enable_grad():
-        leaves = {name: t.detach().requires_grad_() for name, t in sources.items() if t is not None}
-        q2, k2, v2 = flash_inputs(fold, leaves)
-    # The graph is kept by its edges only: no node of it saves q', k' or v', whose memory is then
-    # free once the calls are done. In that graph's eyes they are outputs, so the slope lane is
-    # re-centred in place and their gradients take their places (:func:`heads_backward`).
-    edges = [get_gradient_edge(t) for t in (q2, k2, v2)]
-    inputs = [own_memory(t.detach(), sources) for t in (q2, k2)] + [v2.detach()]
-    del q2, k2, v2
+    layout: Layout,
+    inputs: list[Tensor],
+    forward: tuple[Tensor, Tensor, Tensor],
+) -> list[Tensor]:
+    """The gradients of ``q'``, ``k'``, ``v'`` (``inputs``): the kernel's own backward on each call's
+    blocks; ``forward`` is the output, its log-sum-exp and the output's gradient."""
     if len(plans) == 1:  # one run of every head: its gradients need no place of their own
         heads, calls = plans[0]
-        grads = heads_backward(fold, calls, sources, inputs, (out, lse, grad_out), heads)
-    else:
-        grads = inputs[:2] + [own_memory(inputs[2], sources)]
-        for heads, calls in plans:
-            places = [t[:, heads] for t in grads]
-            run_grads = heads_backward(fold, calls, sources, places, (out, lse, grad_out), heads)
-            for place, grad in zip(places, run_grads):
-                if grad is not place:  # a later run must not find this run's sums beside k', v'
-                    place.copy_(grad)
-    del inputs
-    found = list(torch.autograd.grad(edges, list(leaves.values()), grads, allow_unused=True))
-    del grads
-    # Lanes cut from the gradients come as views of them: one contiguous copy at a time frees each
-    # before the next is copied (the caller's gradient accumulation would otherwise copy them all).
-    for i, grad in enumerate(found):
-        found[i] = None if grad is None else grad.contiguous()
-    return {name: dict(zip(leaves, found)).get(name) for name in SOURCES}
+        return heads_backward(fold, calls, layout, inputs, forward, heads)
+    q2, k2, v2 = inputs
+    grads = [q2, *(t.clone() if shared else t for t, shared in zip((k2, v2), layout.shared))]
+    for heads, calls in plans:
+        places = [t[:, heads] for t in grads]
+        run_grads = heads_backward(fold, calls, layout, places, forward, heads)
+        for place, grad in zip(places, run_grads):
+            if grad is not place:  # a later run must not find this run's sums beside k', v'
+                place.copy_(grad)
+    return grads
 
 
 def heads_backward(
     fold: Fold,
     calls: list[Call],
-    sources: dict[str, Tensor | None],
+    layout: Layout,
     inputs: list[Tensor],
     forward: tuple[Tensor, Tensor, Tensor],
     heads: slice,
@@ -329,10 +338,13 @@ def heads_backward(
     flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
     q2, k2, v2 = inputs
     out, lse, grad_out = (t[:, heads] for t in forward)
-    zero_gaps(q2, slice(None), calls)
+    one = only_call([(heads, calls)], q2.shape[2]) is not None
+    if not one:
+        zero_gaps(q2, slice(None), calls)
     sums = [None, None]  # of the gradients of k2 and v2
     for call in calls:
-        recentre(fold, k2, sources, call)
+        if not one:  # one call: the slope lane is centred on every query already (flash_inputs)
+            recentre(fold, k2, layout, call)
         rows = call.rows
         g = to_width(grad_out[:, :, rows], fold.width).contiguous()
         dq_call = None
@@ -345,19 +357,11 @@ def heads_backward(
             dq_call = dq if dq_call is None else dq_call + dq
             for i, (like, grad) in enumerate(zip((k2, v2), (dk, dv))):
                 sums[i] = add_at(sums[i], like, grad, (slice(None), slice(None), block.cols))
-        if dq_call.shape == q2.shape:
+        if one:
             q2 = dq_call
         else:
             q2[:, :, rows] = dq_call
     return [q2] + [torch.zeros_like(like) if total is None else total for like, total in zip((k2, v2), sums)]
-
-
-def own_memory(t: Tensor, sources: dict[str, Tensor | None]) -> Tensor:
-    """``t``, or a copy if it shares memory with a source (``v'`` is ``v`` itself when no lane pads
-    it): the backward writes the gradients of ``q'``, ``k'``, ``v'`` into them."""
-    memory = t.untyped_storage().data_ptr()
-    shared = any(s is not None and s.untyped_storage().data_ptr() == memory for s in sources.values())
-    return t.clone() if shared else t
 
 
 def add_at(total: Tensor | None, like: Tensor, grad: Tensor, index: tuple[slice, ...]) -> Tensor:
@@ -370,27 +374,22 @@ def add_at(total: Tensor | None, like: Tensor, grad: Tensor, index: tuple[slice,
     return total
 
 
-#: The inputs of :class:`FoldedCalls` after ``fold`` and ``calls``.
-SOURCES = ("q", "k", "v", "q_lanes", "k_lanes", "key_bias", "slope", "factor")
-
-
-def flash_inputs(fold: Fold, sources: dict[str, Tensor | None]) -> tuple[Tensor, Tensor, Tensor]:
+def flash_inputs(
+    fold: Fold, q: Tensor, k: Tensor, v: Tensor, lanes: FoldLanes, factor: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
     """``q'`` of every query and ``k'``, ``v'`` of every key as the flash kernel takes them: ``width``
-    lanes, one head per query head; the slope lane is centred by :func:`recentre` before each call."""
-    q, k, v = sources["q"], sources["k"], sources["v"]
-    lanes = FoldLanes(*(sources.get(name) for name in ("q_lanes", "k_lanes", "key_bias", "slope")))
-    q2 = to_width(fold.queries(q, lanes, sources.get("factor")), fold.width)
+    lanes, one head per query head, the slope lane centred on the last query (:func:`recentre`
+    centres it on each call's queries)."""
+    q2 = to_width(fold.queries(q, lanes, factor), fold.width)
     k2, v2 = fold.keys(k, v, lanes, slice(0, q.shape[2]), slice(0, k.shape[2]))
     return q2, every_head(to_width(k2, fold.width), fold.heads), every_head(v2, fold.heads)
 
 
-def recentre(fold: Fold, k2: Tensor, sources: dict[str, Tensor | None], call: Call) -> None:
+def recentre(fold: Fold, k2: Tensor, layout: Layout, call: Call) -> None:
     """Centre the slope lane of ``k2`` (:func:`flash_inputs`) on ``call``'s queries, in place."""
-    if sources["slope"] is not None:
-        lane = fold.slope_lane(
-            sources["k"].shape[-1], sources["k_lanes"].shape[-1], sources["key_bias"] is not None
-        )
-        k2[..., call.cols, lane] = centred_keys(fold.masking, call.rows, call.cols, k2.dtype)[:, None, :]
+    if layout.slope_lane is not None:
+        offsets = centred_keys(fold.masking, call.rows, call.cols, k2.dtype)[:, None, :]
+        k2[..., call.cols, layout.slope_lane] = offsets
 
 
 class Runs:
@@ -559,8 +558,9 @@ def head_plans(
 def folded_calls(
     fold: Fold, plans: Plans, q: Tensor, k: Tensor, v: Tensor, lanes: FoldLanes, factor: Tensor | None
 ) -> Tensor:
-    """:class:`FoldedCalls`, with the lanes as separate inputs (autograd tracks tensors only)."""
-    return FoldedCalls.apply(fold, plans, q, k, v, lanes.q, lanes.k, lanes.key_bias, lanes.slope, factor)
+    """:class:`FoldedCalls` on the inputs of :func:`flash_inputs`, which autograd builds and carries back."""
+    q2, k2, v2 = flash_inputs(fold, q, k, v, lanes, factor)
+    return FoldedCalls.apply(fold, plans, Layout.of(k, v, lanes, k2, v2), q2, k2, v2)
 
 
 def folded_calls_kernel(device: torch.device) -> Callable[..., Tensor]:

@@ -52,5 +52,8 @@ class ALiBi(Prior):
         empty = self.slopes.new_zeros(1, q_pos.shape[-1], 0)
         return FoldLanes(empty, self.slopes.new_zeros(1, k_pos.shape[-1], 0), slope=self.slopes)
 
+    def fold_slope(self) -> Tensor:
+        return self.slopes
+
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}"

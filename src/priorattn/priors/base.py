@@ -83,12 +83,22 @@ class Prior(nn.Module):
         """Lanes to append to q and k; see :class:`FoldLanes`."""
         raise TypeError(f"{type(self).__name__} cannot be folded into q/k lanes")
 
+    def fold_slope(self) -> Tensor | None:
+        """The ``slope`` of :meth:`fold` (``(H,)`` or None) alone: a route choosing how to run a fold
+        needs only it, and the whole fold of a GOAT (phases, the sink MLP) costs hundreds of
+        microseconds. Priors whose slope is a parameter or buffer return it directly."""
+        return self._fold_at_origin().slope
+
     @property
     def fold_width(self) -> int:
         """Number of lanes the fold adds to each q/k head when it runs through SDPA."""
+        return self._fold_at_origin().width
+
+    def _fold_at_origin(self) -> FoldLanes:
+        """:meth:`fold` of one query and one key at position 0, on the prior's device."""
         tensors = [*self.parameters(), *self.buffers()]
         origin = torch.zeros(1, dtype=torch.long, device=tensors[0].device if tensors else None)
-        return self.fold(origin, origin).width
+        return self.fold(origin, origin)
 
     def check_finite(self) -> None:
         """Raise a ``ValueError`` naming the first parameter that holds NaN or inf."""
@@ -146,15 +156,19 @@ def cat_lanes(lanes: list[Tensor]) -> Tensor:
     return torch.cat([t.expand(*shape, t.shape[-1]) for t in lanes], dim=-1)
 
 
+def sum_of_present(terms: list[Tensor | None]) -> Tensor | None:
+    """The sum of the terms that are not None; None if none is."""
+    present = [t for t in terms if t is not None]
+    return sum(present) if present else None
+
+
 def concat_lanes(parts: list[FoldLanes]) -> FoldLanes:
     """The fold of a sum of folded priors: lanes concatenate, key biases and slopes add."""
-    key_biases = [p.key_bias for p in parts if p.key_bias is not None]
-    slopes = [p.slope for p in parts if p.slope is not None]
     return FoldLanes(
         cat_lanes([p.q for p in parts]),
         cat_lanes([p.k for p in parts]),
-        sum(key_biases) if key_biases else None,
-        sum(slopes) if slopes else None,
+        sum_of_present([p.key_bias for p in parts]),
+        sum_of_present([p.slope for p in parts]),
     )
 
 

@@ -213,6 +213,9 @@ class GOAT(Prior):
             self.slope,  # Prop. F.6: -m (i - j) = m j + row constant
         )
 
+    def fold_slope(self) -> Tensor | None:
+        return self.slope
+
     def extra_repr(self) -> str:
         return (
             f"num_heads={self.num_heads}, num_freqs={self.alpha.shape[1]}, "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from .base import FoldLanes, Prior, concat_lanes
+from .base import FoldLanes, Prior, concat_lanes, sum_of_present
 
 
 class Sum(Prior):
@@ -32,3 +32,6 @@ class Sum(Prior):
 
     def fold(self, q_pos: Tensor, k_pos: Tensor) -> FoldLanes:
         return concat_lanes([p.fold(q_pos, k_pos) for p in self.parts])
+
+    def fold_slope(self) -> Tensor | None:
+        return sum_of_present([p.fold_slope() for p in self.parts])
