@@ -53,11 +53,15 @@ class RoPE(nn.Module):
             angle = angle[:, None]  # (B, 1, L, D)
         return angle.cos().to(dtype), (angle.sin() * self.sine_signs.to(device)).to(dtype)
 
+    def partners(self, x: Tensor) -> Tensor:
+        """Lane ``(r + D/2) mod D`` of ``x`` at lane ``r``: the lane each lane turns with."""
+        return x.roll(self.head_dim // 2, dims=-1)
+
     def rotate(self, x: Tensor, rotations: tuple[Tensor, Tensor]) -> Tensor:
         """``x`` ``(B, H, L, D)`` rotated by :meth:`rotations`: ``[x1, x2] -> [x1 c - x2 s, x2 c + x1 s]``,
-        the halves swapped by one ``roll``."""
+        the halves swapped by :meth:`partners`."""
         cos, signed_sin = rotations
-        return x * cos + x.roll(self.head_dim // 2, dims=-1) * signed_sin
+        return x * cos + self.partners(x) * signed_sin
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate ``x: (B, H, L, D)`` to integer ``positions: (L,)`` or ``(B, L)``."""
