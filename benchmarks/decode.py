@@ -16,17 +16,18 @@ each round); ``concat`` is the earlier ``extend``, swapped in for its rounds.
    per ``P / 2`` steps, not once per ``S``).
 
 3. Decoding with every prior (``--priors``): one model per prior of a preset (``tiny`` by default;
-   NoPE, ALiBi, GGD as BAM, GOAT, both started at ALiBi, and RoPE), each prefilled with ``P``
-   tokens once, then ``S`` single-token steps per round through ``GPT.forward`` with the KV caches,
-   as ``GPT.generate`` does; the priors take turns (the order rotates each round) and each goes on
+   NoPE, ALiBi, GGD as BAM, GOAT, both started at ALiBi, RoPE, sinusoidal embeddings, and RoPE
+   with a sliding window of 256 keys), each prefilled with ``P`` tokens once, then ``S``
+   single-token steps per round through ``GPT.forward`` with the KV caches, as ``GPT.generate``
+   does; the priors take turns (the order rotates each round) and each goes on
    from its own caches, so the caches grow by ``S`` per round as in a generation. Tokens/s from the
    median step time over all rounds, and its ratio to NoPE's (issue 13's target: >= 0.9x). By
    default one step per prior per round and 100 rounds: turns of a fraction of a second, so a
    change in the machine's load falls on every prior alike (with 16 steps in 5 rounds, runs on a
    shared machine put RoPE, whose step is NoPE's plus the rotation of one token, anywhere in
    0.88x-1.15x NoPE's).
-   Sections 3 and 4 time the CPU time of the thread (``time.thread_time``; run them with one
-   thread): on a shared machine wall time also counts the time other jobs hold the core.
+   The steps are timed in CPU time of the thread (``time.thread_time``; run with one thread): on a
+   shared machine wall time also counts the time other jobs hold the core.
 
     python benchmarks/decode.py            # N = 2048 4096 8192, P = 4096 16384, 3 rounds, ~6 minutes
     python benchmarks/decode.py --quick    # N = 512 1024, P = 1024, 2 rounds
@@ -37,10 +38,16 @@ each round); ``concat`` is the earlier ``extend``, swapped in for its rounds.
    default) through each row of :data:`DECODERS`, for the ``tiny`` and ``small`` presets, no
    gradients, as ``GPT.generate`` starts. Each pass runs in a fresh subprocess (``--one PRESET ROW
    P``) that builds the model, warms up on a 1024-token prompt, then times the prefill and reports
-   its peak RSS (``VmHWM``); the time is the subprocess's CPU time (``time.process_time``): with one
-   torch thread the folded routes run their kernels on a thread of their own (``subnormals.py``),
-   which the calling thread's CPU time would leave out. The rows take turns, the order rotating
-   each round (one by default). A baseline subprocess builds the NoPE model and warms up only, so
+   its peak RSS (``VmHWM``). The time is the subprocess's CPU time (``time.process_time``): with
+   one torch thread every kernel runs on the calling thread (``subnormals.py`` flushes subnormals
+   on the caller and its OpenMP workers in a scope, no thread of its own), so it equals the
+   thread's CPU time, and it would still count a thread some library started; with more threads
+   it adds up every thread's CPU time, not the wall time. The subprocesses run with a fixed
+   ``MALLOC_MMAP_THRESHOLD_`` (:data:`MMAP_THRESHOLD`): glibc otherwise raises its threshold as
+   large blocks are freed and keeps later ones on its heap, and the same pass of the same code
+   peaked anywhere from 610 to 760 MB; with the threshold fixed every large block goes back when
+   freed, and the peak repeats to within 0.1 MB. The rows take turns, the order rotating each
+   round (one by default). A baseline subprocess builds the NoPE model and warms up only, so
    memory is given whole and above it.
    Ratios are to NoPE's (issue 13's targets: time <= 1.3x, memory <= 1.2x).
 
@@ -52,6 +59,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -152,6 +160,8 @@ DECODERS = {
     "ggd": dict(prior="ggd", prior_init="alibi"),
     "goat": dict(prior="goat", prior_init="alibi"),
     "rope": dict(prior="uniform", encoding="rope"),
+    "sinusoidal": dict(prior="uniform", encoding="sinusoidal"),
+    "local_rope": dict(prior="uniform", encoding="local_rope", window=256),
 }
 
 
@@ -196,6 +206,8 @@ def print_prior_decode(name: str, lengths: list[int], steps: int, rounds: int, a
 
 #: Prompt length of the prefill subprocesses' warm-up (loads the kernels every route uses).
 PREFILL_WARM_UP = 1024
+#: Bytes from which glibc's malloc maps a block of its own, returned to the system when freed.
+MMAP_THRESHOLD = 1 << 17
 
 
 @torch.no_grad()
@@ -217,7 +229,8 @@ def prefill_one(name: str, row: str, P: int) -> None:
 def run_prefill(name: str, row: str, P: int) -> dict[str, float]:
     threads = str(torch.get_num_threads())
     cmd = [sys.executable, __file__, "--one", name, row, str(P), "--threads", threads]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

@@ -121,6 +121,15 @@ def test_layer_compiles_and_matches_eager(prior):
     assert_compiled_equals_eager(layer, lambda m: m(x)[0])
 
 
+def test_rope_layer_compiles_without_breaks_and_matches_eager():
+    """Compiled, RoPE forms a run's rotations in the graph: no table is read or written."""
+    layer = priorattn.PriorMultiheadAttention(64, 4, encoding="rope", num_kv_heads=2)
+    x = torch.randn(2, 24, 64)
+    assert not graph_breaks(layer, x)
+    assert not layer.rope._tables
+    assert_compiled_equals_eager(layer, lambda m: m(x)[0])
+
+
 @pytest.mark.slow  # a compiled two-layer model per prior: 6-40 s each on 2 CPU cores
 @pytest.mark.parametrize("prior", ["uniform", "goat", "alibi", "alibi+goat"])
 def test_gpt_compiles_and_matches_eager(prior):

@@ -1,4 +1,5 @@
-"""RoPE and sinusoidal encodings: formulas by hand, the relative property, offsets, bad input."""
+"""RoPE and sinusoidal encodings: formulas by hand, the relative property, offsets, RoPE's table of
+rotations, bad input."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from priorattn.encodings import RoPE, Sinusoidal
+from priorattn.encodings.rope import TABLE_POSITIONS
 
 
 def randn(*shape, seed=0):
@@ -123,6 +125,85 @@ def test_rope_angles_are_float64_at_long_positions():
 def test_rope_bad_input_names_the_problem(build, call, message):
     with pytest.raises(ValueError, match=message):
         RoPE(**build)(*call)
+
+
+def formed(rope, start, length, dtype):
+    """The rotations of positions ``start .. start + length - 1`` formed from their angles."""
+    return rope.rotations(torch.arange(start, start + length), dtype)
+
+
+RUNS = [
+    (0, 1),
+    (5, 7),
+    (0, TABLE_POSITIONS),
+    (TABLE_POSITIONS - 1, 1),
+    (TABLE_POSITIONS - 1, 2),  # leaves the first table: a new one from its start
+    (10**6, 3),  # beyond any table so far
+    (3, TABLE_POSITIONS + 1),  # longer than a table: formed as it comes
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim, interpolation", [(2, 1.0), (8, 4.0), (64, 1.0)])
+def test_rope_rotations_of_a_run_equal_the_formed_ones(dtype, head_dim, interpolation):
+    rope = RoPE(head_dim, interpolation=interpolation)
+    for start, length in RUNS:
+        read = rope.rotations_of_run(start, length, dtype, torch.device("cpu"))
+        for got, expected in zip(read, formed(rope, start, length, dtype)):
+            assert got.dtype == dtype and torch.equal(got, expected), (start, length)
+
+
+def test_rope_table_is_made_again_only_when_a_run_leaves_it():
+    """Decode steps read views of one table until a run leaves it; the next starts at that run."""
+    rope, cpu = RoPE(8), torch.device("cpu")
+    cos, _ = rope.rotations_of_run(100, 1, torch.float32, cpu)
+    [table] = rope._tables.values()
+    assert table.start == 100 and table.cos.shape == (TABLE_POSITIONS, 8)
+    for position in (101, 500, 100 + TABLE_POSITIONS - 1):
+        cos, _ = rope.rotations_of_run(position, 1, torch.float32, cpu)
+        assert cos.untyped_storage().data_ptr() == table.cos.untyped_storage().data_ptr()  # no copy
+        assert rope._tables[(torch.float32, cpu)] is table
+    rope.rotations_of_run(100 + TABLE_POSITIONS, 1, torch.float32, cpu)
+    assert rope._tables[(torch.float32, cpu)].start == 100 + TABLE_POSITIONS
+    rope.rotations_of_run(0, 4, torch.float32, cpu)  # back to the start (a new prompt)
+    assert rope._tables[(torch.float32, cpu)].start == 0
+    rope.rotations_of_run(0, TABLE_POSITIONS + 1, torch.float32, cpu)  # too long: no table made
+    assert rope._tables[(torch.float32, cpu)].start == 0
+
+
+def test_rope_keeps_a_table_per_dtype_and_device():
+    rope = RoPE(8)
+    for dtype, device in [(torch.float32, "cpu"), (torch.float64, "cpu"), (torch.float32, "meta")]:
+        cos, signed_sin = rope.rotations_of_run(7, 3, dtype, torch.device(device))
+        assert (cos.dtype, cos.device.type, signed_sin.device.type) == (dtype, device, device)
+    assert set(rope._tables) == {
+        (torch.float32, torch.device("cpu")),
+        (torch.float64, torch.device("cpu")),
+        (torch.float32, torch.device("meta")),
+    }
+
+
+def test_rope_table_made_under_inference_mode_serves_a_backward():
+    """An inference tensor could not be saved for a backward: the table is made outside that mode."""
+    rope = RoPE(8)
+    with torch.inference_mode():
+        rope.rotations_of_run(0, 4, torch.float64, torch.device("cpu"))
+    x = randn(1, 2, 4, 8).requires_grad_()
+    rope.rotate(x, rope.rotations_of_run(0, 4, torch.float64, torch.device("cpu"))).sum().backward()
+    expected = x.detach().requires_grad_()
+    rope(expected, torch.arange(4)).sum().backward()
+    assert torch.equal(x.grad, expected.grad)
+
+
+def test_rope_forms_a_runs_rotations_while_compiling(monkeypatch):
+    """A traced graph keeps no table (state written while tracing would not be replayed)."""
+    rope = RoPE(8)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    for got, expected in zip(
+        rope.rotations_of_run(3, 5, torch.float32, torch.device("cpu")), formed(rope, 3, 5, torch.float32)
+    ):
+        assert torch.equal(got, expected)
+    assert not rope._tables
 
 
 def test_sinusoidal_hand_computed():

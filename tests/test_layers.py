@@ -234,6 +234,18 @@ def test_rope_layer_is_invariant_to_shifting_every_position():
     torch.testing.assert_close(shifted, y, rtol=0, atol=1e-12)
 
 
+def test_rope_layer_reads_a_runs_rotations_from_its_table_exactly():
+    """Default positions (a run) read the RoPE's table; the same positions given are formed."""
+    module = layer("goat", encoding="rope", num_kv_heads=2)
+    x = inputs(2, 9)
+    with torch.no_grad():
+        read, read_cache = decode(module, x, [5, 1, 3])
+        assert module.rope._tables
+        given, given_cache = decode(module, x, [5, 1, 3], positions=torch.arange(9)[None].expand(2, -1))
+    assert torch.equal(read_cache.k, given_cache.k)  # the keys as rotated
+    torch.testing.assert_close(read, given, rtol=0, atol=1e-14)  # given positions may take another route
+
+
 def test_layer_equals_its_definition_by_hand():
     """``softmax(<rope q, rope k> / sqrt(d_q) + ALiBi) v`` with grouped heads, then ``out_proj``."""
     module = layer("alibi", encoding="rope", num_kv_heads=2)

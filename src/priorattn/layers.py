@@ -271,13 +271,18 @@ class PriorMultiheadAttention(nn.Module):
         # Without a cache, default positions are attention's own defaults: passing none lets it know
         # they are a run without reading them back (no host sync, no graph break).
         runs = positions is None and cache is None
-        positions = self._positions(positions, B, L, 0 if cache is None else len(cache), x.device)
+        default_positions = positions is None  # a run from the cache's length
+        past = 0 if cache is None else len(cache)
+        positions = self._positions(positions, B, L, past, x.device)
         H, Hkv, Dq, D = self.num_heads, self.num_kv_heads, self.content_dim, self.head_dim
         q = self.q_proj(x).view(B, L, H, Dq).transpose(1, 2)  # (B, H, L, Dq)
         k = self.k_proj(x).view(B, L, Hkv, Dq).transpose(1, 2)  # (B, Hkv, L, Dq)
         v = self.v_proj(x).view(B, L, Hkv, D).transpose(1, 2)  # (B, Hkv, L, D)
-        if self.rope is not None:
-            rotations = self.rope.rotations(positions, q.dtype)  # once for q and k
+        if self.rope is not None:  # rotations made once for q and k; a run's read from a table
+            if default_positions:
+                rotations = self.rope.rotations_of_run(past, L, q.dtype, q.device)
+            else:
+                rotations = self.rope.rotations(positions, q.dtype)
             q, k = self.rope.rotate(q, rotations), self.rope.rotate(k, rotations)
         new = KVCache(k, v, positions, doc_ids, key_padding_mask)
         cache = new if cache is None else cache.extend(new)

@@ -10,6 +10,7 @@ from factories import make_prior
 
 import priorattn
 from priorattn.priors import GGD, GOAT, ALiBi, Sum, Uniform, alibi_slopes
+from priorattn.priors.base import module_tensors
 
 
 def grid(Lq, Lk, offset=0):
@@ -144,6 +145,16 @@ def test_log_prior_outside_autograd_reads_tables_that_follow_the_parameters(name
     owner = prior.get_submodule(last[0]) if len(last) == 2 else prior
     setattr(owner, last[-1], torch.nn.Parameter(getattr(owner, last[-1]).detach() + 0.5))  # replaced
     check()
+
+
+@pytest.mark.parametrize("name", ["alibi", "ggd", "goat", "sum"])
+def test_module_tensors_are_the_parameters_and_buffers(name):
+    """What a table's staleness check reads: every parameter and buffer, submodules' included."""
+    prior = make_prior(name, 2)
+    prior.register_parameter("unset", None)  # registered as None: no tensor
+    prior.register_module("absent", None)
+    expected = {id(t) for t in (*prior.parameters(), *prior.buffers())}
+    assert {id(t) for t in module_tensors(prior)} == expected
 
 
 def test_goat_terms_stay_in_the_parameters_dtype_under_autocast():

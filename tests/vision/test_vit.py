@@ -7,8 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from priorattn import PriorMultiheadAttention
+from priorattn.encodings import RoPE
 from priorattn.vision import GOAT2D, POSITIONS, RoPE2D, ViT, ViTConfig, grid_positions
 from priorattn.vision.experiment import centre_log_priors
+from priorattn.vision.positions import unpack_positions
 
 SMALL = dict(d_model=48, n_layers=2, n_heads=2, mlp_hidden=32, goat_freqs=2)
 
@@ -66,6 +69,18 @@ def test_rope2d_scores_depend_on_the_2d_displacement_only():
 
     assert score((1, 2), (4, 7)) == pytest.approx(score((9, 3), (12, 8)), abs=1e-12)
     assert score((1, 2), (4, 7)) != pytest.approx(score((1, 2), (7, 4)), abs=1e-6)  # rows != columns
+
+
+def test_rope2d_turns_the_first_half_by_rows_and_the_second_by_columns_in_a_layer():
+    """The layer's rotated keys: a 1D RoPE of half the width on each half, by row and by column."""
+    rope = RoPE2D(8)
+    module = PriorMultiheadAttention(16, 2, encoding=rope, causal=False).double()
+    x, positions = torch.randn(1, 10, 16, dtype=torch.float64), grid_positions(3, 3)
+    _, cache = module(x, positions=positions)
+    k = module.k_proj(x).view(1, 10, 2, 8).transpose(1, 2)
+    grid, axis = unpack_positions(positions), RoPE(4, base=rope.base)
+    expected = torch.cat([axis(k[..., :4], grid.row), axis(k[..., 4:], grid.col)], dim=-1)
+    torch.testing.assert_close(cache.k, expected, rtol=0, atol=1e-15)
 
 
 def test_rope2d_leaves_the_class_token_unrotated():

@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
 from ..checks import describe, is_integer_tensor
+
+#: Positions in the rotation table a RoPE keeps per dtype and device (see :meth:`RoPE.rotations_of_run`).
+TABLE_POSITIONS = 2048
+
+
+@dataclass(frozen=True)
+class RotationTable:
+    """:meth:`RoPE.rotations` of positions ``start .. start + TABLE_POSITIONS - 1``."""
+
+    start: int
+    cos: Tensor  # (TABLE_POSITIONS, D)
+    signed_sin: Tensor  # (TABLE_POSITIONS, D)
+
+    def holds(self, start: int, length: int) -> bool:
+        return self.start <= start and start + length <= self.start + self.cos.shape[0]
 
 
 class RoPE(nn.Module):
@@ -19,7 +36,8 @@ class RoPE(nn.Module):
     Angles are formed in float64, then cast to the input's dtype: at position 10^5 a float32 angle
     is off by ~0.01 rad. No parameters, no buffers: the frequencies are plain float64 tensors, so
     ``.float()`` or ``.half()`` on a parent module cannot round them. A layer makes the rotations
-    of its positions once (:meth:`rotations`) and applies them to q and k (:meth:`rotate`).
+    of its positions once (:meth:`rotations`, or :meth:`rotations_of_run` for a run of positions,
+    read from a table) and applies them to q and k (:meth:`rotate`).
     """
 
     def __init__(self, head_dim: int, base: float = 10_000.0, interpolation: float = 1.0):
@@ -38,6 +56,7 @@ class RoPE(nn.Module):
         theta = self.freqs()
         self.lane_freqs = torch.cat([theta, theta])
         self.sine_signs = torch.cat([-torch.ones_like(theta), torch.ones_like(theta)])
+        self._tables: dict[tuple[torch.dtype, torch.device], RotationTable] = {}
 
     def freqs(self, device: torch.device | None = None) -> Tensor:
         """``theta_r = base^(-2r / D)`` as ``(D/2,)`` float64."""
@@ -53,11 +72,41 @@ class RoPE(nn.Module):
             angle = angle[:, None]  # (B, 1, L, D)
         return angle.cos().to(dtype), (angle.sin() * self.sine_signs.to(device)).to(dtype)
 
+    def rotations_of_run(
+        self, start: int, length: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[Tensor, Tensor]:
+        """:meth:`rotations` of positions ``start .. start + length - 1``, each ``(length, D)``.
+
+        A decode step would otherwise form a new token's angles, cosines and sines in float64 and
+        cast them, ~10 small operations per layer for one position (RoPE's whole extra cost over
+        NoPE in a decode step, docs/benchmarks.md). Here a run of at most ``TABLE_POSITIONS`` is a
+        view of a table of ``TABLE_POSITIONS`` positions kept per dtype and device, made again from
+        ``start`` when the run leaves it (a generation makes one per ``TABLE_POSITIONS`` steps, a
+        training run with one length one): the same values in memory that stays
+        ``O(TABLE_POSITIONS)`` however long the generation. Longer runs are formed as they come.
+        """
+        if length > TABLE_POSITIONS or torch.compiler.is_compiling():  # tracing keeps no state
+            return self.rotations(torch.arange(start, start + length, device=device), dtype)
+        key = (dtype, device)
+        table = self._tables.get(key)
+        if table is None or not table.holds(start, length):
+            # Not an inference tensor even under inference mode: a later training pass saves
+            # views of the table for its backward.
+            with torch.inference_mode(False):
+                positions = torch.arange(start, start + TABLE_POSITIONS, device=device)
+                table = self._tables[key] = RotationTable(start, *self.rotations(positions, dtype))
+        offset = start - table.start
+        return table.cos[offset : offset + length], table.signed_sin[offset : offset + length]
+
+    def partners(self, x: Tensor) -> Tensor:
+        """Lane ``(r + D/2) mod D`` of ``x`` at lane ``r``: the lane each lane turns with."""
+        return x.roll(self.head_dim // 2, dims=-1)
+
     def rotate(self, x: Tensor, rotations: tuple[Tensor, Tensor]) -> Tensor:
         """``x`` ``(B, H, L, D)`` rotated by :meth:`rotations`: ``[x1, x2] -> [x1 c - x2 s, x2 c + x1 s]``,
-        the halves swapped by one ``roll``."""
+        the halves swapped by :meth:`partners`."""
         cos, signed_sin = rotations
-        return x * cos + x.roll(self.head_dim // 2, dims=-1) * signed_sin
+        return torch.addcmul(x * cos, self.partners(x), signed_sin)
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         """Rotate ``x: (B, H, L, D)`` to integer ``positions: (L,)`` or ``(B, L)``."""

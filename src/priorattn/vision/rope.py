@@ -15,6 +15,7 @@ class RoPE2D(RoPE):
     Each half is a 1D :class:`~priorattn.encodings.RoPE` of width ``head_dim / 2``, so
     ``<rope(q, i), rope(k, j)>`` depends on ``(dy, dx)`` only. The class token stays unrotated
     (the rotation of row 0, column 0). Positions are packed 2D positions (:mod:`.positions`).
+    A layer applies it as any RoPE (:meth:`rotations`, then :meth:`rotate`).
     """
 
     def __init__(self, head_dim: int, base: float = 100.0):
@@ -26,8 +27,12 @@ class RoPE2D(RoPE):
         super().__init__(head_dim, base)
         self.axis = RoPE(head_dim // 2, base)
 
-    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Rotate ``x: (B, H, L, D)`` to packed 2D ``positions: (L,)`` or ``(B, L)``."""
+    def rotations(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """The rows' rotations on the first half of the lanes, the columns' on the second."""
         grid = unpack_positions(positions)
-        by_row, by_col = x.chunk(2, dim=-1)
-        return torch.cat([self.axis(by_row, grid.row), self.axis(by_col, grid.col)], dim=-1)
+        (cos_row, sin_row), (cos_col, sin_col) = (self.axis.rotations(p, dtype) for p in (grid.row, grid.col))
+        return torch.cat([cos_row, cos_col], dim=-1), torch.cat([sin_row, sin_col], dim=-1)
+
+    def partners(self, x: Tensor) -> Tensor:
+        """Each half's :meth:`RoPE.partners`: lanes ``(r, r + D/4)`` turn together within a half."""
+        return self.axis.partners(x.unflatten(-1, (2, self.head_dim // 2))).flatten(-2)
