@@ -85,6 +85,26 @@ def test_flash_path_matches_reference(dtype, o, small_blocks):
     assert small_blocks, "the call did not take the flash path"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flash_path_hands_half_precision_to_the_kernel(dtype, monkeypatch):
+    """Half-precision q, k, v reach the kernel as they are (as SDPA takes them), with the float32
+    table as the mask; the log-sum-exp and the backward's sums stay float32, and the gradients come
+    back in the inputs' dtype."""
+    seen = []
+    kernel = lag_flash.flash
+
+    def recorded(q, k, v, *args, attn_mask, **kwargs):
+        seen.append((q.dtype, k.dtype, v.dtype, attn_mask.dtype))
+        return kernel(q, k, v, *args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(lag_flash, "flash", recorded)
+    q, k, v = (torch.randn(2, 2, 30, 8, dtype=dtype, requires_grad=True) for _ in range(3))
+    out = priorattn.attention(q, k, v, prior=GGD(2, init="alibi"), backend="memeff")
+    grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+    assert seen and set(seen) == {(dtype, dtype, dtype, torch.float32)}
+    assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
+
+
 @pytest.mark.parametrize("prior", ["ggd", "none"])
 def test_flash_path_long_causal_and_prefill_match_reference(prior, small_blocks):
     """Lengths past a real block (256 rows) and tile (64 rows), with the default sizes."""

@@ -153,13 +153,15 @@ class LagTableFlash(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, blocks, q, k, v, table, prior_bias):
-        """``blocks(step)``: query rows in runs of ``step`` and the key columns they see."""
+        """``blocks(step)``: query rows in runs of ``step`` and the key columns they see. ``q, k,
+        v`` may be in half precision, the table is in the dtype the kernel sums in (its
+        log-sum-exp's)."""
         B, H, Lq, _ = q.shape
         Lk = k.shape[2]
         ctx.bands = call_bands(blocks, table, q, k)
         k_rev, v_rev = query_heads(k, H).flip(2), query_heads(v, H).flip(2)
         out = q.new_zeros(B, H, Lq, v.shape[-1])  # rows that see no key (or none in a band) stay 0
-        log_sum_exp = q.new_zeros(B, H, Lq)
+        log_sum_exp = table.new_zeros(B, H, Lq)
         for rows, heads, cols in ctx.bands(FLASH_ROWS):
             keys = slice(Lk - cols.stop, Lk - cols.start)
             mask = hankel_mask(table, B, H, rows, cols, keys_reversed(rows, cols, Lk))[:, heads]
@@ -179,6 +181,9 @@ class LagTableFlash(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, table, out, log_sum_exp = ctx.saved_tensors
+        dtype = q.dtype
+        # Half-precision inputs: the gradients are computed in the table's dtype and rounded once.
+        q, k, v, out, grad_out = (t.to(table.dtype) for t in (q, k, v, out, grad_out))
         table_rev = table.flip(-1)
         if ctx.prior_bias:
             dq, dk, dv, d_table_rev = table_backward(
@@ -197,7 +202,7 @@ class LagTableFlash(torch.autograd.Function):
             )
             d_table_rev = None
         d_table = None if d_table_rev is None else d_table_rev.flip(-1)
-        return None, dq, dk, dv, d_table, None
+        return None, dq.to(dtype), dk.to(dtype), dv.to(dtype), d_table, None
 
 
 def kernel_backward(bands, grad_out, q, k, v, table_rev, out, log_sum_exp):
@@ -247,8 +252,11 @@ def content_reach(q: Tensor, k: Tensor) -> Tensor:
     """``(H, Lq)``: how far the content ``<q_i, k_j>`` can lift one key of row i above another,
     ``2 |q_i| max_j |k_j|`` (Cauchy-Schwarz), the largest over the batch."""
     H = q.shape[1]
-    k_norm = k.norm(dim=-1).amax(dim=(0, 2))  # (Hkv,)
-    return 2 * q.norm(dim=-1).amax(0) * k_norm.repeat_interleave(H // k.shape[1])[:, None]
+    # Summed in float32 at least: the kernel takes half-precision inputs as they are.
+    q_norm, k_norm = (
+        torch.linalg.vector_norm(x, dim=-1, dtype=torch.promote_types(x.dtype, torch.float32)) for x in (q, k)
+    )
+    return 2 * q_norm.amax(0) * k_norm.amax(dim=(0, 2)).repeat_interleave(H // k.shape[1])[:, None]
 
 
 def call_bands(
@@ -256,7 +264,7 @@ def call_bands(
 ) -> Callable[[int], list[Band]]:
     """``step -> bands`` of one call: its blocks of ``step`` rows narrowed to the keys each head needs
     (:func:`weight_bands`), or whole, every head at once, when the table is not steep."""
-    H, cutoff = q.shape[1], smallest_log_weight(q.dtype)
+    H, cutoff = q.shape[1], smallest_log_weight(table.dtype)
     if not is_steep(table, cutoff):
         return lambda step: [(rows, slice(0, H), cols) for rows, cols in blocks(step)]
     reach = content_reach(q, k)
@@ -393,8 +401,10 @@ def lag_flash_attention(
     table: Tensor | None,
     masking: Masking,
     blocks: Callable[[int], tuple[tuple[slice, slice], ...]],
+    dtype: torch.dtype,
 ) -> Tensor:
     """Attention ``(B, H, Lq, Dv)`` of scaled ``q`` with bias ``table[i - j + Lk - 1]`` (None: no bias)
     under masks on lags only; ``blocks(step)`` are query rows in runs of ``step`` and the keys they
-    see (``memeff.key_blocks``)."""
-    return LagTableFlash.apply(blocks, q, k, v, masked_table(table, masking, q.dtype), table is not None)
+    see (``memeff.key_blocks``). ``dtype``: of the table and the sums (float32 for half-precision
+    ``q, k, v``, which the kernel takes as they are)."""
+    return LagTableFlash.apply(blocks, q, k, v, masked_table(table, masking, dtype), table is not None)
