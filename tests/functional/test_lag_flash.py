@@ -107,8 +107,8 @@ def test_flash_path_hands_half_precision_to_the_kernel(dtype, monkeypatch):
 
 @pytest.mark.parametrize("prior", ["ggd", "none"])
 def test_flash_path_long_causal_and_prefill_match_reference(prior, small_blocks):
-    """Lengths past a real block (256 rows) and tile (64 rows), with the default sizes."""
-    lag_flash.FLASH_ROWS, lag_flash.TILE_ROWS, lag_flash.BACKWARD_KEYS = 256, 64, 2048
+    """Lengths past a real block (256 rows) and tile (128 rows), with the default sizes."""
+    lag_flash.FLASH_ROWS, lag_flash.TILE_ROWS, lag_flash.BACKWARD_KEYS = 256, 128, 2048
     for Lq, Lk in [(600, 600), (300, 700)]:
         o = dict(B=1, H=2, Hkv=1, Lq=Lq, Lk=Lk, Dk=8, Dv=8, causal=True, offset=0, seed=1, window=None)
         o.update(prior="ggd" if prior == "ggd" else "uniform", docs=False, padding=False)

@@ -40,7 +40,9 @@ flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_back
 #: Query rows per tile of the table's backward, and cells per tile (heads x rows x keys): few
 #: enough that a tile's weights stay in the core's cache between the products that use them, many
 #: enough that short rows take several heads at once (a tile's dozen calls cost their overhead).
-TILE_ROWS, TILE_CELLS = 64, 1 << 18
+#: 128 rows rather than 64: GGD at L = 4096 (``init="alibi"``) took 1.07x plain SDPA's time
+#: instead of 1.14x, one thread (docs/benchmarks.md, ggd fifth session).
+TILE_ROWS, TILE_CELLS = 128, 1 << 18
 #: Query rows per call of the flash kernel: a causal call also computes the hidden upper triangle
 #: of its newest keys, ``FLASH_ROWS / L`` of its work.
 FLASH_ROWS = 256
@@ -355,7 +357,7 @@ def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad)
         (n * (r.stop - r.start) * (c.stop - c.start + TILE_ROWS) for n, (r, _, c) in zip(chunk, tiles)),
         default=0,
     )
-    weights_buffer, products_buffer, grads_buffer = (q.new_empty(cells) for _ in range(3))
+    weights_buffer, grads_buffer = q.new_empty(cells), q.new_empty(cells)
     for n, (rows, heads, cols) in zip(chunk, tiles):
         lq, lk = rows.stop - rows.start, cols.stop - cols.start
         start = queries_reversed(rows, cols, Lq)  # the reversed table's index of the tile's cell (0, 0)
@@ -363,7 +365,6 @@ def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad)
             shape = (bs.stop - bs.start, hs.stop - hs.start, lq, lk)
             G = shape[0] * shape[1]
             probs = weights_buffer[: G * lq * lk].view(G, lq, lk)
-            products = products_buffer[: G * lq * lk].view(G, lq, lk)
             padded = grads_buffer[: G * lq * (lk + lq)].view(G, lq, lk + lq)
             d_probs = padded[..., :lk]  # then d_logits; the lq zeros after it serve shifted_row_sums
             padded[..., lk:].zero_()
@@ -382,7 +383,7 @@ def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad)
                 probs.view(shape).masked_fill_(hidden, 0.0)
             merged(dv, bs, hs, cols).baddbmm_(probs.mT, d_out)
             torch.bmm(d_out, v_tile.mT, out=d_probs)
-            delta = torch.mul(probs, d_probs, out=products).sum(-1, keepdim=True)
+            delta = torch.linalg.vecdot(probs, d_probs)[..., None]  # no tile-sized product
             d_logits = d_probs.sub_(delta).mul_(probs)
             dq[bs, hs, rows] = (d_logits @ k_tile).view(*shape[:3], -1).flip(2)
             merged(dk, bs, hs, cols).baddbmm_(d_logits.mT, q_tile)
