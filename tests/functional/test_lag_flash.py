@@ -107,7 +107,7 @@ def test_flash_path_hands_half_precision_to_the_kernel(dtype, monkeypatch):
 
 @pytest.mark.parametrize("prior", ["ggd", "none"])
 def test_flash_path_long_causal_and_prefill_match_reference(prior, small_blocks):
-    """Lengths past a real block (256 rows) and tile (128 rows), with the default sizes."""
+    """Lengths past a real block (256 rows) and tile (64-128 rows), with the default sizes."""
     lag_flash.FLASH_ROWS, lag_flash.TILE_ROWS, lag_flash.BACKWARD_KEYS = 256, 128, 2048
     for Lq, Lk in [(600, 600), (300, 700)]:
         o = dict(B=1, H=2, Hkv=1, Lq=Lq, Lk=Lk, Dk=8, Dv=8, causal=True, offset=0, seed=1, window=None)
@@ -279,3 +279,11 @@ def test_a_flat_table_takes_whole_blocks_for_every_head():
     steep = flat.clone()
     steep[0, -3:] = -1e7  # key 0 of rows 3-5 (lags 3-5): out of reach even for these large norms
     assert call_bands(blocks, steep, q, k)(3)[-1] == (slice(3, 6), slice(0, 3), slice(1, 6))
+
+
+def test_tiles_take_more_rows_on_long_rows():
+    """Half of TILE_ROWS on short rows (less of the causal triangle), TILE_ROWS from 8 x TILE_ROWS
+    queries on, rising in between."""
+    rows = [lag_flash.tile_rows(L) for L in (1, 256, 512, 768, 1024, 16384)]
+    half, full = lag_flash.TILE_ROWS // 2, lag_flash.TILE_ROWS
+    assert rows == [half, half, half, 96, full, full]

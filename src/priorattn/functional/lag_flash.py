@@ -13,7 +13,7 @@ computes them.
 
 Backward without a prior: the kernel's own, per block. With one: the gradient of a lag is the sum
 of ``dS = P (dP - delta)`` along its diagonal, which needs P and dP cell by cell: small tiles (one
-head, :data:`TILE_ROWS` rows, their visible keys) rebuild them, with ``delta`` summed from the
+head, :func:`tile_rows` rows, their visible keys) rebuild them, with ``delta`` summed from the
 tile's own ``P dP`` so that a row with one weight of exactly 1 gets ``dS = 0`` exactly (see
 ``BlockwiseAttention.backward``). A frozen prior takes the tiles too: a decaying bias puts many
 weights below float32's normal range, and the kernel's backward computes those subnormal numbers
@@ -37,11 +37,10 @@ from .spans import cut
 flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
-#: Query rows per tile of the table's backward, and cells per tile (heads x rows x keys): few
-#: enough that a tile's weights stay in the core's cache between the products that use them, many
-#: enough that short rows take several heads at once (a tile's dozen calls cost their overhead).
-#: 128 rows rather than 64: GGD at L = 4096 (``init="alibi"``) took 1.07x plain SDPA's time
-#: instead of 1.14x, one thread (docs/benchmarks.md, ggd fifth session).
+#: Query rows per tile of the table's backward (at most: see :func:`tile_rows`), and cells per tile
+#: (heads x rows x keys): few enough that a tile's weights stay in the core's cache between the
+#: products that use them, many enough that short rows take several heads at once (a tile's dozen
+#: calls cost their overhead).
 TILE_ROWS, TILE_CELLS = 128, 1 << 18
 #: Query rows per call of the flash kernel: a causal call also computes the hidden upper triangle
 #: of its newest keys, ``FLASH_ROWS / L`` of its work.
@@ -189,7 +188,7 @@ class LagTableFlash(torch.autograd.Function):
         table_rev = table.flip(-1)
         if ctx.prior_bias:
             dq, dk, dv, d_table_rev = table_backward(
-                ctx.bands(TILE_ROWS),
+                ctx.bands(tile_rows(q.shape[2])),
                 grad_out,
                 q,
                 k,
@@ -333,10 +332,19 @@ def merged(x: Tensor, bs: slice, hs: slice, positions: slice) -> Tensor:
     return x[bs, hs, positions].flatten(0, 1)
 
 
+def tile_rows(Lq: int) -> int:
+    """Query rows per tile of the table's backward for ``Lq`` queries: :data:`TILE_ROWS` on long
+    rows (longer products), down to half of it below ``8 * TILE_ROWS`` queries, where a causal
+    tile's hidden triangle (about ``rows / Lq`` of the work) costs more. One thread, against 64 rows
+    everywhere: GGD at L = 4096 1.07x plain SDPA's time instead of 1.14x, and at L = 256 128 rows
+    took 7% longer (docs/benchmarks.md, ggd fifth session)."""
+    return min(TILE_ROWS, max(TILE_ROWS // 2, Lq // 8))
+
+
 def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad):
     """``dq, dk, dv`` and the reversed table's gradient (None unless ``table_grad``), tile by tile.
 
-    A tile is :data:`TILE_ROWS` query rows (in reverse order) of a few heads of a band, and the keys
+    A tile is :func:`tile_rows` query rows (in reverse order) of a few heads of a band, and the keys
     the band needs (``tiles``, :func:`weight_bands`), at most :data:`TILE_CELLS` cells; its buffers
     are reused by every tile. Grouped keys and values are repeated per query head here (one copy each).
     """
@@ -354,7 +362,10 @@ def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad)
         for r, h, c in tiles
     ]
     cells = max(
-        (n * (r.stop - r.start) * (c.stop - c.start + TILE_ROWS) for n, (r, _, c) in zip(chunk, tiles)),
+        (
+            n * (r.stop - r.start) * (c.stop - c.start + r.stop - r.start)
+            for n, (r, _, c) in zip(chunk, tiles)
+        ),
         default=0,
     )
     weights_buffer, grads_buffer = q.new_empty(cells), q.new_empty(cells)
