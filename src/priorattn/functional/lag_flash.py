@@ -184,7 +184,7 @@ class LagTableFlash(torch.autograd.Function):
         q, k, v, table, out, log_sum_exp = ctx.saved_tensors
         dtype = q.dtype
         # Half-precision inputs: the gradients are computed in the table's dtype and rounded once.
-        q, k, v, out, grad_out = (t.to(table.dtype) for t in (q, k, v, out, grad_out))
+        q, k, v, grad_out = (t.to(table.dtype) for t in (q, k, v, grad_out))
         table_rev = table.flip(-1)
         if ctx.prior_bias:
             dq, dk, dv, d_table_rev = table_backward(
@@ -199,7 +199,7 @@ class LagTableFlash(torch.autograd.Function):
             )
         else:
             dq, dk, dv = kernel_backward(
-                ctx.bands(FLASH_ROWS), grad_out, q, k, v, table_rev, out, log_sum_exp
+                ctx.bands(FLASH_ROWS), grad_out, q, k, v, table_rev, out.to(table.dtype), log_sum_exp
             )
             d_table_rev = None
         d_table = None if d_table_rev is None else d_table_rev.flip(-1)
