@@ -99,6 +99,8 @@ def make_prior(name: str) -> Prior:
         return ALiBi(HEADS)
     if name == "GGD":
         return GGD(HEADS, init="alibi")
+    if name == "GGD-flat":  # as GGD starts in training: a constant bias, no key can be skipped
+        return GGD(HEADS, init="uniform")
     if name == "GOAT":
         return GOAT(HEADS, num_freqs=GOAT_FREQS, init="recency")
     raise ValueError(f"unknown prior {name!r}")
@@ -112,7 +114,7 @@ def qk_width(prior: Prior) -> int:
 def op_cases() -> list[Case]:
     """Every prior through every backend it supports (sdpa only where the prior folds)."""
     cases = []
-    for name in ("Uniform", "ALiBi", "GGD", "GOAT"):
+    for name in ("Uniform", "ALiBi", "GGD", "GGD-flat", "GOAT"):
         backends = ["sdpa"] if make_prior(name).can_fold(True) else []
         cases += [Case(name, b) for b in (*backends, "memeff", "reference")]
     return cases

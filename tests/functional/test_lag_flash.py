@@ -85,10 +85,30 @@ def test_flash_path_matches_reference(dtype, o, small_blocks):
     assert small_blocks, "the call did not take the flash path"
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flash_path_hands_half_precision_to_the_kernel(dtype, monkeypatch):
+    """Half-precision q, k, v reach the kernel as they are (as SDPA takes them), with the float32
+    table as the mask; the log-sum-exp and the backward's sums stay float32, and the gradients come
+    back in the inputs' dtype."""
+    seen = []
+    kernel = lag_flash.flash
+
+    def recorded(q, k, v, *args, attn_mask, **kwargs):
+        seen.append((q.dtype, k.dtype, v.dtype, attn_mask.dtype))
+        return kernel(q, k, v, *args, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(lag_flash, "flash", recorded)
+    q, k, v = (torch.randn(2, 2, 30, 8, dtype=dtype, requires_grad=True) for _ in range(3))
+    out = priorattn.attention(q, k, v, prior=GGD(2, init="alibi"), backend="memeff")
+    grads = torch.autograd.grad(out.float().square().sum(), (q, k, v))
+    assert seen and set(seen) == {(dtype, dtype, dtype, torch.float32)}
+    assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
+
+
 @pytest.mark.parametrize("prior", ["ggd", "none"])
 def test_flash_path_long_causal_and_prefill_match_reference(prior, small_blocks):
-    """Lengths past a real block (256 rows) and tile (64 rows), with the default sizes."""
-    lag_flash.FLASH_ROWS, lag_flash.TILE_ROWS, lag_flash.BACKWARD_KEYS = 256, 64, 2048
+    """Lengths past a real block (256 rows) and tile (64-128 rows), with the default sizes."""
+    lag_flash.FLASH_ROWS, lag_flash.TILE_ROWS, lag_flash.BACKWARD_KEYS = 256, 128, 2048
     for Lq, Lk in [(600, 600), (300, 700)]:
         o = dict(B=1, H=2, Hkv=1, Lq=Lq, Lk=Lk, Dk=8, Dv=8, causal=True, offset=0, seed=1, window=None)
         o.update(prior="ggd" if prior == "ggd" else "uniform", docs=False, padding=False)
@@ -259,3 +279,11 @@ def test_a_flat_table_takes_whole_blocks_for_every_head():
     steep = flat.clone()
     steep[0, -3:] = -1e7  # key 0 of rows 3-5 (lags 3-5): out of reach even for these large norms
     assert call_bands(blocks, steep, q, k)(3)[-1] == (slice(3, 6), slice(0, 3), slice(1, 6))
+
+
+def test_tiles_take_more_rows_on_long_rows():
+    """Half of TILE_ROWS on short rows (less of the causal triangle), TILE_ROWS from 8 x TILE_ROWS
+    queries on, rising in between."""
+    rows = [lag_flash.tile_rows(L) for L in (1, 256, 512, 768, 1024, 16384)]
+    half, full = lag_flash.TILE_ROWS // 2, lag_flash.TILE_ROWS
+    assert rows == [half, half, half, 96, full, full]

@@ -19,11 +19,14 @@ TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-5, torch.bfloat16: 4e-2}
 #: bfloat16 keeps 8 significant bits: one rounding moves a value by at most 2^-8 of itself.
 BF16_ROUNDOFF = 2.0**-8
 #: How many roundings of a route in bfloat16 the comparison allows (see ``bf16_scales``).
-#: memeff computes in float32 and rounds only at its boundary: its output, the output gradient
-#: entering it and the gradients it returns. sdpa also hands bfloat16 to the kernel: the scaled q, the
-#: folded lanes, the weights before P @ V, and each position's lane gradient before the prior's
-#: parameters sum them. Measured: errors up to 0.23 (memeff) and 1.53 (sdpa) of these units over 3000
-#: random problems, and no failure at max_examples=800 with --hypothesis-seed 1, 2 and 3.
+#: memeff's general blocks compute in float32 and round only at the route's boundary: its output,
+#: the output gradient entering it and the gradients it returns; its flash path (``lag_flash``) also
+#: hands bfloat16 to the kernel's forward: the scaled q and the weights before P @ V. sdpa also
+#: rounds the folded lanes and each position's lane gradient before the prior's parameters sum them.
+#: Measured: errors up to 0.23 (memeff) and 1.53 (sdpa) of these units over 3000 random problems,
+#: and no failure at max_examples=800 with --hypothesis-seed 1, 2 and 3; since the flash path
+#: hands bfloat16 to the kernel, up to 1.2 on its own problems (``test_lag_flash.lag_problems``,
+#: runs of 1000-3000; docs/benchmarks.md, ggd fifth session).
 BF16_ULPS = {"memeff": 2, "sdpa": 8, "sdpa_bias": 2, "flex": 2}  # sdpa_bias, flex compute in float32
 
 

@@ -13,7 +13,7 @@ computes them.
 
 Backward without a prior: the kernel's own, per block. With one: the gradient of a lag is the sum
 of ``dS = P (dP - delta)`` along its diagonal, which needs P and dP cell by cell: small tiles (one
-head, :data:`TILE_ROWS` rows, their visible keys) rebuild them, with ``delta`` summed from the
+head, :func:`tile_rows` rows, their visible keys) rebuild them, with ``delta`` summed from the
 tile's own ``P dP`` so that a row with one weight of exactly 1 gets ``dS = 0`` exactly (see
 ``BlockwiseAttention.backward``). A frozen prior takes the tiles too: a decaying bias puts many
 weights below float32's normal range, and the kernel's backward computes those subnormal numbers
@@ -37,10 +37,11 @@ from .spans import cut
 flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
-#: Query rows per tile of the table's backward, and cells per tile (heads x rows x keys): few
-#: enough that a tile's weights stay in the core's cache between the products that use them, many
-#: enough that short rows take several heads at once (a tile's dozen calls cost their overhead).
-TILE_ROWS, TILE_CELLS = 64, 1 << 18
+#: Query rows per tile of the table's backward (at most: see :func:`tile_rows`), and cells per tile
+#: (heads x rows x keys): few enough that a tile's weights stay in the core's cache between the
+#: products that use them, many enough that short rows take several heads at once (a tile's dozen
+#: calls cost their overhead).
+TILE_ROWS, TILE_CELLS = 128, 1 << 18
 #: Query rows per call of the flash kernel: a causal call also computes the hidden upper triangle
 #: of its newest keys, ``FLASH_ROWS / L`` of its work.
 FLASH_ROWS = 256
@@ -153,13 +154,15 @@ class LagTableFlash(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, blocks, q, k, v, table, prior_bias):
-        """``blocks(step)``: query rows in runs of ``step`` and the key columns they see."""
+        """``blocks(step)``: query rows in runs of ``step`` and the key columns they see. ``q, k,
+        v`` may be in half precision, the table is in the dtype the kernel sums in (its
+        log-sum-exp's)."""
         B, H, Lq, _ = q.shape
         Lk = k.shape[2]
         ctx.bands = call_bands(blocks, table, q, k)
         k_rev, v_rev = query_heads(k, H).flip(2), query_heads(v, H).flip(2)
         out = q.new_zeros(B, H, Lq, v.shape[-1])  # rows that see no key (or none in a band) stay 0
-        log_sum_exp = q.new_zeros(B, H, Lq)
+        log_sum_exp = table.new_zeros(B, H, Lq)
         for rows, heads, cols in ctx.bands(FLASH_ROWS):
             keys = slice(Lk - cols.stop, Lk - cols.start)
             mask = hankel_mask(table, B, H, rows, cols, keys_reversed(rows, cols, Lk))[:, heads]
@@ -179,10 +182,13 @@ class LagTableFlash(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, table, out, log_sum_exp = ctx.saved_tensors
+        dtype = q.dtype
+        # Half-precision inputs: the gradients are computed in the table's dtype and rounded once.
+        q, k, v, grad_out = (t.to(table.dtype) for t in (q, k, v, grad_out))
         table_rev = table.flip(-1)
         if ctx.prior_bias:
             dq, dk, dv, d_table_rev = table_backward(
-                ctx.bands(TILE_ROWS),
+                ctx.bands(tile_rows(q.shape[2])),
                 grad_out,
                 q,
                 k,
@@ -193,11 +199,11 @@ class LagTableFlash(torch.autograd.Function):
             )
         else:
             dq, dk, dv = kernel_backward(
-                ctx.bands(FLASH_ROWS), grad_out, q, k, v, table_rev, out, log_sum_exp
+                ctx.bands(FLASH_ROWS), grad_out, q, k, v, table_rev, out.to(table.dtype), log_sum_exp
             )
             d_table_rev = None
         d_table = None if d_table_rev is None else d_table_rev.flip(-1)
-        return None, dq, dk, dv, d_table, None
+        return None, dq.to(dtype), dk.to(dtype), dv.to(dtype), d_table, None
 
 
 def kernel_backward(bands, grad_out, q, k, v, table_rev, out, log_sum_exp):
@@ -247,8 +253,11 @@ def content_reach(q: Tensor, k: Tensor) -> Tensor:
     """``(H, Lq)``: how far the content ``<q_i, k_j>`` can lift one key of row i above another,
     ``2 |q_i| max_j |k_j|`` (Cauchy-Schwarz), the largest over the batch."""
     H = q.shape[1]
-    k_norm = k.norm(dim=-1).amax(dim=(0, 2))  # (Hkv,)
-    return 2 * q.norm(dim=-1).amax(0) * k_norm.repeat_interleave(H // k.shape[1])[:, None]
+    # Summed in float32 at least: the kernel takes half-precision inputs as they are.
+    q_norm, k_norm = (
+        torch.linalg.vector_norm(x, dim=-1, dtype=torch.promote_types(x.dtype, torch.float32)) for x in (q, k)
+    )
+    return 2 * q_norm.amax(0) * k_norm.amax(dim=(0, 2)).repeat_interleave(H // k.shape[1])[:, None]
 
 
 def call_bands(
@@ -256,7 +265,7 @@ def call_bands(
 ) -> Callable[[int], list[Band]]:
     """``step -> bands`` of one call: its blocks of ``step`` rows narrowed to the keys each head needs
     (:func:`weight_bands`), or whole, every head at once, when the table is not steep."""
-    H, cutoff = q.shape[1], smallest_log_weight(q.dtype)
+    H, cutoff = q.shape[1], smallest_log_weight(table.dtype)
     if not is_steep(table, cutoff):
         return lambda step: [(rows, slice(0, H), cols) for rows, cols in blocks(step)]
     reach = content_reach(q, k)
@@ -323,10 +332,19 @@ def merged(x: Tensor, bs: slice, hs: slice, positions: slice) -> Tensor:
     return x[bs, hs, positions].flatten(0, 1)
 
 
+def tile_rows(Lq: int) -> int:
+    """Query rows per tile of the table's backward for ``Lq`` queries: :data:`TILE_ROWS` on long
+    rows (longer products), down to half of it below ``8 * TILE_ROWS`` queries, where a causal
+    tile's hidden triangle (about ``rows / Lq`` of the work) costs more. One thread, against 64 rows
+    everywhere: GGD at L = 4096 1.07x plain SDPA's time instead of 1.14x, and at L = 256 128 rows
+    took 7% longer (docs/benchmarks.md, ggd fifth session)."""
+    return min(TILE_ROWS, max(TILE_ROWS // 2, Lq // 8))
+
+
 def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad):
     """``dq, dk, dv`` and the reversed table's gradient (None unless ``table_grad``), tile by tile.
 
-    A tile is :data:`TILE_ROWS` query rows (in reverse order) of a few heads of a band, and the keys
+    A tile is :func:`tile_rows` query rows (in reverse order) of a few heads of a band, and the keys
     the band needs (``tiles``, :func:`weight_bands`), at most :data:`TILE_CELLS` cells; its buffers
     are reused by every tile. Grouped keys and values are repeated per query head here (one copy each).
     """
@@ -344,10 +362,13 @@ def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad)
         for r, h, c in tiles
     ]
     cells = max(
-        (n * (r.stop - r.start) * (c.stop - c.start + TILE_ROWS) for n, (r, _, c) in zip(chunk, tiles)),
+        (
+            n * (r.stop - r.start) * (c.stop - c.start + r.stop - r.start)
+            for n, (r, _, c) in zip(chunk, tiles)
+        ),
         default=0,
     )
-    weights_buffer, products_buffer, grads_buffer = (q.new_empty(cells) for _ in range(3))
+    weights_buffer, grads_buffer = q.new_empty(cells), q.new_empty(cells)
     for n, (rows, heads, cols) in zip(chunk, tiles):
         lq, lk = rows.stop - rows.start, cols.stop - cols.start
         start = queries_reversed(rows, cols, Lq)  # the reversed table's index of the tile's cell (0, 0)
@@ -355,7 +376,6 @@ def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad)
             shape = (bs.stop - bs.start, hs.stop - hs.start, lq, lk)
             G = shape[0] * shape[1]
             probs = weights_buffer[: G * lq * lk].view(G, lq, lk)
-            products = products_buffer[: G * lq * lk].view(G, lq, lk)
             padded = grads_buffer[: G * lq * (lk + lq)].view(G, lq, lk + lq)
             d_probs = padded[..., :lk]  # then d_logits; the lq zeros after it serve shifted_row_sums
             padded[..., lk:].zero_()
@@ -374,7 +394,7 @@ def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad)
                 probs.view(shape).masked_fill_(hidden, 0.0)
             merged(dv, bs, hs, cols).baddbmm_(probs.mT, d_out)
             torch.bmm(d_out, v_tile.mT, out=d_probs)
-            delta = torch.mul(probs, d_probs, out=products).sum(-1, keepdim=True)
+            delta = torch.linalg.vecdot(probs, d_probs)[..., None]  # no tile-sized product
             d_logits = d_probs.sub_(delta).mul_(probs)
             dq[bs, hs, rows] = (d_logits @ k_tile).view(*shape[:3], -1).flip(2)
             merged(dk, bs, hs, cols).baddbmm_(d_logits.mT, q_tile)
@@ -393,8 +413,10 @@ def lag_flash_attention(
     table: Tensor | None,
     masking: Masking,
     blocks: Callable[[int], tuple[tuple[slice, slice], ...]],
+    dtype: torch.dtype,
 ) -> Tensor:
     """Attention ``(B, H, Lq, Dv)`` of scaled ``q`` with bias ``table[i - j + Lk - 1]`` (None: no bias)
     under masks on lags only; ``blocks(step)`` are query rows in runs of ``step`` and the keys they
-    see (``memeff.key_blocks``)."""
-    return LagTableFlash.apply(blocks, q, k, v, masked_table(table, masking, q.dtype), table is not None)
+    see (``memeff.key_blocks``). ``dtype``: of the table and the sums (float32 for half-precision
+    ``q, k, v``, which the kernel takes as they are)."""
+    return LagTableFlash.apply(blocks, q, k, v, masked_table(table, masking, dtype), table is not None)
