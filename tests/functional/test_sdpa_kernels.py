@@ -42,28 +42,43 @@ def test_a_prior_takes_the_flash_kernel_and_its_backward_only_on_the_cpu():
     assert sdpa.folded_calls_kernel(torch.device("cuda")) is sdpa.autograd_calls
 
 
-def alibi_plans(L: int, per_head: bool) -> list[tuple[slice, list[slice]]]:
+def alibi_plans(L: int, chunk: int) -> list[tuple[slice, list[slice]]]:
     pos = torch.arange(L)[None]
     slope = ALiBi(4).fold(pos, pos).slope
-    plans = sdpa.head_plans(Masking(True, pos, pos, starts=(0, 0)), None, slope, torch.float32, 4, per_head)
+    plans = sdpa.head_plans(Masking(True, pos, pos, starts=(0, 0)), None, slope, torch.float32, 4, chunk)
     return [(heads, [call.rows for call in calls]) for heads, calls in plans]
 
 
 def test_heads_whose_slopes_allow_longer_runs_take_fewer_calls():
     """ALiBi's slopes 1/4, 1/16, 1/64, 1/256 allow float32 runs of 1024, 4096, 16384, 65536
-    queries: at L = 2048 head 0 takes two runs and heads 1-3 one call together. Without ``per_head``
-    (the public-operator route) every head takes the steepest head's runs."""
+    queries: at L = 2048 head 0 takes two runs and heads 1-3 one call together; in chunks of two
+    heads (two threads), heads 0-1 take the runs. With chunks of every head (the public-operator
+    route) every head takes the steepest head's runs."""
     halves = [slice(0, 1024), slice(1024, 2048)]
-    assert alibi_plans(2048, per_head=True) == [(slice(0, 1), halves), (slice(1, 4), [slice(0, 2048)])]
-    assert alibi_plans(2048, per_head=False) == [(slice(0, 4), halves)]
-    assert alibi_plans(1024, per_head=True) == [(slice(0, 4), [slice(0, 1024)])]
+    assert alibi_plans(2048, chunk=1) == [(slice(0, 1), halves), (slice(1, 4), [slice(0, 2048)])]
+    assert alibi_plans(2048, chunk=2) == [(slice(0, 2), halves), (slice(2, 4), [slice(0, 2048)])]
+    assert alibi_plans(2048, chunk=3) == [(slice(0, 3), halves), (slice(3, 4), [slice(0, 2048)])]
+    assert alibi_plans(2048, chunk=4) == [(slice(0, 4), halves)]
+    assert alibi_plans(1024, chunk=1) == [(slice(0, 4), [slice(0, 1024)])]
 
 
+@pytest.mark.parametrize(
+    "batch, threads, chunk", [(1, 1, 1), (1, 2, 2), (2, 2, 1), (3, 2, 2), (2, 4, 2), (1, 4, 4), (6, 4, 2)]
+)
+def test_heads_come_in_chunks_that_keep_every_thread_of_the_backward_busy(batch, threads, chunk):
+    """The kernel's backward gives each (batch row, head) of a call to one thread: a chunk's calls
+    have a multiple of ``threads`` of them."""
+    assert sdpa.heads_per_thread_team(batch, threads) == chunk
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3])
 @pytest.mark.parametrize("Hkv", [4, 2])
-def test_heads_in_runs_of_their_own_match_the_reference(Hkv, monkeypatch):
-    """Heads whose slopes give them different runs (not in slope order), with the sink's key bias
-    and grouped keys: output and every gradient against the float64 reference."""
+def test_heads_in_runs_of_their_own_match_the_reference(Hkv, chunk, monkeypatch):
+    """Heads whose slopes give them different runs (not in slope order), alone or in chunks (of
+    which the last is shorter), with the sink's key bias and grouped keys: output and every
+    gradient against the float64 reference."""
     monkeypatch.setitem(prior_inputs.SLOPE_MAGNITUDE, torch.float64, 2.0**4)  # runs of 16 / |m|
+    monkeypatch.setattr(sdpa, "heads_per_thread_team", lambda batch, threads: chunk)
     prior = GOAT(4, 2, init="recency").double()
     with torch.no_grad():
         prior.slope.copy_(torch.tensor([0.5, 0.5, 0.01, 0.2]))  # runs of 32, 32, all, 80 queries

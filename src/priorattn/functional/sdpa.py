@@ -19,6 +19,7 @@ slope.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -526,8 +527,18 @@ def folded_attention(
     # No prior: the calls take q, k, v as they are, and autograd saves no copies.
     run_calls = autograd_calls if prior is None else folded_calls_kernel(q.device)
     precision = slope_precision(q.dtype, masking)
-    plans = head_plans(masking, spans, lanes.slope, precision, q.shape[1], per_head=run_calls is folded_calls)
+    H = q.shape[1]
+    chunk = heads_per_thread_team(q.shape[0], torch.get_num_threads()) if run_calls is folded_calls else H
+    plans = head_plans(masking, spans, lanes.slope, precision, H, chunk)
     return run_calls(fold, plans, q, k, v, lanes, factor).to(dtype)
+
+
+def heads_per_thread_team(batch: int, threads: int) -> int:
+    """Fewest consecutive heads whose calls keep each of ``threads`` busy in the flash kernel's
+    backward, which gives each (batch row, head) of a call to one thread: ``threads / gcd(batch,
+    threads)``. Alone, ALiBi's or GOAT's steepest head ran its backward on one of two threads (GOAT
+    at L = 4096 1.39x plain SDPA's time on two threads, 1.10x with heads in pairs: docs/benchmarks.md)."""
+    return threads // math.gcd(batch, threads)
 
 
 def head_plans(
@@ -536,19 +547,20 @@ def head_plans(
     slope: Tensor | None,
     precision: torch.dtype,
     heads: int,
-    per_head: bool,
+    chunk: int,
 ) -> Plans:
     """The calls of :func:`plan_calls` for runs of consecutive heads, each run of queries as long as
-    the steepest slope among the heads allows (:func:`~.prior_inputs.slope_span`). ``per_head``:
-    heads whose slopes allow different runs take their own calls (ALiBi's and GOAT's gentler heads
-    then need few or one), else every head takes the steepest head's."""
+    the steepest slope among the heads allows (:func:`~.prior_inputs.slope_span`). Heads come in
+    chunks of ``chunk`` (the last may be shorter) that take their calls together: chunks whose
+    slopes allow different runs take their own calls (ALiBi's and GOAT's gentler heads then need few
+    or one); ``chunk = heads``: every head takes the steepest head's."""
     Lq = masking.q_pos.shape[-1]
-    if slope is None or not per_head or slope.shape[0] != heads:
+    if slope is None or chunk >= heads or slope.shape[0] != heads:
         return [(slice(0, heads), plan_calls(masking, spans, slope_span(slope, precision)))]
-    steps = [slope_span(slope[h : h + 1], precision) for h in range(heads)]
-    steps = [None if step is None or step >= Lq else step for step in steps]  # one run: no limit
     groups = []  # [first head, step] of each run of heads with one step
-    for h, step in enumerate(steps):
+    for h in range(0, heads, chunk):
+        step = slope_span(slope[h : h + chunk], precision)
+        step = None if step is None or step >= Lq else step  # one run: no limit
         if not groups or groups[-1][1] != step:
             groups.append((h, step))
     bounds = [h for h, _ in groups] + [heads]
