@@ -3,9 +3,11 @@ the CPU flash kernel and the public-operator one that other devices use."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
-from factories import flushes
+from factories import flushes, make_prior
 
 import priorattn
 from priorattn.functional import prior_inputs, sdpa
@@ -97,6 +99,96 @@ def test_heads_in_runs_of_their_own_match_the_reference(Hkv, chunk, monkeypatch)
     for mine, ref in zip(*results, strict=True):
         assert (mine is None) == (ref is None)
         assert mine is None or torch.allclose(mine, ref, atol=1e-10)
+
+
+def steep_goat(slopes: list[float], seed: int = 0) -> GOAT:
+    """GOAT in float64 with random spectral weights and sink (a key bias in the reach), and ``slopes``."""
+    prior = make_prior("goat", len(slopes), seed)
+    with torch.no_grad():
+        prior.slope.copy_(torch.tensor(slopes))
+    return prior
+
+
+#: Slopes whose bands (in the dtype) leave keys out at a few hundred positions: heads 0 and 1 have
+#: bands, head 2's covers every key, head 3's slope is negative (an anti-recency head: no band).
+STEEP = {torch.float64: [30.0, 8.0, 0.05, -0.5], torch.float32: [4.0, 1.0, 0.05, -0.5]}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_slope_bands_bound_the_weight_of_every_key_they_leave_out(dtype):
+    """Every key more than a head's band before a query's own key has a weight below
+    ``sqrt(finfo.tiny)`` (the float64 reference's), and the steep heads' bands are short."""
+    prior = steep_goat(STEEP[dtype])
+    gen = torch.Generator().manual_seed(1)
+    Lq, Lk = 150, 200
+    q, k, v = (torch.randn(2, 4, L, 6, generator=gen, dtype=torch.float64) for L in (Lq, Lk, Lk))
+    pos = torch.arange(Lk)[None]
+    masking = Masking(True, pos[:, Lk - Lq :], pos, starts=(Lk - Lq, 0))
+    lanes = prior.fold(masking.q_pos, masking.k_pos)
+    bands = sdpa.slope_bands(q.to(dtype), k.to(dtype), lanes, 6**-0.5, masking)
+    assert bands[0] < 40 and bands[1] < Lk and bands[2:] == [None, None]
+    weights = priorattn.attention(q, k, torch.eye(Lk, dtype=torch.float64).expand(2, 4, Lk, Lk), prior=prior)
+    lag = torch.arange(Lk - Lq, Lk)[:, None] - torch.arange(Lk)[None, :]  # own key minus key index
+    tiny = torch.finfo(dtype).tiny ** 0.5
+    for h, band in enumerate(bands[:2]):
+        assert (weights[:, h][:, lag > band] < tiny).all()
+        assert (weights[:, h][:, lag == band // 4] > tiny).any()  # a band is not vastly too wide
+
+
+def test_no_band_without_a_positive_slope_or_under_other_masks():
+    """A flat or anti-recency slope gives no band, nor do masks other than plain causal ones."""
+    q = k = torch.randn(1, 2, 300, 4)
+    pos = torch.arange(300)[None]
+    for slopes in ([0.0, 0.0], [-1.0, -2.0]):
+        lanes = steep_goat(slopes).float().fold(pos, pos)
+        assert sdpa.slope_bands(q, k, lanes, 0.5, Masking(True, pos, pos, starts=(0, 0))) is None
+    lanes = steep_goat([4.0, 4.0]).float().fold(pos, pos)
+    assert sdpa.slope_bands(q, k, lanes, 0.5, Masking(True, pos, pos, starts=(0, 0))) is not None
+    assert sdpa.slope_bands(q, k, lanes, 0.5, Masking(True, pos, pos, window=50, starts=(0, 0))) is None
+    assert sdpa.slope_bands(q, k, lanes, 0.5, Masking(False, pos, pos, starts=(0, 0))) is None
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 4])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("Hkv", [4, 2])
+def test_steep_heads_leave_out_the_keys_without_weight_and_match_the_reference(
+    Hkv, dtype, chunk, monkeypatch
+):
+    """Heads with bands take calls that start their keys a band before their first query (runs of
+    64 queries, after a cached prefix), alone or in chunks: output and every gradient, of the
+    prior's parameters too, against the float64 reference within the route tests' tolerances."""
+    monkeypatch.setattr(sdpa, "heads_per_thread_team", lambda batch, threads: chunk)
+    monkeypatch.setattr(sdpa, "BAND_RUN", 64)
+    starts = []
+    plan = sdpa.plan_calls
+    monkeypatch.setattr(
+        sdpa, "plan_calls", lambda *a: starts.extend(c.cols.start for c in plan(*a)) or plan(*a)
+    )
+    prior = steep_goat(STEEP[dtype], seed=Hkv).to(dtype)  # the reference's: the same, in float64
+    gen = torch.Generator().manual_seed(Hkv)
+    Lq, Lk = 250, 300
+    q = torch.randn(2, 4, Lq, 6, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(2, Hkv, Lk, 6, generator=gen, dtype=torch.float64) for _ in range(2))
+    results = []
+    for backend, tensors, params in (
+        ("sdpa", (q, k, v), prior),
+        ("reference", (q, k, v), copy.deepcopy(prior).double()),
+    ):
+        inputs = [t.to(params.slope.dtype).requires_grad_() for t in tensors]
+        out = priorattn.attention(*inputs, prior=params, causal=True, backend=backend)
+        grads = torch.autograd.grad(
+            out, [*inputs, *params.parameters()], torch.ones_like(out), allow_unused=True
+        )
+        results.append([out, *grads])
+    # Some call left out keys of the cached prefix and after it; in one chunk of every head, head 2
+    # (whose band covers every key) leaves no key out.
+    assert (max(starts) > Lk - Lq) == (chunk < 4)
+    tolerance = {torch.float64: 1e-10, torch.float32: 2e-5}[dtype]
+    for i, (mine, ref) in enumerate(zip(*results, strict=True)):
+        assert (mine is None) == (ref is None)
+        if mine is not None:
+            scale = 1 + ref.abs().max()
+            assert (mine.double() - ref).abs().max() <= (1 if i == 0 else 20) * tolerance * scale, i
 
 
 @pytest.mark.parametrize("runs", [False, True], ids=["one-call", "runs"])

@@ -30,6 +30,7 @@ from torch import Tensor
 from ..priors import FoldLanes, Prior
 from ..ssmax import Scaling
 from .grouped import grouped, grouped_scores, grouped_values
+from .lag_flash import smallest_log_weight
 from .masks import Masking
 from .prior_inputs import centred_keys, content_queries, fold_dtype, query_lanes, slope_precision, slope_span
 from .reference import compute_dtype
@@ -41,6 +42,9 @@ MASK_CHUNK_CELLS = 1 << 22
 #: Most keys one kernel call of a folded route takes; longer calls merge blocks by log-sum-exp, so
 #: the kernel's backward returns the gradients of no more keys than this at a time.
 KEY_BLOCK = 4096
+#: Most queries one call of a banded head takes (:func:`slope_bands`): each costs the kernel half its
+#: run in its causal square besides its band.
+BAND_RUN = 1024
 #: A decode step has at most this many queries (see :func:`sdpa_bias_attention`).
 DECODE_QUERIES = 16
 #: Largest bias tile ``B * H * Lq * Lk`` a decode step builds (64 MB in float32).
@@ -430,17 +434,25 @@ def lower_right_kernel(device: torch.device) -> Callable[[Tensor, Tensor, Tensor
     return LowerRightCausal.apply if device.type == "cpu" else public_lower_right_causal
 
 
-def plan_calls(masking: Masking, spans: tuple[Tensor, Tensor] | None, step: int | None) -> list[Call]:
+def plan_calls(
+    masking: Masking, spans: tuple[Tensor, Tensor] | None, step: int | None, band: int | None = None
+) -> list[Call]:
     """The kernel calls of one batch group, in query order, each covering at most ``step`` queries.
 
     ``spans`` are the group's key spans (rows identical across the group), or None: then plain
     causal masking and no masking need no data, and anything else takes dense masks in chunks.
+    ``band`` (plain causal masking only, :func:`slope_bands`): a call leaves out the keys more than
+    ``band`` before its first query's own key.
     """
     Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
     if not masking.masks_anything:
         return [Call(rows, slice(0, Lk), Kind.FULL) for rows in cut(0, Lq, step)]
     if masking.plain_causal and Lq <= Lk:  # key index <= query index + (Lk - Lq)
-        return [Call(rows, slice(0, Lk - Lq + rows.stop), Kind.CAUSAL) for rows in cut(0, Lq, step)]
+        past, band = Lk - Lq, Lk if band is None else band
+        return [
+            Call(rows, slice(max(0, past + rows.start - band), past + rows.stop), Kind.CAUSAL)
+            for rows in cut(0, Lq, step)
+        ]
     if spans is None:
         chunk = min(step or Lq, max(1, MASK_CHUNK_CELLS // max(Lk, 1)))
         return [Call(rows, slice(0, Lk), Kind.MASKED, masking.visible(rows)) for rows in cut(0, Lq, chunk)]
@@ -528,8 +540,12 @@ def folded_attention(
     run_calls = autograd_calls if prior is None else folded_calls_kernel(q.device)
     precision = slope_precision(q.dtype, masking)
     H = q.shape[1]
-    chunk = heads_per_thread_team(q.shape[0], torch.get_num_threads()) if run_calls is folded_calls else H
-    plans = head_plans(masking, spans, lanes.slope, precision, H, chunk)
+    chunk, bands = H, None
+    if run_calls is folded_calls:
+        chunk = heads_per_thread_team(q.shape[0], torch.get_num_threads())
+        if factor is None:  # SSMax scales the slope per row: no band
+            bands = slope_bands(q, k, lanes, scale, masking)
+    plans = head_plans(masking, spans, lanes.slope, precision, H, chunk, bands)
     return run_calls(fold, plans, q, k, v, lanes, factor).to(dtype)
 
 
@@ -548,23 +564,93 @@ def head_plans(
     precision: torch.dtype,
     heads: int,
     chunk: int,
+    bands: list[int | None] | None = None,
 ) -> Plans:
     """The calls of :func:`plan_calls` for runs of consecutive heads, each run of queries as long as
     the steepest slope among the heads allows (:func:`~.prior_inputs.slope_span`). Heads come in
     chunks of ``chunk`` (the last may be shorter) that take their calls together: chunks whose
     slopes allow different runs take their own calls (ALiBi's and GOAT's gentler heads then need few
-    or one); ``chunk = heads``: every head takes the steepest head's."""
+    or one); ``chunk = heads``: every head takes the steepest head's. ``bands`` (per head,
+    :func:`slope_bands`): a chunk whose heads all have one leaves out the keys beyond the widest, in
+    runs of at most :data:`BAND_RUN` queries, where that leaves out more than a tenth of its cells."""
     Lq = masking.q_pos.shape[-1]
-    if slope is None or chunk >= heads or slope.shape[0] != heads:
+    if slope is None or slope.shape[0] != heads:
         return [(slice(0, heads), plan_calls(masking, spans, slope_span(slope, precision)))]
-    groups = []  # [first head, step] of each run of heads with one step
+    groups = []  # [first head, step, band] of each run of heads with one plan
     for h in range(0, heads, chunk):
         step = slope_span(slope[h : h + chunk], precision)
         step = None if step is None or step >= Lq else step  # one run: no limit
-        if not groups or groups[-1][1] != step:
-            groups.append((h, step))
-    bounds = [h for h, _ in groups] + [heads]
-    return [(slice(a, b), plan_calls(masking, spans, step)) for (a, step), b in zip(groups, bounds[1:])]
+        band = None if bands is None else widest(bands[h : h + chunk])
+        if band is not None:
+            banded = min(step or BAND_RUN, BAND_RUN)
+            full, narrow = (cells(plan_calls(masking, spans, *plan)) for plan in ((step,), (banded, band)))
+            step, band = (banded, band) if narrow < 0.9 * full else (step, None)
+        if not groups or groups[-1][1:] != (step, band):
+            groups.append((h, step, band))
+    bounds = [h for h, *_ in groups] + [heads]
+    return [(slice(a, b), plan_calls(masking, spans, *plan)) for (a, *plan), b in zip(groups, bounds[1:])]
+
+
+def widest(bands: list[int | None]) -> int | None:
+    """The widest of some heads' bands; None if one of them has none."""
+    return None if None in bands else max(bands)
+
+
+def cells(calls: list[Call]) -> int:
+    """(query, key) cells the kernel computes for ``calls``: half of a causal call's square."""
+    total = 0
+    for call in calls:
+        lq, lk = call.rows.stop - call.rows.start, call.cols.stop - call.cols.start
+        total += lq * lk - (lq * (lq - 1) // 2 if call.kind is Kind.CAUSAL else 0)
+    return total
+
+
+def slope_bands(
+    q: Tensor, k: Tensor, lanes: FoldLanes, scale: float, masking: Masking
+) -> list[int | None] | None:
+    """Per head, how many keys before a query's own key can carry weight, or None (no limit).
+
+    Under plain causal masking query i sees its own key ``i + Lk - Lq``; a key ``d`` positions
+    before it has a logit ``m_h d`` lower from a slope ``m_h > 0`` (ALiBi, GOAT's recency term,
+    seed 000 App. F.3), and at most ``reach_h`` higher from every other lane
+    (:func:`lane_reach`), while the row's log-sum-exp is at least its own key's logit. Beyond
+    ``d = (reach_h - cutoff) / m_h``, with ``cutoff`` the log of ``sqrt(finfo.tiny)``
+    (:func:`~.lag_flash.smallest_log_weight`, as the ``memeff`` route's weight bands), a key's weight
+    lies below ``sqrt(tiny)`` of the row's: far below the dtype's resolution, and zero in the
+    kernel, which flushes subnormal numbers (``subnormals.py``). Leaving those keys out is exact
+    to the dtype, and a steep head then costs ``O(L / m_h)``, not ``O(L^2)``."""
+    slope, (Lq, Lk) = lanes.slope, (q.shape[2], k.shape[2])
+    if slope is None or slope.shape[0] != q.shape[1] or not masking.plain_causal or not 0 < Lq <= Lk:
+        return None
+    cutoff = smallest_log_weight(q.dtype)
+    steepest = float(slope.detach().max())
+    if not steepest > 0 or -cutoff / steepest >= Lk:  # no band short of every key
+        return None
+    widths = (lane_reach(q, k, lanes, scale) - cutoff) / slope.detach().double()
+    return [int(w) + 1 if 0 < w < Lk else None for w in widths.tolist()]
+
+
+@torch.no_grad()
+def lane_reach(q: Tensor, k: Tensor, lanes: FoldLanes, scale: float) -> Tensor:
+    """``(H,)`` float64: how far the logit without its slope term (``<q', k'>`` over every other lane
+    of :class:`Fold`: content, fold lanes, key bias) can lift one key of a row above another,
+    ``2 max_i |q'_i| max_j |k'_j|`` (Cauchy-Schwarz) over the batch; the norms of the parts bound
+    those of the whole. A thousandth more covers the rounding of the norms."""
+    H, Hkv = q.shape[1], k.shape[1]
+    queries = scale**2 * largest_square(q) + largest_square(lanes.q)
+    keys = largest_square(k).repeat_interleave(H // Hkv) + largest_square(lanes.k)
+    if lanes.key_bias is not None:  # <1, u_h(j)>
+        queries = queries + 1
+        keys = keys + largest_square(lanes.key_bias[..., None])
+    return 2.002 * (queries * keys).sqrt()
+
+
+def largest_square(t: Tensor) -> Tensor:
+    """``(heads or 1,)`` float64: the largest squared norm of ``t``'s rows ``(..., heads or 1, L, D)``
+    per head (dim -3; without one, a single value)."""
+    norms = torch.linalg.vector_norm(t, dim=-1, dtype=torch.promote_types(t.dtype, torch.float32)).amax(-1)
+    heads = t.shape[-3] if t.dim() > 2 else 1
+    return norms.reshape(-1, heads).amax(0).double().square()
 
 
 def folded_calls(
