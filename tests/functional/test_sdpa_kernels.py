@@ -115,9 +115,10 @@ STEEP = {torch.float64: [30.0, 8.0, 0.05, -0.5], torch.float32: [4.0, 1.0, 0.05,
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_slope_bands_bound_the_weight_of_every_key_they_leave_out(dtype):
+def test_slope_bands_bound_the_weight_of_every_key_they_leave_out(dtype, monkeypatch):
     """Every key more than a head's band before a query's own key has a weight below
     ``sqrt(finfo.tiny)`` (the float64 reference's), and the steep heads' bands are short."""
+    monkeypatch.setattr(sdpa, "BAND_RUN", 64)
     prior = steep_goat(STEEP[dtype])
     gen = torch.Generator().manual_seed(1)
     Lq, Lk = 150, 200
@@ -135,15 +136,18 @@ def test_slope_bands_bound_the_weight_of_every_key_they_leave_out(dtype):
         assert (weights[:, h][:, lag == band // 4] > tiny).any()  # a band is not vastly too wide
 
 
-def test_no_band_without_a_positive_slope_or_under_other_masks():
-    """A flat or anti-recency slope gives no band, nor do masks other than plain causal ones."""
+def test_no_band_without_a_positive_slope_or_under_other_masks_or_in_one_run(monkeypatch):
+    """A flat or anti-recency slope gives no band, nor do masks other than plain causal ones, nor
+    up to ``BAND_RUN`` queries (one run, whose causal square leaves no key out)."""
     q = k = torch.randn(1, 2, 300, 4)
     pos = torch.arange(300)[None]
-    for slopes in ([0.0, 0.0], [-1.0, -2.0]):
-        lanes = steep_goat(slopes).float().fold(pos, pos)
-        assert sdpa.slope_bands(q, k, lanes, 0.5, Masking(True, pos, pos, starts=(0, 0))) is None
     lanes = steep_goat([4.0, 4.0]).float().fold(pos, pos)
+    assert sdpa.slope_bands(q, k, lanes, 0.5, Masking(True, pos, pos, starts=(0, 0))) is None
+    monkeypatch.setattr(sdpa, "BAND_RUN", 64)
     assert sdpa.slope_bands(q, k, lanes, 0.5, Masking(True, pos, pos, starts=(0, 0))) is not None
+    for slopes in ([0.0, 0.0], [-1.0, -2.0]):
+        flat = steep_goat(slopes).float().fold(pos, pos)
+        assert sdpa.slope_bands(q, k, flat, 0.5, Masking(True, pos, pos, starts=(0, 0))) is None
     assert sdpa.slope_bands(q, k, lanes, 0.5, Masking(True, pos, pos, window=50, starts=(0, 0))) is None
     assert sdpa.slope_bands(q, k, lanes, 0.5, Masking(False, pos, pos, starts=(0, 0))) is None
 

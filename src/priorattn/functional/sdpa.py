@@ -620,7 +620,8 @@ def slope_bands(
     kernel, which flushes subnormal numbers (``subnormals.py``). Leaving those keys out is exact
     to the dtype, and a steep head then costs ``O(L / m_h)``, not ``O(L^2)``."""
     slope, (Lq, Lk) = lanes.slope, (q.shape[2], k.shape[2])
-    if slope is None or slope.shape[0] != q.shape[1] or not masking.plain_causal or not 0 < Lq <= Lk:
+    # Up to BAND_RUN queries are one run, whose causal square leaves nothing out.
+    if slope is None or slope.shape[0] != q.shape[1] or not masking.plain_causal or not BAND_RUN < Lq <= Lk:
         return None
     cutoff = smallest_log_weight(q.dtype)
     steepest = float(slope.detach().max())
