@@ -5,7 +5,8 @@ each one unmasked call over its older keys (in blocks of ``KEY_BLOCK``) and one 
 its newest: this prints what those calls cost per cell, forward and backward, against one causal
 call over all of L, and what float32 subnormal weights (logits 95 below a row's largest, as a slope
 gives distant keys) cost the backward with and without flushing them (in the routes' own scope,
-``functional/subnormals.py``, which flushes on every OpenMP worker too).
+``functional/subnormals.py``, which flushes on every OpenMP worker too). Calls of fewer heads are
+costed per cell of all of them: on two threads one head's backward runs on one thread.
 
     OMP_NUM_THREADS=1 python benchmarks/flash_cells.py [--length 16384] [--run 1024] [--threads 2]
 """
@@ -26,10 +27,12 @@ HEADS, WIDTH = 4, 64
 CPU = torch.device("cpu")
 
 
-def seconds(lq: int, lk: int, causal: bool, distant: float | None = None) -> tuple[float, float]:
+def seconds(
+    lq: int, lk: int, causal: bool, distant: float | None = None, heads: int = HEADS
+) -> tuple[float, float]:
     """Forward and backward seconds of one call; ``distant``: the logit offset of all but 8 keys."""
-    q = torch.randn(1, HEADS, lq, WIDTH) / 8
-    k, v = torch.randn(1, HEADS, lk, WIDTH), torch.randn(1, HEADS, lk, WIDTH)
+    q = torch.randn(1, heads, lq, WIDTH) / 8
+    k, v = torch.randn(1, heads, lk, WIDTH), torch.randn(1, heads, lk, WIDTH)
     if distant is not None:  # a lane that puts all but the newest 8 keys `distant` below
         q[..., -1], k[..., -1] = 1.0, torch.where(torch.arange(lk) < lk - 8, distant, 0.0)
     start = time.perf_counter()
@@ -39,9 +42,11 @@ def seconds(lq: int, lk: int, causal: bool, distant: float | None = None) -> tup
     return middle - start, time.perf_counter() - middle
 
 
-def per_cell(label: str, lq: int, lk: int, causal: bool) -> None:
-    forward, backward = seconds(lq, lk, causal)
-    cells = lq * lk / (2 if causal else 1)
+def per_cell(label: str, lq: int, lk: int, causal: bool, heads: int = HEADS) -> None:
+    """Nanoseconds per cell of one head: a call of fewer heads than threads leaves threads idle in
+    the backward, which gives each (batch row, head) to one thread."""
+    forward, backward = seconds(lq, lk, causal, heads=heads)
+    cells = heads * lq * lk / (2 if causal else 1) / HEADS
     print(f"| {label} | {forward / cells * 1e9:.1f} | {backward / cells * 1e9:.1f} |")
 
 
@@ -57,11 +62,19 @@ def main() -> None:
     torch.manual_seed(0)
     print(f"{torch.get_num_threads()} threads, head width {WIDTH}, {HEADS} heads")
     seconds(256, 256, True)  # warm-up
-    print("| call | forward ns / cell | backward ns / cell |\n|---|---:|---:|")
+    print(f"| call | forward ns / cell of {HEADS} heads | backward ns / cell |\n|---|---:|---:|")
     with flushing_subnormals(CPU):
         per_cell(f"causal {args.length}", args.length, args.length, True)
         per_cell(f"unmasked {args.run} x {args.key_block}", args.run, args.key_block, False)
         per_cell(f"causal square {args.run}", args.run, args.run, True)
+        for heads in (1, 2, 3):
+            per_cell(
+                f"unmasked {args.run} x {args.key_block}, {heads} of {HEADS} heads",
+                args.run,
+                args.key_block,
+                False,
+                heads,
+            )
     for flush in (False, True):
         with flushing_subnormals(CPU) if flush else nullcontext():
             backward = seconds(args.run, 2 * args.run, False, distant=-95.0)[1]

@@ -12,9 +12,10 @@ On the CPU a prior's calls run through the flash kernel's own forward and backwa
 re-centres only the slope lane of ``k'`` in place before each call, so a slope re-centred on every
 run of queries costs O(L) memory, not a ``k'`` per run (at L = 16384, 1.73x-1.87x plain SDPA's
 peak memory before, 1.04x-1.07x after: docs/benchmarks.md); heads whose slopes allow longer runs
-take fewer calls (:func:`head_plans`); and the kernel calls run where float32
-subnormals flush to zero (``subnormals.py``), which made the route 2-7x plain SDPA's time under a
-slope.
+take fewer calls (:func:`head_plans`), in chunks of heads that keep every thread busy; a steep
+slope's heads leave out the keys it gives no weight (:func:`slope_bands`); and the kernel calls run
+where float32 subnormals flush to zero (``subnormals.py``), which made the route 2-7x plain SDPA's
+time under a slope.
 """
 
 from __future__ import annotations
