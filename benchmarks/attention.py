@@ -54,7 +54,7 @@ DENSE_LIMIT_GB = 2.0
 MIN_SAMPLE_S = 0.5
 #: Warm-ups (of the timing and of the memory subprocesses) run at most this long a sequence.
 WARM_UP_LENGTH = 1024
-TIME_TARGET_GOAT_SDPA = 1.10
+TIME_TARGET_GOAT_SDPA = 1.05
 TIME_TARGET_MEMEFF = 1.3
 MEM_TARGET_MEMEFF = 1.15
 MEM_TARGET_LENGTH = 16384
