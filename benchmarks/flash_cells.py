@@ -6,7 +6,8 @@ its newest: this prints what those calls cost per cell, forward and backward, ag
 call over all of L, and what float32 subnormal weights (logits 95 below a row's largest, as a slope
 gives distant keys) cost the backward with and without flushing them (in the routes' own scope,
 ``functional/subnormals.py``, which flushes on every OpenMP worker too). Calls of fewer heads are
-costed per cell of all of them: on two threads one head's backward runs on one thread.
+costed per cell of all of them: on two threads one head's backward runs on one thread; a causal
+call of head width 65 (ALiBi's fold of 64 lanes) is costed too.
 
     OMP_NUM_THREADS=1 python benchmarks/flash_cells.py [--length 16384] [--run 1024] [--threads 2]
 """
@@ -23,16 +24,16 @@ from priorattn.functional.subnormals import flushing_subnormals
 
 FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-HEADS, WIDTH = 4, 64
+HEADS = 4
 CPU = torch.device("cpu")
 
 
 def seconds(
-    lq: int, lk: int, causal: bool, distant: float | None = None, heads: int = HEADS
+    lq: int, lk: int, causal: bool, distant: float | None = None, heads: int = HEADS, width: int = 64
 ) -> tuple[float, float]:
     """Forward and backward seconds of one call; ``distant``: the logit offset of all but 8 keys."""
-    q = torch.randn(1, heads, lq, WIDTH) / 8
-    k, v = torch.randn(1, heads, lk, WIDTH), torch.randn(1, heads, lk, WIDTH)
+    q = torch.randn(1, heads, lq, width) / 8
+    k, v = torch.randn(1, heads, lk, width), torch.randn(1, heads, lk, width)
     if distant is not None:  # a lane that puts all but the newest 8 keys `distant` below
         q[..., -1], k[..., -1] = 1.0, torch.where(torch.arange(lk) < lk - 8, distant, 0.0)
     start = time.perf_counter()
@@ -42,10 +43,10 @@ def seconds(
     return middle - start, time.perf_counter() - middle
 
 
-def per_cell(label: str, lq: int, lk: int, causal: bool, heads: int = HEADS) -> None:
+def per_cell(label: str, lq: int, lk: int, causal: bool, heads: int = HEADS, width: int = 64) -> None:
     """Nanoseconds per cell of one head: a call of fewer heads than threads leaves threads idle in
     the backward, which gives each (batch row, head) to one thread."""
-    forward, backward = seconds(lq, lk, causal, heads=heads)
+    forward, backward = seconds(lq, lk, causal, heads=heads, width=width)
     cells = heads * lq * lk / (2 if causal else 1) / HEADS
     print(f"| {label} | {forward / cells * 1e9:.1f} | {backward / cells * 1e9:.1f} |")
 
@@ -60,13 +61,15 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    print(f"{torch.get_num_threads()} threads, head width {WIDTH}, {HEADS} heads")
+    print(f"{torch.get_num_threads()} threads, head width 64, {HEADS} heads")
     seconds(256, 256, True)  # warm-up
     print(f"| call | forward ns / cell of {HEADS} heads | backward ns / cell |\n|---|---:|---:|")
     with flushing_subnormals(CPU):
         per_cell(f"causal {args.length}", args.length, args.length, True)
         per_cell(f"unmasked {args.run} x {args.key_block}", args.run, args.key_block, False)
         per_cell(f"causal square {args.run}", args.run, args.run, True)
+        # ALiBi's fold is one lane wider than a head of 64 (its slope lane), GOAT's is not
+        per_cell(f"causal {args.length}, head width 65", args.length, args.length, True, width=65)
         for heads in (1, 2, 3):
             per_cell(
                 f"unmasked {args.run} x {args.key_block}, {heads} of {HEADS} heads",
