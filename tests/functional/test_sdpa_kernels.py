@@ -152,6 +152,20 @@ def test_no_band_without_a_positive_slope_or_under_other_masks_or_in_one_run(mon
     assert sdpa.slope_bands(q, k, lanes, 0.5, Masking(False, pos, pos, starts=(0, 0))) is None
 
 
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_half_precision_takes_the_bands_of_float32(half, monkeypatch):
+    """The kernel sums half-precision logits in float32: bands leave out weights below float32's
+    ``sqrt(tiny)``, not float16's (2^-7, which would be an error)."""
+    monkeypatch.setattr(sdpa, "BAND_RUN", 64)
+    pos = torch.arange(300)[None]
+    masking = Masking(True, pos, pos, starts=(0, 0))
+    lanes = steep_goat([4.0, 1.0]).float().fold(pos, pos)
+    q, k = (torch.randn(1, 2, 300, 8, generator=torch.Generator().manual_seed(i)) for i in range(2))
+    single = sdpa.slope_bands(q, k, lanes, 0.5, masking)
+    halved = sdpa.slope_bands(q.to(half), k.to(half), lanes, 0.5, masking)
+    assert all(abs(a - b) <= 1 for a, b in zip(single, halved, strict=True)), (single, halved)
+
+
 @pytest.mark.parametrize("chunk", [1, 2, 4])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("Hkv", [4, 2])

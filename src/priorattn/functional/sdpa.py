@@ -553,8 +553,8 @@ def folded_attention(
 def heads_per_thread_team(batch: int, threads: int) -> int:
     """Fewest consecutive heads whose calls keep each of ``threads`` busy in the flash kernel's
     backward, which gives each (batch row, head) of a call to one thread: ``threads / gcd(batch,
-    threads)``. Alone, ALiBi's or GOAT's steepest head ran its backward on one of two threads (GOAT
-    at L = 4096 1.39x plain SDPA's time on two threads, 1.10x with heads in pairs: docs/benchmarks.md)."""
+    threads)``. Alone, ALiBi's or GOAT's steepest head ran its backward on one of two threads, which
+    on two busy cores took 29x the time per cell of two heads' (docs/benchmarks.md)."""
     return threads // math.gcd(batch, threads)
 
 
@@ -615,8 +615,9 @@ def slope_bands(
     before it has a logit ``m_h d`` lower from a slope ``m_h > 0`` (ALiBi, GOAT's recency term,
     seed 000 App. F.3), and at most ``reach_h`` higher from every other lane
     (:func:`lane_reach`), while the row's log-sum-exp is at least its own key's logit. Beyond
-    ``d = (reach_h - cutoff) / m_h``, with ``cutoff`` the log of ``sqrt(finfo.tiny)``
-    (:func:`~.lag_flash.smallest_log_weight`, as the ``memeff`` route's weight bands), a key's weight
+    ``d = (reach_h - cutoff) / m_h``, with ``cutoff`` the log of float32's (or float64's)
+    ``sqrt(finfo.tiny)`` (:func:`~.lag_flash.smallest_log_weight`, as the ``memeff`` route's weight
+    bands), a key's weight
     lies below ``sqrt(tiny)`` of the row's: far below the dtype's resolution, and zero in the
     kernel, which flushes subnormal numbers (``subnormals.py``). Leaving those keys out is exact
     to the dtype, and a steep head then costs ``O(L / m_h)``, not ``O(L^2)``."""
@@ -624,7 +625,8 @@ def slope_bands(
     # Up to BAND_RUN queries are one run, whose causal square leaves nothing out.
     if slope is None or slope.shape[0] != q.shape[1] or not masking.plain_causal or not BAND_RUN < Lq <= Lk:
         return None
-    cutoff = smallest_log_weight(q.dtype)
+    # Half precision too: the kernel sums in float32, and float16's own sqrt(tiny) is 2^-7.
+    cutoff = smallest_log_weight(torch.promote_types(q.dtype, torch.float32))
     steepest = float(slope.detach().max())
     if not steepest > 0 or -cutoff / steepest >= Lk:  # no band short of every key
         return None
