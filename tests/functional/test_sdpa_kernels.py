@@ -128,7 +128,8 @@ def test_slope_bands_bound_the_weight_of_every_key_they_leave_out(dtype, monkeyp
     lanes = prior.fold(masking.q_pos, masking.k_pos)
     bands = sdpa.slope_bands(q.to(dtype), k.to(dtype), lanes, 6**-0.5, masking)
     assert bands[0] < 40 and bands[1] < Lk and bands[2:] == [None, None]
-    weights = priorattn.attention(q, k, torch.eye(Lk, dtype=torch.float64).expand(2, 4, Lk, Lk), prior=prior)
+    keys = torch.eye(Lk, dtype=torch.float64).expand(2, 4, Lk, Lk)  # values that return the weights
+    weights = priorattn.attention(q, k, keys, prior=prior, causal=True, backend="reference")
     lag = torch.arange(Lk - Lq, Lk)[:, None] - torch.arange(Lk)[None, :]  # own key minus key index
     tiny = torch.finfo(dtype).tiny ** 0.5
     for h, band in enumerate(bands[:2]):
