@@ -372,3 +372,24 @@ def test_importing_the_library_leaves_torch_dynamo_unloaded():
     code = "import sys, priorattn, priorattn.cli; print('torch._dynamo' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("prior", [None, "goat"])
+def test_a_single_query_takes_one_unmasked_call_and_matches_the_reference(prior, monkeypatch):
+    """A decode step (one query, causal, after a cache) sees every key of its call: the plan is one
+    FULL call, not a causal split; output and gradients equal the reference's."""
+    pos = torch.arange(40)[None]
+    calls = sdpa.plan_calls(Masking(True, pos[:, -1:], pos, starts=(39, 0)), None, None)
+    assert [(c.rows, c.cols, c.kind) for c in calls] == [(slice(0, 1), slice(0, 40), sdpa.Kind.FULL)]
+    two_rows = sdpa.plan_calls(Masking(True, pos[:, -2:], pos, starts=(38, 0)), None, None)
+    assert [c.kind for c in two_rows] == [sdpa.Kind.CAUSAL]
+    prior = None if prior is None else make_prior(prior, 2, seed=3)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 2, 1, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(2, 2, 40, 8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in "kv")
+    grads = []
+    for backend in ("sdpa", "reference"):
+        out = priorattn.attention(q, k, v, prior=prior, backend=backend)
+        grads.append((out, *torch.autograd.grad(out.square().sum(), (q, k, v))))
+    for mine, ref in zip(*grads):
+        torch.testing.assert_close(mine, ref, rtol=0, atol=1e-12)
