@@ -79,7 +79,7 @@ class RoPE(nn.Module):
 
         A decode step would otherwise form a new token's angles, cosines and sines in float64 and
         cast them, ~10 small operations per layer for one position (RoPE's whole extra cost over
-        NoPE in a decode step, docs/benchmarks.md). Here a run of at most ``TABLE_POSITIONS`` is a
+        NoPE in a decode step, docs/performance_log.md). Here a run of at most ``TABLE_POSITIONS`` is a
         view of a table of ``TABLE_POSITIONS`` positions kept per dtype and device, made again from
         ``start`` when the run leaves it (a generation makes one per ``TABLE_POSITIONS`` steps, a
         training run with one length one): the same values in memory that stays

@@ -337,7 +337,7 @@ def tile_rows(Lq: int) -> int:
     rows (longer products), down to half of it below ``8 * TILE_ROWS`` queries, where a causal
     tile's hidden triangle (about ``rows / Lq`` of the work) costs more. One thread, against 64 rows
     everywhere: GGD at L = 4096 1.07x plain SDPA's time instead of 1.14x, and at L = 256 128 rows
-    took 7% longer (docs/benchmarks.md, ggd fifth session)."""
+    took 7% longer (docs/performance_log.md, `memeff` in the fifth session)."""
     return min(TILE_ROWS, max(TILE_ROWS // 2, Lq // 8))
 
 

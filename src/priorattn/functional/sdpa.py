@@ -11,7 +11,7 @@ On the CPU a prior's calls run through the flash kernel's own forward and backwa
 (:class:`FoldedCalls`): each pass builds ``q'`` and ``k'`` of all queries and keys once and
 re-centres only the slope lane of ``k'`` in place before each call, so a slope re-centred on every
 run of queries costs O(L) memory, not a ``k'`` per run (at L = 16384, 1.73x-1.87x plain SDPA's
-peak memory before, 1.04x-1.07x after: docs/benchmarks.md); heads whose slopes allow longer runs
+peak memory before, 1.04x-1.07x after: docs/performance_log.md); heads whose slopes allow longer runs
 take fewer calls (:func:`head_plans`), in chunks of heads that keep every thread busy; a steep
 slope's heads leave out the keys it gives no weight (:func:`slope_bands`); and the kernel calls run
 where float32 subnormals flush to zero (``subnormals.py``), which made the route 2-7x plain SDPA's
@@ -198,12 +198,12 @@ class FoldedCalls(torch.autograd.Function):
 
     Autograd through the calls keeps every call's ``q'``, ``k'``, ``v'`` for the backward; with a
     slope, every run of queries has keys of its own centre, ``O(L^2 / run)`` lanes in all (1.7x-1.9x
-    plain SDPA's peak memory at L = 16384, docs/benchmarks.md). Here the forward keeps ``q'``,
+    plain SDPA's peak memory at L = 16384, docs/performance_log.md). Here the forward keeps ``q'``,
     ``k'``, ``v'`` once, the output and its log-sum-exp, as plain SDPA keeps its inputs, and before
     each call re-centres only the slope lane of ``k'`` in place (:func:`recentre`): a per-call
     rebuild of the lanes was 10-20% of the route's time, and rebuilding ``q'``, ``k'``, ``v'`` in the
     backward (to carry their gradients back by a graph of its own) a quarter of the route's time
-    beyond the kernel's at the tiny model's shape (docs/benchmarks.md, shortseq). The backward runs
+    beyond the kernel's at the tiny model's shape (docs/performance_log.md, fifth session). The backward runs
     the kernel's own backward on each block of keys (with the merged output and log-sum-exp that is
     exactly the softmax gradient restricted to those keys, as in :class:`LowerRightCausal`). One call
     over every head and row takes the kernel's results as they are, forward and backward. Otherwise
@@ -561,7 +561,7 @@ def heads_per_thread_team(batch: int, threads: int) -> int:
     """Fewest consecutive heads whose calls keep each of ``threads`` busy in the flash kernel's
     backward, which gives each (batch row, head) of a call to one thread: ``threads / gcd(batch,
     threads)``. Alone, ALiBi's or GOAT's steepest head ran its backward on one of two threads, which
-    on two busy cores took 29x the time per cell of two heads' (docs/benchmarks.md)."""
+    on two busy cores took 29x the time per cell of two heads' (docs/performance_log.md)."""
     return threads // math.gcd(batch, threads)
 
 

@@ -2,7 +2,7 @@
 
 Attention weights far below a row's largest (a slope's distant keys, a steep GGD prior) land
 between 2^-149 and 2^-126, float32's subnormals, which the CPU computes 5-80x slower than normal
-numbers (docs/benchmarks.md: the flash kernel's backward, and the blockwise route's products).
+numbers (docs/performance_log.md: the flash kernel's backward, and the blockwise route's products).
 Such a weight is below 2^-126 of its row's largest, far under float32's resolution of any output,
 so flushing it to zero changes no result at float32 precision (nor any float64 result the route
 tests compare).
@@ -93,7 +93,7 @@ def openmp_team() -> Team | None:
 
 def flushing_pays(device: torch.device) -> bool:
     """Whether to flush around work on ``device``: eagerly on the CPU, at any size and number of
-    threads (a scope costs a few microseconds, docs/benchmarks.md; a route call at least tens),
+    threads (a scope costs a few microseconds, docs/performance_log.md; a route call at least tens),
     and never while ``torch.compile`` traces (a scope is a side effect the graph would not keep)."""
     return device.type == "cpu" and not torch.compiler.is_compiling()
 
