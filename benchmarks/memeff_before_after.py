@@ -17,11 +17,10 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from types import ModuleType
 
 import torch
-from spans import load_library  # this script's directory is on sys.path
+from spans import library_src, load_library  # this script's directory is on sys.path
 
 import priorattn
 
@@ -65,16 +64,14 @@ def round_robin(steps: dict[str, Callable[[], None]], rounds: int, repeats: int)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", type=Path, required=True, help="another checkout's src directory")
+    parser.add_argument("--before", type=library_src, required=True, help="another checkout's src directory")
     parser.add_argument("--shape", type=int, nargs=4, default=[1, 4, 4096, 64], metavar=("B", "H", "L", "D"))
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     parser.add_argument("--init", choices=["alibi", "uniform"], default="alibi", help="GGD's init")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=1, help="calls per timed sample")
     args = parser.parse_args()
-    if not (args.before / "priorattn" / "__init__.py").is_file():
-        parser.error(f"--before {args.before}: no priorattn package there")
-    medians = round_robin(runs(args, load_library(str(args.before))), args.rounds, args.repeats)
+    medians = round_robin(runs(args, load_library(args.before)), args.rounds, args.repeats)
     base = medians["sdpa"]
     print(
         f"B, H, L, D = {tuple(args.shape)}, {args.dtype}, GGD init={args.init!r}, causal, fwd+bwd, "

@@ -73,12 +73,20 @@ def cell_share(prior_name: str, L: int, plan: str) -> float:
     return sum(shares) / (4 * L * (L + 1) / 2)
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 16384])
+    parser.add_argument("--lengths", type=positive_int, nargs="+", default=[4096, 16384])
     parser.add_argument("--priors", nargs="+", default=["GOAT", "ALiBi"], choices=["GOAT", "ALiBi"])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=positive_int, default=1)
+    parser.add_argument("--rounds", type=positive_int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     clock = time.process_time if args.threads == 1 else time.perf_counter

@@ -33,6 +33,13 @@ DOC_LENGTHS = (1500, 700, 2500, 300, 1200, 1992)
 BATCH, HEADS, HEAD_WIDTH = 1, 4, 64
 
 
+def library_src(src: str) -> str:
+    """An argparse type for ``--before``: a directory holding a ``priorattn`` package."""
+    if not (Path(src) / "priorattn" / "__init__.py").is_file():
+        raise argparse.ArgumentTypeError(f"{src}: no priorattn package there (give a checkout's src)")
+    return src
+
+
 def load_library(src: str) -> ModuleType:
     """The ``priorattn`` package under ``src``, imported as ``priorattn_before``."""
     init = Path(src) / "priorattn" / "__init__.py"
@@ -89,7 +96,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--before", help="src directory of the library to compare with")
+    parser.add_argument("--before", type=library_src, help="src directory of the library to compare with")
     parser.add_argument("--length", type=int, default=8192, help="window runs (default 8192)")
     parser.add_argument("--window", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=5)

@@ -31,7 +31,7 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
-from spans import load_library
+from spans import library_src, load_library
 from torch.utils.benchmark import Timer
 from tqdm import tqdm
 
@@ -71,7 +71,9 @@ def main() -> None:
     parser.add_argument(
         "--cpu-time", action="store_true", help="time by process CPU time (one thread, a loaded machine)"
     )
-    parser.add_argument("--before", help="src directory of a library to time side by side with this one")
+    parser.add_argument(
+        "--before", type=library_src, help="src directory of a library to time side by side with this one"
+    )
     parser.add_argument(
         "--configurations", nargs="+", choices=list(CONFIGURATIONS), help="only these (and NoPE)"
     )
