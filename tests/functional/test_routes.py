@@ -26,7 +26,7 @@ BF16_ROUNDOFF = 2.0**-8
 #: Measured: errors up to 0.23 (memeff) and 1.53 (sdpa) of these units over 3000 random problems,
 #: and no failure at max_examples=800 with --hypothesis-seed 1, 2 and 3; since the flash path
 #: hands bfloat16 to the kernel, up to 1.2 on its own problems (``test_lag_flash.lag_problems``,
-#: runs of 1000-3000; docs/benchmarks.md, ggd fifth session).
+#: runs of 1000-3000; docs/performance_log.md, fifth session).
 BF16_ULPS = {"memeff": 2, "sdpa": 8, "sdpa_bias": 2, "flex": 2}  # sdpa_bias, flex compute in float32
 
 
