@@ -353,10 +353,10 @@ def heads_backward(
             recentre(fold, k2, layout, call)
         rows = call.rows
         g = to_width(grad_out[:, :, rows], fold.width).contiguous()
+        o, l = out[:, :, rows], lse[:, :, rows]
         dq_call = None
         for block in key_blocks(call):
             k_block, v_block, mask = k2[:, :, block.cols], v2[:, :, block.cols], block.bias(q2.dtype)
-            o, l = out[:, :, rows], lse[:, :, rows]
             dq, dk, dv = flash_backward(
                 g, q2[:, :, rows], k_block, v_block, o, l, 0.0, block.causal, attn_mask=mask, scale=1.0
             )

@@ -96,7 +96,7 @@ class Prior(nn.Module):
 
     def _fold_at_origin(self) -> FoldLanes:
         """:meth:`fold` of one query and one key at position 0, on the prior's device."""
-        tensors = [*self.parameters(), *self.buffers()]
+        tensors = module_tensors(self)
         origin = torch.zeros(1, dtype=torch.long, device=tensors[0].device if tensors else None)
         return self.fold(origin, origin)
 
