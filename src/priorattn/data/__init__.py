@@ -3,8 +3,10 @@
 ``prepare_data(source, seq_len=..., run_dir=...)`` does it all; the pieces are: ``load_corpus`` and
 ``split_documents`` (corpus.py), tokenizers (tokenizer.py), ``TokenStore`` and ``cached_store``
 (store.py), ``PackedSequences``, ``Batches``, ``eval_batches`` and ``document_positions``
-(packing.py), the ``unigram_cross_entropy`` baseline (stats.py), and synthetic passkey/needle
-sequences (retrieval.py). ``run_documents`` gives back a run's validation (or train) documents.
+(packing.py), the ``unigram_cross_entropy`` baseline (stats.py), synthetic passkey/needle
+sequences in text (retrieval.py), and synthetic retrieval over a small vocabulary of its own
+(``SyntheticTask``: passkey, MQAR, multi-key NIAH; synthetic.py). ``run_documents`` gives back a
+run's validation (or train) documents.
 """
 
 from .corpus import Document, load_corpus, split_documents
@@ -12,6 +14,7 @@ from .packing import Batches, PackedSequences, document_positions, eval_batches
 from .prepare import Data, prepare_data, read_data_record, run_documents
 from .stats import unigram_cross_entropy
 from .store import TokenStore, cached_store, default_cache_dir
+from .synthetic import SYNTHETIC_TASKS, SyntheticSample, SyntheticTask, training_lengths
 from .tokenizer import (
     KINDS,
     BPETokenizer,
@@ -30,6 +33,9 @@ __all__ = [
     "Document",
     "KINDS",
     "PackedSequences",
+    "SYNTHETIC_TASKS",
+    "SyntheticSample",
+    "SyntheticTask",
     "TokenStore",
     "Tokenizer",
     "build_tokenizer",
@@ -43,6 +49,7 @@ __all__ = [
     "read_data_record",
     "run_documents",
     "split_documents",
+    "training_lengths",
     "unigram_cross_entropy",
     "vocab_size_of",
 ]
