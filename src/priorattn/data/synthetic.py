@@ -27,8 +27,9 @@ The layout makes every answer token one attention hop for a model with a token s
 sequence, right before the same token in the needle. The first value follows ``N`` (passkey) or the
 key in the needle and in the query alike, and a later value follows the value before it, which is
 unique in the sample because **all value tokens of a sample are distinct** (drawn without
-replacement). I.i.d. values would repeat (two of four digits coincide in half the passkeys) and the
-token before a value would then point at two places: a second hop would be needed.
+replacement). I.i.d. values would repeat (with 10 digits, two of four coincide in 1 - 10*9*8*7/10^4
+= 0.496 of the passkeys) and the token before a value would then point at two places: a second hop
+would be needed.
 
 Vocabulary, one layout for every task (:data:`SYNTHETIC_VOCAB_SIZE` = 63 tokens): 0 ``START``,
 1 ``NEEDLE``, 2 ``QUERY``, 3-14 filler (12 kinds), 15-38 keys (24), 39-62 values (24). Filler never
@@ -44,9 +45,9 @@ state.
 Chance level of exact match (every answer token of a sample right), for a guess that does not read
 the haystack: the answer is an ordered draw of distinct values, so 1 / (24 * 23 * ... * (24 - n + 1))
 for ``n`` answer tokens: about 4e-6 for the passkey and niah at the defaults (``n = 4``), per mqar
-query as well, and below 1e-20 for a whole mqar sample (``n = 16``). A model that reads the values of
-some needle but cannot tell which one is asked scores ``1 / needles`` on niah (0.25 at the defaults)
-and ``1 / pairs`` per mqar query.
+query as well, and 8!/24! ~ 6.5e-20 for a whole mqar sample (``n = 16``). A model that reads the
+values of some needle but cannot tell which one is asked scores ``1 / needles`` on niah (0.25 at the
+defaults) and ``1 / pairs`` per mqar query.
 """
 
 from __future__ import annotations
