@@ -157,6 +157,7 @@ def train_configs(args: argparse.Namespace):
         normalizer=args.normalizer,
         ssmax=args.ssmax or None,
         shared_prior=args.shared_prior or None,
+        token_shift=args.token_shift or None,
         attention=args.attention,
         scalar_heads=args.scalar_heads,
         scalar_groups=args.scalar_groups,
@@ -958,6 +959,12 @@ def add_train_parser(commands) -> None:
         "--shared-prior",
         action="store_true",
         help="one prior shared by all layers, as BAM's code (default: one per layer, seed 003 App. C)",
+    )
+    model.add_argument(
+        "--token-shift",
+        action="store_true",
+        help="add W e_{t-1} to each token embedding e_t (RWKV's token shift; W starts at 0): "
+        "induction in one attention hop (off)",
     )
     model.add_argument("--backend", help="attention route (auto)")
     model.add_argument(

@@ -1,4 +1,5 @@
-"""GPT: every prior x encoding, loss, shared priors, cached decoding, generation, presets, bad configs."""
+"""GPT: every prior x encoding, loss, shared priors, cached decoding, token shift, generation, presets,
+bad configs."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from priorattn.data import document_positions
 from priorattn.models import GPT, PRESETS, GPTConfig, preset
 from priorattn.models.gpt import ENCODINGS
 from priorattn.priors import GGD, GOAT, Sum
+from priorattn.token_shift import LayerCaches, ShiftState
 from priorattn.train.optim import prior_parameters
 
 PRIORS = ["uniform", "alibi", "ggd", "goat", "alibi+goat"]
@@ -34,7 +36,7 @@ def config(**overrides) -> GPTConfig:
 
 
 def model(seed=0, dtype=torch.float64, **overrides) -> GPT:
-    """A GPT whose priors and SSMax scales are random, so every term of them matters."""
+    """A GPT whose priors, SSMax scales and token shift are random, so every term of them matters."""
     torch.manual_seed(seed)
     gpt = GPT(config(**overrides)).to(dtype)
     with torch.no_grad():
@@ -43,6 +45,8 @@ def model(seed=0, dtype=torch.float64, **overrides) -> GPT:
         for block in gpt.blocks:
             if block.attn.ssmax is not None:
                 block.attn.ssmax.s.uniform_(0.5, 1.5)
+        if gpt.token_shift is not None:  # W e_{t-1} about twice as large as e_t
+            gpt.token_shift.weight.normal_(std=0.3)
     return gpt
 
 
@@ -144,14 +148,14 @@ def test_tied_head_is_the_embedding():
     assert tied.num_parameters() - tied.num_parameters(embedding=False) == V * d
 
 
-def decode(gpt: GPT, x, prefill: int, **per_token):
-    """Logits of ``x`` from a prefill of ``prefill`` tokens, then one token at a time."""
+def decode(gpt: GPT, x, prefill: int, chunk: int = 1, **per_token):
+    """Logits of ``x`` from a prefill of ``prefill`` tokens, then ``chunk`` tokens at a time."""
     first = {k: v[:, :prefill] for k, v in per_token.items()}
     logits, _, caches = gpt(x[:, :prefill], **first)
     outputs = [logits]
-    for t in range(prefill, x.shape[1]):
-        step = {k: v[:, t : t + 1] for k, v in per_token.items()}
-        logits, _, caches = gpt(x[:, t : t + 1], caches=caches, **step)
+    for t in range(prefill, x.shape[1], chunk):
+        step = {k: v[:, t : t + chunk] for k, v in per_token.items()}
+        logits, _, caches = gpt(x[:, t : t + chunk], caches=caches, **step)
         outputs.append(logits)
     return torch.cat(outputs, dim=1), caches
 
@@ -179,9 +183,94 @@ def test_cached_decoding_with_documents_and_positions_equals_full_forward():
     torch.testing.assert_close(cached, full.detach(), rtol=0, atol=1e-10)
 
 
+#: Every prior and encoding, SSMax, and scalar heads, each with a random token shift.
+SHIFTED = {
+    "uniform": dict(),
+    "alibi": dict(prior="alibi"),
+    "ggd": dict(prior="ggd"),
+    "goat": dict(prior="goat"),
+    "alibi+goat": dict(prior="alibi+goat"),
+    "rope": dict(encoding="rope"),
+    "sinusoidal": dict(encoding="sinusoidal"),
+    "local_rope": dict(encoding="local_rope", window=4),
+    "ggd ssmax": dict(prior="ggd", ssmax=True),
+    "rope ssmax": dict(encoding="rope", ssmax=True),
+    "scalar": dict(attention="scalar"),
+    "hybrid goat": dict(attention="hybrid", prior="goat"),
+}
+#: (2, 11): documents start at 3 (the end of a prefill of 3), 7 (the start of a chunk of 4) and 5.
+SHIFT_DOC_IDS = torch.tensor([[0] * 3 + [1] * 4 + [2] * 4, [4] * 5 + [5] * 6])
+
+
+@pytest.mark.parametrize("name", SHIFTED)
+def test_cached_decoding_with_token_shift_equals_full_forward(name):
+    """Token by token and in chunks of 4 after a prefill, with and without documents: the caches
+    carry the last token's embedding and document to the next call."""
+    gpt = model(token_shift=True, **SHIFTED[name])
+    x = tokens(2, 11)
+    with torch.no_grad():
+        for per_token in ({}, dict(doc_ids=SHIFT_DOC_IDS)):
+            full, _, _ = gpt(x, **per_token)
+            for chunk in (1, 4):
+                cached, caches = decode(gpt, x, prefill=3, chunk=chunk, **per_token)
+                torch.testing.assert_close(cached, full, rtol=0, atol=1e-10)
+                assert isinstance(caches, LayerCaches) and torch.equal(
+                    caches.shift.embedding, gpt.embed(x[:, -1])
+                )
+
+
+def test_token_shift_crossing_a_boundary_would_change_the_next_documents_logits():
+    """What keeps a packed document equal to itself alone: its first token, given the previous
+    document's last embedding as its predecessor (attention still kept inside the document by the
+    KV caches' doc_ids), gets other logits."""
+    gpt = model(prior="alibi", token_shift=True)
+    x, doc_ids = tokens(1, 11), SHIFT_DOC_IDS[1:]  # documents [0, 5) and [5, 11)
+    with torch.no_grad():
+        _, _, caches = gpt(x[:, :5], doc_ids=doc_ids[:, :5])
+        crossing = LayerCaches(caches, ShiftState(caches.shift.embedding, doc_ids[:, 5]))  # same document
+        packed, _, _ = gpt(x[:, 5:], doc_ids=doc_ids[:, 5:], caches=caches)
+        crossed, _, _ = gpt(x[:, 5:], doc_ids=doc_ids[:, 5:], caches=crossing)
+        alone, _, _ = gpt(x[:, 5:])
+    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-10)
+    assert (crossed[:, 0] - alone[:, 0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("overrides", [dict(prior="goat"), dict(encoding="sinusoidal", attention="hybrid")])
+def test_a_new_token_shift_model_is_the_same_model_without_it(overrides):
+    """W starts at zero and draws nothing from the RNG: the same seed gives every other weight and
+    the same outputs. A random W changes every output but the first token's (no predecessor)."""
+    torch.manual_seed(0)
+    shifted = GPT(config(token_shift=True, **overrides)).double()
+    torch.manual_seed(0)
+    plain = GPT(config(**overrides)).double()
+    weights = shifted.state_dict()
+    assert torch.equal(weights.pop("token_shift.weight"), torch.zeros(TINY["d_model"], TINY["d_model"]))
+    assert weights.keys() == plain.state_dict().keys()
+    assert all(torch.equal(weights[name], t) for name, t in plain.state_dict().items())
+    x = tokens(2, 9)
+    with torch.no_grad():
+        expected, _, _ = plain(x, doc_ids=SHIFT_DOC_IDS[:, :9])
+        logits, _, _ = shifted(x, doc_ids=SHIFT_DOC_IDS[:, :9])
+        assert torch.equal(logits, expected)
+        shifted.token_shift.weight.normal_(std=0.3)
+        logits, _, _ = shifted(x)
+        expected, _, _ = plain(x)
+    torch.testing.assert_close(logits[:, 0], expected[:, 0], rtol=0, atol=1e-12)
+    assert (logits[:, 1:] - expected[:, 1:]).abs().amax(-1).min() > 1e-6
+
+
+def test_token_shift_learns_from_zero():
+    """The zero W gets a gradient from the first step, in every forward (DDP needs every parameter used)."""
+    gpt = GPT(config(token_shift=True))
+    _, loss, _ = gpt(tokens(2, 8), targets=tokens(2, 8, seed=4))
+    loss.backward()
+    assert gpt.token_shift.weight.grad.abs().max() > 0
+
+
 PACKED_DOC_IDS = torch.tensor([[3] * 5 + [4] * 6 + [5] * 2, [6] * 13])  # (2, 13): 3 documents, then 1
 
 
+@pytest.mark.parametrize("token_shift", [False, True])
 @pytest.mark.parametrize(
     "prior, encoding, absolute",
     [
@@ -193,11 +282,13 @@ PACKED_DOC_IDS = torch.tensor([[3] * 5 + [4] * 6 + [5] * 2, [6] * 13])  # (2, 13
         ("alibi", "rope", False),
     ],
 )
-def test_packed_row_with_document_positions_equals_each_document_alone(prior, encoding, absolute):
+def test_packed_row_with_document_positions_equals_each_document_alone(
+    prior, encoding, absolute, token_shift
+):
     """With positions restarting at each document, every packed document gets the logits it gets
     when run alone from position 0; window positions do too for relative position terms only, not
-    for absolute ones (GOAT's sink, sinusoids)."""
-    gpt = model(prior=prior, encoding=encoding)
+    for absolute ones (GOAT's sink, sinusoids). A token shift never crosses a document."""
+    gpt = model(prior=prior, encoding=encoding, token_shift=token_shift)
     assert gpt.reads_absolute_positions == absolute
     x, doc_ids = tokens(2, 13), PACKED_DOC_IDS
     packed, _, _ = gpt(x, doc_ids=doc_ids, positions=document_positions(doc_ids))
@@ -209,9 +300,19 @@ def test_packed_row_with_document_positions_equals_each_document_alone(prior, en
         assert torch.allclose(window, alone, rtol=0, atol=1e-10) == (start == 0 or not absolute)
 
 
-@pytest.mark.parametrize("prior, encoding", [("goat", "none"), ("ggd", "rope"), ("alibi", "local_rope")])
-def test_greedy_generate_is_deterministic_and_equals_decoding_without_cache(prior, encoding):
-    gpt = model(prior=prior, encoding=encoding)
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(prior="goat"),
+        dict(prior="ggd", encoding="rope"),
+        dict(prior="alibi", encoding="local_rope"),
+        dict(prior="alibi+goat", token_shift=True),
+        dict(encoding="sinusoidal", token_shift=True),
+        dict(attention="hybrid", encoding="rope", token_shift=True),
+    ],
+)
+def test_greedy_generate_is_deterministic_and_equals_decoding_without_cache(overrides):
+    gpt = model(**overrides)
     prompt = tokens(2, 5)
     out = gpt.generate(prompt, 6, greedy=True)
     assert out.shape == (2, 11) and torch.equal(out[:, :5], prompt)
@@ -255,6 +356,14 @@ def test_config_saved_before_rope_interpolation_loads_without_it():
     saved = config(encoding="rope").to_dict()
     del saved["rope_interpolation"]
     assert GPTConfig.from_dict(saved).rope_interpolation == 1.0
+
+
+def test_config_saved_before_token_shift_loads_without_it_and_the_field_round_trips():
+    saved = config().to_dict()
+    del saved["token_shift"]
+    assert GPTConfig.from_dict(saved).token_shift is False
+    shifted = config(token_shift=True)
+    assert GPTConfig.from_dict(json.loads(json.dumps(shifted.to_dict()))) == shifted
 
 
 @pytest.mark.parametrize("interpolation, positions, plain_positions", [(2, 2, 1), (1.5, 3, 2)])
@@ -358,6 +467,8 @@ def test_preset_overrides_and_unknown_names():
         ),
         (dict(encoding="rope", rope_interpolation="2"), "rope_interpolation must be a number, got '2'"),
         (dict(rope_interpolation=2.0), "it needs encoding='rope' or 'local_rope', got encoding='none'"),
+        (dict(token_shift="yes"), "token_shift must be True or False, got 'yes'"),
+        (dict(token_shift=1), "token_shift must be True or False, got 1"),
     ],
 )
 def test_bad_config_is_a_clear_error(overrides, message):
@@ -373,6 +484,12 @@ def test_bad_call_is_a_clear_error():
         gpt(tokens(2, 3), targets=tokens(2, 4))
     with pytest.raises(ValueError, match="caches must be a list of 2 KVCache"):
         gpt(tokens(2, 3), caches=[])
+    shifted = model(token_shift=True)
+    _, _, caches = shifted(tokens(2, 3))
+    with pytest.raises(
+        ValueError, match=r"caches carry no token-shift state \(token_shift=True\): pass back"
+    ):
+        shifted(tokens(2, 1), caches=list(caches))
     with pytest.raises(ValueError, match="temperature must be > 0"):
         gpt.generate(tokens(1, 3), 2, temperature=0.0)
     with pytest.raises(TypeError, match="config must be a GPTConfig"):

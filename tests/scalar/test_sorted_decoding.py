@@ -16,6 +16,7 @@ LAYOUTS = {
     "hybrid with rope": dict(attention="hybrid", encoding="rope"),
     "hybrid, tau length-scaled past 8 tokens": dict(attention="hybrid", scalar_tau_length_scaling=8),
     "mixed, prior on the dot-product heads": dict(attention="mixed", prior="alibi"),
+    "hybrid with token shift (its state goes along)": dict(attention="hybrid", token_shift=True),
 }
 
 

@@ -25,21 +25,27 @@ def losses(run_dir) -> list[dict]:
 
 
 def test_train_reports_losses_against_the_baseline(corpus, tmp_path, capsys):
-    argv = ["train", *SMALL, "--prior", "goat", "--ssmax", "--shared-prior", "--steps", "2"]
+    argv = ["train", *SMALL, "--prior", "goat", "--ssmax", "--shared-prior", "--token-shift", "--steps", "2"]
     argv += ["--positions", "window", "--grad-clip", "0"]
     assert cli.main([*argv, "--data", str(corpus), "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "step 2: train loss" in out and "unigram baseline" in out
     saved = json.loads((tmp_path / "config.json").read_text())
     model = saved["model"]
-    assert (model["prior"], model["ssmax"], model["shared_prior"]) == ("goat", True, True)
+    assert (model["prior"], model["ssmax"], model["shared_prior"], model["token_shift"]) == (
+        "goat",
+        True,
+        True,
+        True,
+    )
     assert saved["train"]["positions"] == "window"
     assert saved["train"]["grad_clip"] is None  # 0 on the command line: no clipping
 
 
 def test_sample_and_plot_runs_use_a_finished_run(corpus, tmp_path, capsys):
-    run = tmp_path / "run"
-    assert cli.main(["train", *SMALL, "--steps", "2", "--data", str(corpus), "--out", str(run)]) == 0
+    run = tmp_path / "run"  # with token shift: sample reads it from the run's config
+    argv = ["train", *SMALL, "--token-shift", "--steps", "2", "--data", str(corpus), "--out", str(run)]
+    assert cli.main(argv) == 0
     capsys.readouterr()
     assert cli.main(["sample", "--run", str(run), "--prompt", "the quick", "--tokens", "12"]) == 0
     assert capsys.readouterr().out.startswith("the quick")
@@ -236,8 +242,10 @@ def test_sigkill_then_resume_reproduces_the_uninterrupted_run(corpus, tmp_path):
 
 
 def test_torchrun_two_processes_match_one(corpus, tmp_path):
-    """DDP over gloo with the global batch split in two gives the one-process losses."""
+    """DDP over gloo with the global batch split in two gives the one-process losses (with a token
+    shift, whose zero-initialised W every step uses)."""
     args = [
+        "--token-shift",
         *SMALL,
         "--steps",
         "4",

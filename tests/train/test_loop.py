@@ -258,18 +258,23 @@ def test_retrieval_mix_changes_the_batches_and_needs_room(corpus, tmp_path):
 
 
 def test_a_run_written_before_a_config_field_existed_still_resumes(corpus, tmp_path):
-    """Fields added to TrainConfig later (here retrieval_mix) take their defaults when a run from an
-    earlier version is resumed, instead of counting as changed arguments."""
+    """Fields added to the configs later (here retrieval_mix and the model's token_shift) take their
+    defaults when a run from an earlier version is loaded or resumed, instead of counting as changed
+    arguments."""
+    from priorattn.train import load_run
+
     config, model = settings(corpus, steps=3, eval_every=0, save_every=0), small_model()
     train(model, config, tmp_path / "run", progress=False)
     path = tmp_path / "run" / "config.json"
     saved = json.loads(path.read_text())
-    del saved["train"]["retrieval_mix"]
+    del saved["train"]["retrieval_mix"], saved["model"]["token_shift"]
     path.write_text(json.dumps(saved))
     index_path = ckpt.checkpoint_json(tmp_path / "run", 3)
     index = json.loads(index_path.read_text())
-    del index["state"]["configs"]["train"]["retrieval_mix"]
+    del index["state"]["configs"]["train"]["retrieval_mix"], index["state"]["configs"]["model"]["token_shift"]
     index_path.write_text(json.dumps(index))
+    run = load_run(tmp_path / "run")
+    assert run.model_config.token_shift is False and run.model.token_shift is None
     assert train(model, config, tmp_path / "run", resume=True, progress=False).step == 3
 
 

@@ -19,7 +19,7 @@ def model(**overrides) -> GPT:
 
 
 def test_groups_split_matrices_norms_and_priors():
-    net = model(prior="ggd+goat", ssmax=True)
+    net = model(prior="ggd+goat", ssmax=True, token_shift=True)
     groups = {g["name"]: g for g in param_groups(net, TrainConfig(lr=1e-3, prior_lr=5e-2, weight_decay=0.1))}
     assert set(groups) == {"decay", "no_decay", "prior"}
     prior_ids = {id(p) for p in prior_parameters(net) if p.requires_grad}
@@ -28,6 +28,7 @@ def test_groups_split_matrices_norms_and_priors():
     assert all(p.dim() >= 2 for p in groups["decay"]["params"]) and groups["decay"]["weight_decay"] == 0.1
     assert all(p.dim() == 1 for p in groups["no_decay"]["params"]) and groups["no_decay"]["weight_decay"] == 0
     assert not prior_ids & {id(p) for p in groups["decay"]["params"] + groups["no_decay"]["params"]}
+    assert any(p is net.token_shift.weight for p in groups["decay"]["params"])  # a matrix like the others
     # every trainable parameter exactly once (the tied head is the embedding)
     grouped = [id(p) for g in groups.values() for p in g["params"]]
     assert sorted(grouped) == sorted(id(p) for p in net.parameters() if p.requires_grad)

@@ -5,6 +5,8 @@ Llama-shaped (seed 003 App. C): token embedding, ``n_layers`` pre-norm blocks
 the embedding). Position enters in one of four ways: a prior inside attention (``prior``), RoPE on
 q/k (``encoding="rope"``; ``"local_rope"`` adds a sliding ``window``), sinusoids added to the token
 embeddings (``encoding="sinusoidal"``), or not at all (NoPE: ``prior="uniform", encoding="none"``).
+``token_shift`` adds each token's predecessor's embedding through a learned matrix
+(:mod:`priorattn.token_shift`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from ..scalar.model import (
     sorted_caches,
 )
 from ..scalar.sorted_decoding import SortedDecoding
+from ..token_shift import LayerCaches, TokenShift
 
 PRIORS = ("uniform", "alibi", "ggd", "goat")
 ENCODINGS = ("none", "rope", "sinusoidal", "local_rope")
@@ -70,6 +73,12 @@ class GPTConfig:
       hidden width) and key-linear slope; it folds into ``2R + sink + slope`` lanes of each head.
     - ``attention``: ``"standard"``, ``"scalar"``, ``"hybrid"`` or ``"mixed"`` heads (seed 002), with
       the ``scalar_*`` fields configuring the scalar heads (:mod:`priorattn.scalar.model`).
+    - ``token_shift``: each token embedding ``e_t`` becomes ``e_t + W e_{t-1}`` before anything else
+      (sinusoids included), with ``W`` a learned ``d_model x d_model`` matrix starting at zero
+      (:class:`~priorattn.token_shift.TokenShift`; RWKV's token shift, Olsson et al. 2022's smeared
+      keys): an induction head becomes one attention hop. ``e_{t-1}`` is zero at a sequence's first
+      token and at a document's first token in a packed row. A config saved before the field
+      existed loads as ``False``.
     """
 
     vocab_size: int
@@ -106,6 +115,7 @@ class GPTConfig:
     scalar_tau_cap: float | None = None
     scalar_tau_length_scaling: int | None = None
     scalar_sink: bool = False
+    token_shift: bool = False
 
     def __post_init__(self):
         sizes = ("vocab_size", "seq_len", "d_model", "n_layers", "n_heads")
@@ -151,6 +161,8 @@ class GPTConfig:
             raise ValueError(
                 f"ggd_trainable must name parameters in {GGD_PARAMETERS}, got {self.ggd_trainable}"
             )
+        if not isinstance(self.token_shift, bool):
+            raise ValueError(f"token_shift must be True or False, got {self.token_shift!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
         if self.backend not in BACKENDS:
@@ -257,6 +269,7 @@ class GPT(nn.Module):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.d_model)
+        self.token_shift = TokenShift(config.d_model) if config.token_shift else None
         self.sinusoidal = Sinusoidal(config.d_model) if config.encoding == "sinusoidal" else None
         self.dropout = nn.Dropout(config.dropout)
         if config.shared_prior:
@@ -274,7 +287,8 @@ class GPT(nn.Module):
     def _init_weights(self) -> None:
         """nanoGPT's init: N(0, 0.02), residual projections scaled by ``1/sqrt(2 n_layers)``.
 
-        Priors and SSMax keep their own init (uniform prior, zero sink output, ``s = 1``).
+        Priors and SSMax keep their own init (uniform prior, zero sink output, ``s = 1``), and so
+        does the token shift (``W = 0``).
         """
         std = 0.02
         nn.init.normal_(self.embed.weight, std=std)
@@ -301,9 +315,9 @@ class GPT(nn.Module):
         positions: Tensor | None = None,
         doc_ids: Tensor | None = None,
         targets: Tensor | None = None,
-        caches: list[KVCache] | None = None,
+        caches: LayerCaches | list[KVCache] | None = None,
         reduction: str = "mean",
-    ) -> tuple[Tensor, Tensor | None, list[KVCache]]:
+    ) -> tuple[Tensor, Tensor | None, LayerCaches]:
         """Logits ``(B, L, V)`` for ``tokens: (B, L)``, the loss if ``targets`` is given, the caches.
 
         ``positions``: ``(L,)`` or ``(B, L)``, default ``past + arange(L)`` with ``past`` the cached
@@ -311,8 +325,9 @@ class GPT(nn.Module):
         or none). ``targets``: ``(B, L)`` next tokens, ``-100`` where no loss is taken.
         ``reduction="mean"``: the loss is their mean cross-entropy; ``"none"``: the loss of every
         token, ``(B, L)`` in nats (0 where the target is ``-100``), for evaluation and analysis.
-        Either is computed in at least float32. ``caches``: one :class:`KVCache` per layer from an
-        earlier call; the returned caches include these tokens.
+        Either is computed in at least float32. ``caches``: the :class:`LayerCaches` of an earlier
+        call (one :class:`KVCache` per layer; a plain list of them without ``token_shift``); the
+        returned caches include these tokens and, with ``token_shift``, the last one's embedding.
         """
         B, L = self._check_input(tokens, targets, caches)
         if reduction not in ("mean", "none"):
@@ -322,12 +337,15 @@ class GPT(nn.Module):
         if positions is None:
             positions = torch.arange(past, past + L, device=tokens.device)  # (L,)
         x = self.embed(tokens)  # (B, L, d_model)
+        shift = None
+        if self.token_shift is not None:
+            x, shift = self.token_shift(x, doc_ids, None if caches is None else caches.shift)
         if self.sinusoidal is not None:
             # Vaswani et al. Sec. 3.4: embeddings times sqrt(d_model), so the unit-amplitude
             # sinusoids do not drown the token identity (embeddings start at std 0.02).
             x = x * math.sqrt(self.config.d_model) + self.sinusoidal(positions, dtype=x.dtype)
         x = self.dropout(x)
-        new_caches = []
+        new_caches = LayerCaches(shift=shift)
         for i, block in enumerate(self.blocks):
             x, cache = block(x, given, doc_ids, None if caches is None else caches[i])
             new_caches.append(cache)
@@ -349,6 +367,11 @@ class GPT(nn.Module):
             got = len(caches) if isinstance(caches, list | tuple) else type(caches).__name__
             raise ValueError(
                 f"caches must be a list of {len(self.blocks)} KVCache (one per layer), got {got}"
+            )
+        if caches is not None and self.token_shift is not None and getattr(caches, "shift", None) is None:
+            raise ValueError(
+                "caches carry no token-shift state (token_shift=True): pass back the LayerCaches "
+                "that GPT.forward returned"
             )
         return tokens.shape
 

@@ -26,6 +26,7 @@ from torch import nn
 
 from ..eot.regularizers import regularizer
 from ..priors import Prior
+from ..token_shift import LayerCaches
 from .layers import MixedCache, MixedMultiheadAttention, ScalarMultiheadAttention
 from .sorted_decoding import SortedDecoding, SortedLayerCache
 from .temperature import TAU_FLOOR, TAU_KINDS, check_train_length
@@ -157,9 +158,10 @@ def add_inference_length_rule(model, train_len: int) -> None:
     set_tau_length_scaling(model, train_len)
 
 
-def sorted_caches(model, caches: list, decoding: SortedDecoding) -> list:
+def sorted_caches(model, caches: list, decoding: SortedDecoding) -> LayerCaches:
     """A prefilled ``model``'s caches with every scalar layer's moved into a :class:`SortedLayerCache`
-    (a mixed layer's dot-product heads keep their ``KVCache``), for sorted-cache generation."""
+    (a mixed layer's dot-product heads keep their ``KVCache``), for sorted-cache generation; the
+    token-shift state of ``caches`` (a :class:`LayerCaches`) goes with them."""
     config = model.config
     if config.attention == "standard":
         raise ValueError(
@@ -176,7 +178,7 @@ def sorted_caches(model, caches: list, decoding: SortedDecoding) -> list:
             f"window={config.window} hides keys by position: a cache sorted by scalar key cannot "
             "(use a model without a window)"
         )
-    sorted_ = []
+    sorted_ = LayerCaches(shift=getattr(caches, "shift", None))  # a plain list carries none
     for block, cache in zip(model.blocks, caches):
         if isinstance(block.attn, MixedMultiheadAttention):
             sorted_.append(MixedCache(cache.dot, SortedLayerCache(block.attn.scalar, cache.scalar, decoding)))
