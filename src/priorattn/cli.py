@@ -327,11 +327,14 @@ def evaluate(args: argparse.Namespace) -> int:
 
 def compare(args: argparse.Namespace) -> int:
     """Train every positional mechanism alike, evaluate them all, write DIR/report.html."""
+    from dataclasses import replace
+
     from .eval.compare import CompareConfig
     from .eval.compare import compare as run
 
     try:
         config = CompareConfig.for_budget(args.budget, args.priors)
+        config = replace(config, data=args.data, text_encoding=args.text_encoding)
         run(config, args.out, progress=not args.quiet)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         fail(args, e)
@@ -841,9 +844,10 @@ def add_compare_parser(commands) -> None:
         help="train every positional mechanism alike, evaluate them, write an HTML report",
         description=(
             "Train tiny models that differ only in positional mechanism (NoPE, sinusoidal, RoPE, "
-            "local RoPE, ALiBi, BAM, GOAT) on the embedded corpus with a retrieval mix, evaluate "
-            "perplexity, passkey and NIAH beyond the training length, and write DIR/report.html and "
-            "DIR/results.json. A re-run reuses finished models and evaluations."
+            "local RoPE, ALiBi, BAM, GOAT) on a corpus with a retrieval mix, evaluate perplexity "
+            "beyond the training length T, passkey at T, and passkey and NIAH beyond T for the models "
+            "that retrieve at T; write DIR/report.html and DIR/results.json. A re-run reuses finished "
+            "models, and evaluations with unchanged settings of an unchanged checkpoint."
         ),
     )
     p.add_argument(
@@ -851,6 +855,8 @@ def add_compare_parser(commands) -> None:
         type=name_list(list(MODELS), "prior"),
         help=f"comma-separated subset of {','.join(MODELS)} (all)",
     )
+    p.add_argument("--data", help="text file, folder, glob or hf:PATH to train on (the embedded Shakespeare)")
+    p.add_argument("--text-encoding", default="utf-8", help="how --data's text files are decoded (utf-8)")
     add_experiment_options(p, CompareConfig().steps, seed_help=None)
     p.set_defaults(func=compare, parser=p)
 

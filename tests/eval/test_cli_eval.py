@@ -8,6 +8,7 @@ import pytest
 from factories import exit_code, word_salad
 
 from priorattn import cli
+from priorattn.eval import niah_job, passkey_job, ppl_job
 from priorattn.models import GPTConfig
 from priorattn.train import TrainConfig, train
 
@@ -39,6 +40,8 @@ def test_eval_writes_results_and_plots(run_dir, tmp_path, capsys):
                      "--out", str(out), "--quiet"]) == 0  # fmt: skip
     result = json.loads((out / "results.json").read_text())
     assert result["lengths"] == [128, 256] and len(result["ppl"]) == 2 and result["tail_loss"][0] is None
+    index = json.loads((run_dir / "checkpoint-00000002.json").read_text())
+    assert result["checkpoint"] == dict(step=2, sha256=index["sha256"])  # what was scored
     assert (out / "ppl.png").read_bytes()[:4] == b"\x89PNG"
     assert cli.main(["eval", "passkey", "--run", str(run_dir), "--lengths", "128", "--depths", "3",
                      "--trials", "1", "--quiet"]) == 0  # fmt: skip
@@ -88,6 +91,14 @@ def test_eval_reads_other_text_with_its_encoding(run_dir, tmp_path):
         (["compare", "--out", "{tmp}", "--priors", "nope,xpos"], "unknown prior 'xpos'"),
         (["compare", "--out", "{tmp}", "--budget", "0"], "argument --budget: must be a positive number"),
         (["compare", "--out", "{file}", "--budget", "0.1"], "is a file"),
+        (
+            ["compare", "--out", "{tmp}", "--priors", "nope", "--data", "{missing}"],
+            "no such file or directory",
+        ),
+        (
+            ["compare", "--out", "{tmp}", "--text-encoding", "klingon"],
+            "--text-encoding='klingon' is not a known text encoding",
+        ),
     ],
 )
 def test_bad_input_is_a_one_line_error(run_dir, tmp_path, capsys, args, message):
@@ -106,3 +117,42 @@ def test_bad_input_is_a_one_line_error(run_dir, tmp_path, capsys, args, message)
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert len(err.strip().splitlines()[-1]) > 0
+
+
+def test_compare_trains_on_the_data_given(tmp_path, monkeypatch):
+    from priorattn.eval import compare as compare_module
+
+    given = []
+    monkeypatch.setattr(compare_module, "compare", lambda config, out, progress: given.append(config))
+    argv = [
+        "compare",
+        "--out",
+        str(tmp_path),
+        "--priors",
+        "nope",
+        "--data",
+        "text.txt",
+        "--text-encoding",
+        "latin-1",
+    ]
+    assert cli.main(argv) == 0
+    assert (given[0].data, given[0].text_encoding, given[0].models) == ("text.txt", "latin-1", ["nope"])
+    assert given[0].train_config().data == "text.txt" and given[0].train_config().text_encoding == "latin-1"
+
+
+@pytest.mark.parametrize(
+    "job, options, message",
+    [
+        (ppl_job, dict(lengths=[]), "lengths must be positive integers, got \\[\\]"),
+        (ppl_job, dict(lengths=[128], windows=0), "windows must be an int >= 1, got 0"),
+        (passkey_job, dict(lengths=[]), "lengths must be positive integers, got \\[\\]"),
+        (passkey_job, dict(lengths=[128], depths=0), "the number of depths must be a positive int, got 0"),
+        (passkey_job, dict(lengths=[128], digits=0), "digits must be a positive int, got 0"),
+        (passkey_job, dict(lengths=[128], seed=-1), "seed must be an int >= 0, got -1"),
+        (niah_job, dict(lengths=[]), "lengths must be positive integers, got \\[\\]"),
+        (niah_job, dict(lengths=[300], trials=0), "trials must be an int >= 1, got 0"),
+    ],
+)
+def test_jobs_refuse_bad_arguments_with_one_line(run_dir, tmp_path, job, options, message):
+    with pytest.raises(ValueError, match=message):
+        job(run_dir, tmp_path / "out", progress=False, **options)

@@ -8,7 +8,16 @@ import pytest
 from factories import word_salad
 
 from priorattn.eval.compare import CompareConfig, compare
-from priorattn.eval.report import seed_claims, winners
+from priorattn.eval.report import (
+    FLAT_TOLERANCE,
+    NO_RETRIEVAL,
+    WITHIN_NOISE,
+    context_effect,
+    seed_claims,
+    winner_text,
+    winners,
+)
+from priorattn.eval.verdicts import Estimate, Winner, normal_interval, wilson_interval
 
 
 @pytest.fixture(scope="module")
@@ -42,26 +51,75 @@ def test_compare_writes_the_report_and_reuses_finished_work(corpus, tmp_path, mo
     lines = []
     data = compare(config, tmp_path / "out", progress=False, log=lines.append)
     report = (tmp_path / "out" / "report.html").read_text()
-    for text in ("NoPE", "ALiBi", "data:image/png;base64,", "Winners", "Against the seeds' claims"):
+    for text in (
+        "NoPE",
+        "ALiBi",
+        "data:image/png;base64,",
+        "Winners",
+        "Against the seeds' claims",
+        str(corpus),
+    ):
         assert text in report
+    assert "Shakespeare" not in report  # the corpus trained on is named
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert saved == json.loads(json.dumps(data))
     assert set(saved["models"]) == {"nope", "alibi"}
     for model in saved["models"].values():
-        assert model["ppl"]["lengths"] == [384, 768]
-        assert model["passkey"]["lengths"] == [384] and len(model["passkey"]["accuracy"][0]) == 2
-        assert set(model["niah"]["variants"]) == {"single_repeat"}
+        assert model["ppl"]["lengths"] == [384, 768] and len(model["ppl"]["loss_se"]) == 2
+        assert model["passkey_at_T"]["lengths"] == [384] and len(model["passkey_at_T"]["accuracy"][0]) == 2
+        assert model["passkey_at_T"]["checkpoint"]["step"] == 2
     assert saved["config"]["steps"] == 2 and saved["summary"]["alibi"]["label"] == "ALiBi"
     metrics = (tmp_path / "out" / "models" / "alibi" / "metrics.jsonl").read_text()
 
     again = []
     compare(config, tmp_path / "out", progress=False, log=again.append)
-    assert sum("reusing" in line for line in again) == 6  # 2 models x 3 evaluations
+    evaluated = sum(model["passkey"] is not None for model in saved["models"].values())
+    assert sum("reusing" in line for line in again) == 4 + 2 * evaluated  # ppl and passkey at T
     assert (tmp_path / "out" / "models" / "alibi" / "metrics.jsonl").read_text() == metrics
     changed = []
     compare(small(corpus, niah_variants=["single_repeat"], seq_len=384, trials=2), tmp_path / "out",
             progress=False, log=changed.append)  # fmt: skip
     assert sum("reusing" in line for line in changed) == 2  # ppl only: the retrieval settings changed
+
+
+def test_a_run_trained_further_is_evaluated_again(corpus, tmp_path, monkeypatch):
+    """``compare`` at one budget, then at a larger one into the same out: the models train on, and
+    the evaluations of the older checkpoint are not reused beside the new validation loss."""
+    monkeypatch.setenv("PRIORATTN_CACHE", str(tmp_path / "cache"))
+    compare(small(corpus, models=["alibi"]), tmp_path / "out", progress=False, log=lambda line: None)
+    lines = []
+    data = compare(
+        small(corpus, models=["alibi"], steps=4), tmp_path / "out", progress=False, log=lines.append
+    )
+    assert not any("reusing" in line for line in lines)
+    index = json.loads((tmp_path / "out" / "models" / "alibi" / "checkpoint-00000004.json").read_text())
+    for task in ("ppl", "passkey_at_T"):
+        assert data["models"]["alibi"][task]["checkpoint"] == dict(step=4, sha256=index["sha256"])
+
+
+def test_longer_retrieval_runs_only_for_models_that_retrieve_at_T(corpus, tmp_path, monkeypatch):
+    """A model below RETRIEVES at T gets no passkey past T and no NIAH, and the report says so;
+    one at or above it gets both, with their tables."""
+    from priorattn.eval import compare as compare_module
+
+    monkeypatch.setenv("PRIORATTN_CACHE", str(tmp_path / "cache"))
+    config = small(corpus, models=["nope"], retrieval_factors=[1, 2], niah_variants=["single_repeat"])
+    skipped = compare(config, tmp_path / "skipped", progress=False, log=lambda line: None)
+    assert skipped["models"]["nope"]["passkey_at_T"]["by_length"] == [0.0]  # two steps learn nothing
+    assert skipped["models"]["nope"]["passkey"] is None and skipped["models"]["nope"]["niah"] is None
+    assert skipped["summary"]["nope"]["passkey_beyond"] is None
+    report = (tmp_path / "skipped" / "report.html").read_text()
+    assert "Skipped for NoPE: their passkey accuracy at T is below 0.5" in report
+    assert "Passkey accuracy per length" not in report and "Needle in a haystack" not in report
+
+    monkeypatch.setattr(compare_module, "RETRIEVES", 0.0)  # every model now counts as retrieving
+    evaluated = compare(config, tmp_path / "evaluated", progress=False, log=lambda line: None)
+    nope = evaluated["models"]["nope"]
+    assert nope["passkey"]["lengths"] == [192, 384] and nope["niah"]["variants"]["single_repeat"]["lengths"]
+    report = (tmp_path / "evaluated" / "report.html").read_text()
+    assert (
+        "Skipped for" not in report and "Passkey accuracy per length" in report and "single_repeat" in report
+    )
 
 
 def test_budget_scales_training_and_shrinks_a_smoke_run():
@@ -77,6 +135,24 @@ def test_budget_scales_training_and_shrinks_a_smoke_run():
         CompareConfig(models=["xpos"])
 
 
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(ppl_factors=[2, 4]), r"ppl_factors must be increasing ints starting at 1 \(T, as the report"),
+        (dict(ppl_factors=[1]), "ppl_factors must be .*, with one past T, got \\[1\\]"),
+        (dict(ppl_factors=[1, 4, 2]), "ppl_factors must be increasing"),
+        (dict(retrieval_factors=[1, 1]), "retrieval_factors must be increasing"),
+        (dict(retrieval_factors=[1, 2.5]), "retrieval_factors must be increasing ints"),
+        (dict(retrieval_factors=[]), "retrieval_factors must be increasing ints starting at 1"),
+        (dict(text_encoding="klingon"), "text_encoding='klingon' is not a known text encoding"),
+    ],
+)
+def test_a_config_whose_first_length_is_not_T_is_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        CompareConfig(**fields)
+    assert CompareConfig(retrieval_factors=[1]).retrieval_factors == [1]
+
+
 def test_every_model_differs_only_in_position():
     config = CompareConfig()
     configs = {name: config.model_config(name).to_dict() for name in config.models}
@@ -86,41 +162,83 @@ def test_every_model_differs_only_in_position():
     assert len({tuple(sorted((k, c[k]) for k in positional)) for c in configs.values()}) == len(configs)
 
 
-def row(label, ratio=1.0, passkey=0.0, ppl=10.0, delta=0.0, niah=0.0, at_train_len=1.0):
+def row(label, delta=(0.0, 0.001), ratio=1.0, ppl=10.0, at_T=(20, 20), passkey=None, niah=None):
+    """A summary row made by hand: ``delta`` (mean, se), accuracies as (right, prompts); ``passkey``
+    None: not evaluated past T (the model does not retrieve at T)."""
     return dict(
-        label=label, ppl_ratio=ratio, passkey_longest=passkey, passkey_beyond=passkey, ppl_longest=ppl,
-        paired_delta_longest=delta, niah_beyond=niah, passkey_train_len=at_train_len,
+        label=label, ppl_ratio=ratio, ppl_longest=Estimate(ppl, 0.95 * ppl, 1.05 * ppl),
+        paired_delta_longest=normal_interval(*delta), passkey_train_len=wilson_interval(*at_T),
+        retrieves_at_T=passkey is not None,
+        passkey_longest=passkey and wilson_interval(*passkey),
+        passkey_beyond=passkey and wilson_interval(*passkey),
+        niah_beyond=niah and wilson_interval(*niah),
     )  # fmt: skip
 
 
-def test_claims_are_judged_by_their_thresholds():
-    rows = dict(
-        rope=row("RoPE", ratio=3.0),
-        alibi=row("ALiBi", ratio=1.05, passkey=0.9),
-        goat=row("GOAT", passkey=0.2),
-    )
-    claims = {
-        claim.split(" ")[0] + str(i): agrees
-        for i, (claim, _, agrees) in enumerate(seed_claims(rows, 4096, 1024))
+def verdicts(rows: dict) -> dict[str, tuple[bool | None, str]]:
+    return {
+        claim.claim.split(" (")[0]: (claim.agrees, claim.reason) for claim in seed_claims(rows, 4096, 1024)
     }
-    assert claims == {"RoPE0": True, "ALiBi1": True, "ALiBi2": False, "GOAT3": False}
 
 
-def test_winners_share_ties_and_pick_the_right_direction():
-    rows = dict(a=row("A", ppl=5.0, passkey=0.5, delta=0.1), b=row("B", ppl=4.0, passkey=0.5, delta=-0.2))
-    found = {metric: (labels, value) for metric, labels, value in winners(rows)}
-    assert found["perplexity at the longest length"] == (["B"], 4.0)
-    assert found["paired delta at the longest length"] == (["B"], -0.2)
-    assert found["passkey accuracy past the training length"] == (["A", "B"], 0.5)
+def test_context_claims_are_judged_from_the_paired_delta_not_the_ratio():
+    rows = dict(
+        rope=row("RoPE", delta=(1.6, 0.2), ratio=4.0),
+        sinusoidal=row("Sinusoidal", delta=(0.05, 0.04), ratio=1.6),  # interval holds 0 and 0.1
+        alibi=row("ALiBi", delta=(-0.0004, 0.001), ratio=1.3),  # a ratio over 1.2, yet flat
+    )
+    found = verdicts(rows)
+    assert found["RoPE degrades past the training length"] == (True, "")
+    assert found["Sinusoidal degrades past the training length"] == (None, WITHIN_NOISE)
+    assert found["ALiBi stays flat past the training length"] == (True, "")
+    measured = {c.claim.split(" ")[0]: c.measured for c in seed_claims(rows, 4096, 1024)}
+    assert "degrades by 1.208 to 1.992 nats per byte" in measured["RoPE"] and "x4.00" in measured["RoPE"]
+    flat_rope = verdicts(dict(rope=row("RoPE", delta=(0.005, 0.004), ratio=3.0)))
+    assert flat_rope["RoPE degrades past the training length"] == (False, "")  # within the tolerance
+    assert context_effect(normal_interval(FLAT_TOLERANCE + 0.01, 0.001)) == "degrades"
+    assert context_effect(normal_interval(-0.5, 0.1)) == "flat"
+
+
+def test_far_retrieval_claims_need_retrieval_at_T_and_an_interval_clear_of_the_threshold():
+    rows = dict(
+        alibi=row("ALiBi", passkey=(0, 40)),
+        bam=row("BAM", passkey=(20, 40)),
+        goat=row("GOAT", passkey=(38, 40)),
+    )
+    found = verdicts(rows)
+    assert found["ALiBi retrieves poorly far away"] == (True, "")
+    assert found["BAM retrieves far beyond the training length"] == (None, WITHIN_NOISE)
+    assert found["GOAT retrieves far beyond the training length"] == (True, "")
+    cannot = verdicts(dict(goat=row("GOAT", at_T=(0, 20)), alibi=row("ALiBi", at_T=(3, 20))))
+    assert [v for claim, v in cannot.items() if "retrieves" in claim] == [(None, NO_RETRIEVAL)] * 2
+
+
+def test_winners_are_declared_only_beyond_noise():
+    rows = dict(
+        alibi=row("ALiBi", delta=(-0.0004, 0.001), ppl=6.0, passkey=(1, 400)),
+        goat=row("GOAT", delta=(-0.0002, 0.001), ppl=6.1, passkey=(0, 400)),
+        rope=row("RoPE", delta=(1.6, 0.2), ppl=25.0),  # not evaluated past T
+    )
+    found = {metric: (w, estimates) for metric, w, estimates in winners(rows)}
+    assert found["paired delta at the longest length"][0] == Winner(None, ["ALiBi", "GOAT"])
+    assert found["perplexity at the longest length"][0] == Winner(None, ["ALiBi", "GOAT"])
+    assert set(found["passkey accuracy past the training length"][1]) == {"ALiBi", "GOAT"}
+    assert found["passkey accuracy past the training length"][0] == Winner(None, ["ALiBi", "GOAT"])
+    assert "NIAH accuracy past the training length (all variants)" not in found  # nobody measured
+    text = winner_text(*found["paired delta at the longest length"])
+    assert text.startswith("tie: <b>ALiBi, GOAT</b> (within noise: ALiBi -0.000 [")
+    clear = dict(
+        a=row("A", delta=(0.0, 0.001), passkey=(38, 40)), b=row("B", delta=(0.5, 0.01), passkey=(2, 40))
+    )
+    found = {metric: w for metric, w, _ in winners(clear)}
+    assert found["paired delta at the longest length"] == Winner("A", [])
+    assert found["passkey accuracy past the training length"] == Winner("A", [])
 
 
 def test_an_accuracy_nobody_scored_has_no_winner():
-    rows = dict(a=row("A"), b=row("B"))
-    found = {metric: labels for metric, labels, _ in winners(rows)}
-    assert found["passkey accuracy past the training length"] == []
-
-
-def test_a_claim_about_far_retrieval_needs_retrieval_at_the_training_length():
-    rows = dict(alibi=row("ALiBi", at_train_len=0.0), bam=row("BAM", passkey=0.0, at_train_len=0.2))
-    verdicts = [agrees for claim, _, agrees in seed_claims(rows, 4096, 1024) if "retrieves" in claim]
-    assert verdicts == [None, None]
+    rows = dict(a=row("A", passkey=(0, 40)), b=row("B", passkey=(0, 40)))
+    found = {metric: (w, estimates) for metric, w, estimates in winners(rows)}
+    assert found["passkey accuracy past the training length"][0] == Winner(None, [])
+    assert (
+        winner_text(*found["passkey accuracy past the training length"]) == "no model (every model scores 0)"
+    )

@@ -31,6 +31,9 @@ def test_losses_past_the_training_length_are_the_tail():
     assert r["tail_loss"][1:] == pytest.approx([b, b])
     assert r["paired_delta"][1:] == pytest.approx([b - a, b - a])
     assert r["paired_delta_se"][1:] == pytest.approx([0.0, 0.0], abs=1e-12)
+    assert r["loss_se"] == pytest.approx([0.0, 0.0, 0.0], abs=1e-12)  # every window has the same losses
+    one = evaluate_ppl(model, CYCLE, lengths=[2 * T], train_len=T, windows=1, progress=False)
+    assert one["loss_se"] == [None] and one["paired_delta_se"] == [None]
     last = r["position_loss"][-1]
     assert last["edges"][0] == 1 and last["edges"][-1] == 8 * T + 1
     assert last["loss"][0] == pytest.approx(a) and last["loss"][-1] == pytest.approx(b)
@@ -60,6 +63,37 @@ def test_text_too_short_for_a_length_is_a_clear_error():
         )
     with pytest.raises(ValueError, match="positive integers"):
         evaluate_ppl(CyclicModel(V, T, 0.5, 0.5), CYCLE, lengths=[0], train_len=T, progress=False)
+
+
+def test_loss_se_is_the_standard_error_over_windows():
+    """One window of text the model predicts (loss a) and one it does not (a repeated token, loss
+    b): the standard error of the mean of two values is half their distance."""
+    model = CyclicModel(V, T, p_inside=0.5, p_beyond=0.5)
+    a, b = nats(0.5), nats(0.5 / (V - 1))
+    documents = [np.arange(40) % V, np.full(40, 3)]  # one window of T + 1 tokens in each
+    r = evaluate_ppl(model, documents, lengths=[T], train_len=T, windows=2, progress=False)
+    assert r["loss"] == pytest.approx([(a + b) / 2]) and r["loss_se"] == pytest.approx([(b - a) / 2])
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(train_len=-5), "train_len must be an int >= 1, got -5"),
+        (dict(train_len=0), "train_len must be an int >= 1, got 0"),
+        (dict(train_len=2.5), "train_len must be an int >= 1, got 2.5"),
+        (dict(windows=0), "windows must be an int >= 1, got 0"),
+        (dict(windows=2.5), "windows must be an int >= 1, got 2.5"),
+        (dict(seed=-1), "seed must be an int >= 0, got -1"),
+        (dict(seed=1.5), "seed must be an int >= 0, got 1.5"),
+        (dict(chunk=0), "chunk must be an int >= 1, got 0"),
+        (dict(documents=[]), "documents must hold at least one token array, got none"),
+        (dict(lengths=[]), "lengths must be positive integers, got \\[\\]"),
+    ],
+)
+def test_bad_input_is_a_one_line_error_naming_the_argument(options, message):
+    arguments = dict(documents=CYCLE, lengths=[T, 2 * T], train_len=T, windows=2, seed=0) | options
+    with pytest.raises(ValueError, match=message):
+        evaluate_ppl(CyclicModel(V, T, 0.5, 0.5), arguments.pop("documents"), progress=False, **arguments)
 
 
 @pytest.mark.parametrize("prior, encoding", [("uniform", "rope"), ("ggd", "none"), ("goat", "none")])

@@ -69,8 +69,14 @@ def test_results_are_deterministic_for_a_seed():
     [
         (dict(lengths=[20]), "needs at least 88 tokens"),
         (dict(lengths=[200, -1]), "positive integers"),
-        (dict(lengths=[200], trials=0), "trials"),
-        (dict(lengths=[200], depths=[1.5]), "depths"),
+        (dict(lengths=[200], trials=0), "trials must be an int >= 1, got 0"),
+        (dict(lengths=[200], trials=True), "trials must be an int >= 1, got True"),
+        (dict(lengths=[200], depths=[1.5]), "depths must be numbers in \\[0, 1\\], got \\[1.5\\]"),
+        (dict(lengths=[200], depths=["ab"]), "depths must be numbers in \\[0, 1\\]"),
+        (dict(lengths=[200], depths=[]), "depths must be numbers"),
+        (dict(lengths=[200], seed=-1), "seed must be an int >= 0, got -1"),
+        (dict(lengths=[200], seed=1.5), "seed must be an int >= 0, got 1.5"),
+        (dict(lengths=[200], chunk=-2), "chunk must be an int >= 1, got -2"),
     ],
 )
 def test_bad_settings_are_refused(options, message):
@@ -82,5 +88,6 @@ def test_bad_settings_are_refused(options, message):
 def test_uniform_depths_span_zero_to_one():
     assert uniform_depths(20)[0] == 0.0 and uniform_depths(20)[-1] == 1.0
     assert np.allclose(np.diff(uniform_depths(20)), 1 / 19)
-    with pytest.raises(ValueError):
-        uniform_depths(0)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="the number of depths must be a positive int"):
+            uniform_depths(bad)

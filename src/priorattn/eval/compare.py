@@ -2,11 +2,15 @@
 evaluated alike, in one report (the main job; seed 003 Sec. 3 and App. D-E, seed 000 Sec. 6).
 
 Every model is the ``tiny`` preset trained with the same data, steps, seed and retrieval mix; only
-the way position enters differs (:data:`MODELS`). Each is then scored by the three evaluations at
-lengths from the training length ``T`` upwards. The output directory holds one run directory per
-model (``models/NAME``), each model's evaluation results (``models/NAME/eval/TASK``), and the
-report (``report.html``, ``results.json``, the figures). Everything finished is reused: a re-run
-only does what is missing or was asked with other settings.
+the way position enters differs (:data:`MODELS`). Each is then scored at lengths from the training
+length ``T`` upwards: perplexity, and passkey accuracy at ``T``. Byte-level retrieval costs minutes
+per model, and a model that does not retrieve at ``T`` cannot show how retrieval survives beyond it,
+so the passkey past ``T`` and the NIAH run only for the models that retrieve at ``T`` (accuracy at
+least :data:`RETRIEVES`). The output directory holds one run directory per model
+(``models/NAME``), each model's evaluation results (``models/NAME/eval/TASK``), and the report
+(``report.html``, ``results.json``, the figures). Everything finished is reused: a re-run only does
+what is missing, was asked with other settings, or was measured on another checkpoint (a run
+trained further).
 """
 
 from __future__ import annotations
@@ -19,10 +23,10 @@ from pathlib import Path
 
 from ..data import vocab_size_of
 from ..data.retrieval import NIAH_VARIANTS
-from ..files import prepare_out, write_json_atomic
+from ..files import check_text_encoding, prepare_out, write_json_atomic
 from ..models import preset
 from ..train import TrainConfig, train
-from .jobs import RESULTS_JSON, niah_job, passkey_job, ppl_job
+from .jobs import RESULTS_JSON, checkpoint_identity, niah_job, passkey_job, ppl_job
 
 # name -> (label, GPTConfig fields): the positional mechanisms of seed 003 Fig. 6 and seed 000 Fig. 3.
 MODELS: dict[str, tuple[str, dict]] = {
@@ -35,6 +39,8 @@ MODELS: dict[str, tuple[str, dict]] = {
     "goat": ("GOAT", dict(prior="goat")),
 }
 
+RETRIEVES = 0.5  # passkey accuracy at which a model "retrieves" (at T: the gate to longer retrieval)
+
 
 @dataclass
 class CompareConfig:
@@ -42,11 +48,15 @@ class CompareConfig:
 
     The default (budget 1) trains each tiny model for 600 steps of 8 x 256 bytes with half of the
     sequences replaced by retrieval samples, and evaluates perplexity from T = 256 to 64 T and
-    retrieval to 16 T.
+    retrieval to 16 T. ``data`` is the corpus (:func:`priorattn.data.load_corpus`; ``None``: the
+    embedded Shakespeare works), its text files decoded with ``text_encoding``. ``ppl_factors`` and
+    ``retrieval_factors`` are the evaluation lengths in units of ``T = seq_len``: increasing, from
+    1 (the report reads the first as ``T``), perplexity with at least one length past ``T``.
     """
 
     models: list[str] = field(default_factory=lambda: list(MODELS))
-    data: str | None = None  # the corpus (priorattn.data.load_corpus); None: embedded Shakespeare
+    data: str | None = None
+    text_encoding: str = "utf-8"
     preset: str = "tiny"
     seq_len: int = 256
     window: int = 128
@@ -69,6 +79,9 @@ class CompareConfig:
         bad = [v for v in self.niah_variants if v not in NIAH_VARIANTS]
         if bad:
             raise ValueError(f"unknown NIAH variant {bad[0]!r}: use some of {list(NIAH_VARIANTS)}")
+        check_text_encoding(self.text_encoding)
+        check_factors("ppl_factors", self.ppl_factors, past_T=True)
+        check_factors("retrieval_factors", self.retrieval_factors, past_T=False)
 
     @classmethod
     def for_budget(cls, budget: float = 1.0, models: Sequence[str] | None = None) -> CompareConfig:
@@ -94,6 +107,7 @@ class CompareConfig:
     def train_config(self) -> TrainConfig:
         return TrainConfig(
             data=self.data,
+            text_encoding=self.text_encoding,
             steps=self.steps,
             batch_size=self.batch_size,
             retrieval_mix=self.retrieval_mix,
@@ -104,12 +118,16 @@ class CompareConfig:
         )
 
     def evaluations(self) -> dict[str, dict]:
-        """The settings of each evaluation, as recorded with its results (a change re-runs it)."""
+        """The settings of each evaluation, as recorded with its results (a change re-runs it):
+        ``ppl``, ``passkey_at_T`` (the gate), ``passkey`` (every length, T again among them: its
+        results are what ``priorattn eval passkey`` writes) and ``niah``."""
         T = self.seq_len
         retrieval = [T * f for f in self.retrieval_factors]
+        passkey = dict(depths=self.passkey_depths, trials=self.trials, seed=self.seed)
         return dict(
             ppl=dict(lengths=[T * f for f in self.ppl_factors], windows=self.ppl_windows, seed=self.seed),
-            passkey=dict(lengths=retrieval, depths=self.passkey_depths, trials=self.trials, seed=self.seed),
+            passkey_at_T=dict(lengths=[T], **passkey),
+            passkey=dict(lengths=retrieval, **passkey),
             niah=dict(
                 lengths=retrieval,
                 depths=self.niah_depths,
@@ -120,11 +138,28 @@ class CompareConfig:
         )
 
 
-JOBS = dict(ppl=ppl_job, passkey=passkey_job, niah=niah_job)
+def check_factors(name: str, factors: Sequence[int], past_T: bool) -> None:
+    """Evaluation lengths in units of T: increasing ints from 1 (the report reads the first as T),
+    with at least one past T if ``past_T``."""
+    ints = all(isinstance(f, int) and not isinstance(f, bool) for f in factors)
+    if not (
+        ints and len(factors) >= 1 + past_T and factors[0] == 1 and list(factors) == sorted(set(factors))
+    ):
+        raise ValueError(
+            f"{name} must be increasing ints starting at 1 (T, as the report labels it)"
+            f"{', with one past T' if past_T else ''}, got {factors!r}"
+        )
+
+
+JOBS = dict(ppl=ppl_job, passkey_at_T=passkey_job, passkey=passkey_job, niah=niah_job)
 
 
 def compare(config: CompareConfig, out: str | Path, *, progress: bool = True, log=print) -> dict:
-    """Train and evaluate every model of ``config`` into ``out``; write the report; return its data."""
+    """Train and evaluate every model of ``config`` into ``out``; write the report; return its data.
+
+    Per model (``results.json``'s ``models.NAME``): ``ppl`` and ``passkey_at_T`` always; ``passkey``
+    and ``niah`` when the passkey accuracy at ``T`` is at least :data:`RETRIEVES`, else ``None``
+    (skipped)."""
     out = prepare_out(out)
     results = {}
     for i, name in enumerate(config.models, 1):
@@ -135,8 +170,15 @@ def compare(config: CompareConfig, out: str | Path, *, progress: bool = True, lo
         )
         entry = dict(label=MODELS[name][0], run=str(run_dir), val_loss=trained.val_loss)
         entry["unigram_loss"] = trained.unigram_loss
-        for task, settings in config.evaluations().items():
-            entry[task] = evaluation(task, settings, run_dir, progress, log)
+        settings = config.evaluations()
+        for task in ("ppl", "passkey_at_T"):
+            entry[task] = evaluation(task, settings[task], run_dir, progress, log)
+        at_T = entry["passkey_at_T"]["by_length"][0]
+        retrieves = at_T >= RETRIEVES
+        if not retrieves:
+            log(f"    passkey past T, niah: skipped (passkey accuracy {at_T:.2f} at T, below {RETRIEVES})")
+        for task in ("passkey", "niah"):
+            entry[task] = evaluation(task, settings[task], run_dir, progress, log) if retrieves else None
         results[name] = entry
     from .report import write_report  # matplotlib and the HTML only when there is something to show
 
@@ -144,12 +186,13 @@ def compare(config: CompareConfig, out: str | Path, *, progress: bool = True, lo
 
 
 def evaluation(task: str, settings: dict, run_dir: Path, progress: bool, log) -> dict:
-    """The results of ``task`` on ``run_dir`` with ``settings``: read back if already there."""
+    """The results of ``task`` on ``run_dir`` with ``settings``: read back if they were measured
+    with these settings on the checkpoint the run holds now."""
     task_dir = run_dir / "eval" / task
     path = task_dir / RESULTS_JSON
     if path.exists():
         saved = json.loads(path.read_text())
-        if saved.get("settings") == settings:
+        if saved.get("settings") == settings and saved.get("checkpoint") == checkpoint_identity(run_dir):
             log(f"    {task}: reusing {path}")
             return saved
     log(f"    {task}: evaluating")

@@ -7,10 +7,15 @@ The text is the run's own validation split by default (:func:`priorattn.data.run
 any corpus source (``data=``: a text file, folder, glob, ``hf:PATH``; its text files decoded with
 ``text_encoding``), so a model can be scored on
 text it never saw. Default lengths run from the training length ``T`` to ``64 T`` in powers of two.
+
+Every ``results.json`` records the ``checkpoint`` it scored (:func:`checkpoint_identity`), so a result
+is never mistaken for one of the same run trained further.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +28,9 @@ from ..data.retrieval import NIAH_VARIANTS, RetrievalTask, default_filler
 from ..data.tokenizer import Tokenizer
 from ..files import prepare_out, read_json, write_json_atomic
 from ..train import load_run
+from ..train.checkpoint import CheckpointError, checkpoint_indexes
 from .plots import TASK_TITLES, plot_accuracy_vs_length, plot_ppl, plot_retrieval_heatmaps
-from .ppl import evaluate_ppl
+from .ppl import check_lengths, evaluate_ppl
 from .retrieval import evaluate_retrieval, uniform_depths
 
 RESULTS_JSON = "results.json"
@@ -34,24 +40,63 @@ DEFAULT_FACTORS = (1, 2, 4, 8, 16, 32, 64)
 @dataclass
 class ScoredModel:
     """What an evaluation needs of a run: a model called as :class:`~priorattn.models.GPT` is
-    (``model(tokens, caches=...) -> (logits, loss, caches)``), its tokenizer and training length."""
+    (``model(tokens, caches=...) -> (logits, loss, caches)``), its tokenizer and training length,
+    and the identity of its weights (:func:`checkpoint_identity`)."""
 
     model: object
     tokenizer: Tokenizer
     train_len: int
+    checkpoint: dict
+
+
+def is_hf_dir(run_dir: Path) -> bool:
+    """A ``transformers`` directory from ``hf-extend``: its ``config.json`` names a ``model_type``."""
+    config = run_dir / "config.json"
+    return config.is_file() and "model_type" in read_json(config)
 
 
 def load_scored(run_dir: Path) -> ScoredModel:
     """The model of a ``priorattn train`` run, or of a ``transformers`` directory from ``hf-extend``
-    (its ``config.json`` names a ``model_type``; loading it needs ``priorattn[hf]``)."""
-    config = run_dir / "config.json"
-    if config.is_file() and "model_type" in read_json(config):
+    (loading it needs ``priorattn[hf]``)."""
+    if is_hf_dir(run_dir):
         from ..hf.extend import load_extended
 
         model, tokenizer, train_len = load_extended(run_dir)
-        return ScoredModel(model, tokenizer, train_len)
+        return ScoredModel(model, tokenizer, train_len, checkpoint_identity(run_dir))
     run = load_run(run_dir)
-    return ScoredModel(run.model, run.tokenizer, run.model_config.seq_len)
+    return ScoredModel(
+        run.model, run.tokenizer, run.model_config.seq_len, checkpoint_identity(run_dir, run.step)
+    )
+
+
+def checkpoint_identity(run_dir: str | Path, step: int | None = None) -> dict:
+    """``{"step", "sha256"}``: which weights of ``run_dir`` an evaluation scores, the key (with the
+    settings) that saved results are reused under.
+
+    For a run of ``priorattn train``: its checkpoint at ``step`` (``None``: the newest), with the
+    sha256 of the tensor file as the checkpoint's index records it (:func:`~priorattn.train.load_run`
+    checks the file against it before loading). For an ``hf-extend`` directory: ``step`` ``None``
+    and the sha256 of its weight files, in name order. Raises
+    :class:`~priorattn.train.checkpoint.CheckpointError` when the run has no such checkpoint.
+    """
+    run_dir = Path(run_dir)
+    if is_hf_dir(run_dir):
+        from ..hf.extend import WEIGHT_FILES
+
+        digest = hashlib.sha256()
+        for path in sorted(p for pattern in WEIGHT_FILES for p in run_dir.glob(pattern)):
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 24), b""):
+                    digest.update(block)
+        return dict(step=None, sha256=digest.hexdigest())
+    for index_path in checkpoint_indexes(run_dir):
+        try:
+            index = json.loads(index_path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue  # a damaged index is never the one loaded
+        if step is None or index.get("step") == step:
+            return dict(step=index.get("step"), sha256=index.get("sha256"))
+    raise CheckpointError(f"no checkpoint{'' if step is None else f' at step {step}'} in {run_dir}")
 
 
 def default_lengths(train_len: int, factors: Sequence[int] = DEFAULT_FACTORS) -> list[int]:
@@ -97,13 +142,15 @@ def ppl_job(
     result = evaluate_ppl(
         run.model,
         documents,
-        lengths=lengths or default_lengths(T),
+        lengths=default_lengths(T) if lengths is None else lengths,
         train_len=T,
         windows=windows,
         seed=seed,
         progress=progress,
     )
-    result = dict(run=str(run_dir), data=data or "validation split", seed=seed) | result
+    result = (
+        dict(run=str(run_dir), checkpoint=run.checkpoint, data=data or "validation split", seed=seed) | result
+    )
     result["tau_length_scaling"] = tau_length_scaling
     write_json_atomic(out / RESULTS_JSON, result)
     plot_ppl({run_label(run_dir): result}, out / "ppl.png")
@@ -136,13 +183,13 @@ def passkey_job(
     result = evaluate_retrieval(
         run.model,
         task,
-        lengths=lengths or default_lengths(T),
+        lengths=default_lengths(T) if lengths is None else lengths,
         depths=uniform_depths(depths),
         trials=trials,
         seed=seed,
         progress=progress,
     )
-    result = dict(run=str(run_dir), seed=seed, digits=digits, train_len=T) | result
+    result = dict(run=str(run_dir), checkpoint=run.checkpoint, seed=seed, digits=digits, train_len=T) | result
     write_json_atomic(out / RESULTS_JSON, result)
     label = run_label(run_dir)
     plot_retrieval_heatmaps({label: result}, out / "heatmap.png", title=TASK_TITLES["passkey"])
@@ -173,12 +220,14 @@ def niah_job(
         raise ValueError(
             f"unknown NIAH variant {unknown[0] if unknown else None!r}: use some of {NIAH_VARIANTS}"
         )
+    if lengths is not None:
+        check_lengths(lengths)  # before a variant drops the lengths too short for its prompt
     run_dir, out = Path(run_dir), prepare_out(out)
     run = load_scored(run_dir)
     T = run.train_len
     corpus = np.concatenate(eval_documents(run, run_dir, data, text_encoding))
     per_variant = {}
-    lengths = lengths or default_lengths(T)
+    lengths = default_lengths(T) if lengths is None else lengths
     for name in variants:
         task = RetrievalTask(name, run.tokenizer, default_filler(name, run.tokenizer, corpus))
         usable = [n for n in lengths if n >= task.min_length()]  # multi-needle prompts are long
@@ -195,8 +244,8 @@ def niah_job(
             seed=seed,
             progress=progress,
         )
-    result = dict(run=str(run_dir), data=data or "validation split", seed=seed, train_len=T)
-    result["variants"] = per_variant
+    result = dict(run=str(run_dir), checkpoint=run.checkpoint, data=data or "validation split", seed=seed)
+    result |= dict(train_len=T, variants=per_variant)
     write_json_atomic(out / RESULTS_JSON, result)
     label = run_label(run_dir)
     for name, r in per_variant.items():

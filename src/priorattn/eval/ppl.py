@@ -5,6 +5,7 @@ inside documents; each window is scored in one (chunked) pass, every target seei
 it in the window. Reported per length:
 
 - ``loss`` / ``ppl``: mean next-token loss over every target of every window, and its exponential;
+  ``loss_se``: the standard error of ``loss`` over windows (``None`` for one window);
 - ``tail_loss``: the mean over targets whose context is longer than the training length ``T``
   (target index ``t >= T``: a model trained on ``T``-token windows never predicted there); ``None``
   when ``L <= T``;
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..checks import check_int
 from .scoring import token_losses
 
 TOKENS_PER_CALL = 1 << 14  # windows of one length are batched up to this many tokens per forward
@@ -85,14 +87,23 @@ def evaluate_ppl(
 ) -> dict:
     """Perplexity of ``model`` at each of ``lengths`` over ``documents`` (token arrays).
 
-    ``train_len`` is the length the model was trained at; ``windows`` the windows scored per length
-    (fewer where the text has fewer). Deterministic for a ``seed``. Returns the dict written to
-    ``results.json``: ``lengths``, ``windows``, ``loss``, ``ppl``, ``tail_loss``, ``paired_delta``,
-    ``paired_delta_se``, ``position_loss`` (per length: ``{"edges", "loss"}``), ``train_len``.
+    ``train_len`` is the length the model was trained at (a positive int); ``windows`` the windows
+    scored per length (a positive int; fewer where the text has fewer). Deterministic for a ``seed``
+    (an int >= 0). ``chunk``: tokens per forward call (``None``: as many as 256 MiB of logits hold).
+    Returns the dict written to ``results.json``: ``lengths``, ``windows``, ``loss``, ``loss_se``,
+    ``ppl``, ``tail_loss``, ``paired_delta``, ``paired_delta_se``, ``position_loss`` (per length:
+    ``{"edges", "loss"}``), ``train_len``.
     """
     check_lengths(lengths)
+    check_int("train_len", train_len, 1)
+    check_int("windows", windows, 1)
+    check_int("seed", seed, 0)
+    check_chunk(chunk)
+    if len(documents) == 0:
+        raise ValueError("documents must hold at least one token array, got none")
     half = max(1, train_len // 2)
-    result = dict(train_len=train_len, lengths=list(lengths), windows=[], loss=[], ppl=[], tail_loss=[])
+    result = dict(train_len=train_len, lengths=list(lengths), windows=[], loss=[], loss_se=[], ppl=[])
+    result["tail_loss"] = []
     result |= dict(paired_delta=[], paired_delta_se=[], position_loss=[])
     bar = tqdm(total=len(lengths), desc="ppl", unit="length", disable=not progress)
     for length in lengths:
@@ -101,6 +112,7 @@ def evaluate_ppl(
         loss = float(losses.mean())
         result["windows"].append(len(chosen))
         result["loss"].append(loss)
+        result["loss_se"].append(standard_error(losses.mean(1)))
         result["ppl"].append(math.exp(loss))
         result["tail_loss"].append(float(losses[:, train_len:].mean()) if length > train_len else None)
         edges = position_bins(length)
@@ -110,14 +122,24 @@ def evaluate_ppl(
         if length > train_len:
             short = window_losses(model, [w[-(train_len + 1) :] for w in chosen], chunk)  # (n, T)
             deltas = losses[:, -half:].mean(1) - short[:, -half:].mean(1)  # (n,)
-            delta = float(deltas.mean())
-            se = float(deltas.std() / math.sqrt(len(deltas))) if len(deltas) > 1 else None
+            delta, se = float(deltas.mean()), standard_error(deltas)
         result["paired_delta"].append(delta)
         result["paired_delta_se"].append(se)
         bar.update(1)
         bar.set_postfix(length=length, loss=f"{loss:.3f}")
     bar.close()
     return result
+
+
+def standard_error(values: torch.Tensor) -> float | None:
+    """The standard error of the mean of ``values: (n,)`` (sample standard deviation over
+    ``sqrt(n)``); ``None`` for one value."""
+    return float(values.std() / math.sqrt(len(values))) if len(values) > 1 else None
+
+
+def check_chunk(chunk: int | None) -> None:
+    if chunk is not None:
+        check_int("chunk", chunk, 1)
 
 
 def check_lengths(lengths: Sequence[int]) -> None:

@@ -16,20 +16,22 @@ of right tokens, seed 000's "span-token accuracy") credits near misses.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sequence
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..checks import check_int
 from ..data.retrieval import RetrievalTask
-from .ppl import check_lengths
+from .ppl import check_chunk, check_lengths
 from .scoring import answer_predictions
 
 
 def uniform_depths(n: int) -> list[float]:
     """``n`` depths uniformly spaced over ``[0, 1]`` (seed 003: ``0L/19, 1L/19, ..., L`` for 20)."""
-    if not isinstance(n, int) or n < 1:
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"the number of depths must be a positive int, got {n!r}")
     return [i / (n - 1) for i in range(n)] if n > 1 else [0.5]
 
@@ -62,10 +64,11 @@ def evaluate_retrieval(
     ``accuracy``).
     """
     check_lengths(lengths)
-    if not isinstance(trials, int) or trials < 1:
-        raise ValueError(f"trials must be a positive int, got {trials!r}")
-    if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
-        raise ValueError(f"depths must lie in [0, 1], got {list(depths)!r}")
+    check_int("trials", trials, 1)
+    check_int("seed", seed, 0)
+    check_chunk(chunk)
+    if not depths or any(not (isinstance(d, numbers.Real) and 0.0 <= d <= 1.0) for d in depths):
+        raise ValueError(f"depths must be numbers in [0, 1], got {list(depths)!r}")
     shortest = task.min_length()
     if min(lengths) < shortest:
         raise ValueError(
