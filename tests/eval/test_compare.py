@@ -17,6 +17,7 @@ from priorattn.eval.report import (
     winner_text,
     winners,
 )
+from priorattn.eval.retrieval_study import RetrievalStudyConfig
 from priorattn.eval.verdicts import Estimate, Winner, normal_interval, wilson_interval
 
 
@@ -41,8 +42,43 @@ def small(corpus, **overrides) -> CompareConfig:
         niah_depths=1,
         trials=1,
         niah_variants=["single_repeat", "multikey"],
+        retrieval=None,
     )
     return CompareConfig(**base | overrides)
+
+
+def test_compare_runs_the_retrieval_study_and_its_report_answers_the_retrieval_claims(corpus, tmp_path):
+    study = RetrievalStudyConfig(
+        mechanisms=["alibi", "bam+ssmax"],
+        seeds=[0],
+        steps=4,
+        batch_size=4,
+        factors=[1, 2],
+        prompts=1,
+        depths=2,
+    )
+    config = small(corpus, models=["alibi"], retrieval=study)
+    data = compare(config, tmp_path / "out", progress=False, log=lambda line: None)
+    report = (tmp_path / "out" / "report.html").read_text()
+    study_texts = (
+        "Retrieval beyond the training length (synthetic tasks)",
+        "BAM + SSMax",
+        "What the priors learned",
+    )
+    for text in study_texts:
+        assert text in report
+    assert (tmp_path / "out" / "retrieval" / "results.json").exists()
+    assert data["retrieval"]["seed_claims"][0]["claim"].startswith("BAM + SSMax keeps")
+    assert data["config"]["retrieval"]["mechanisms"] == ["alibi", "bam+ssmax"]
+    assert not any(claim["reason"] == NO_RETRIEVAL for claim in data["seed_claims"])
+
+
+def test_the_retrieval_study_follows_the_budget_and_can_be_left_out():
+    assert CompareConfig.for_budget(0.1).retrieval.smoke
+    assert CompareConfig.for_budget(1).retrieval.steps == RetrievalStudyConfig().steps
+    assert CompareConfig.for_budget(1, retrieval_mechanisms=["goat"]).retrieval.mechanisms == ["goat"]
+    assert CompareConfig(retrieval=None).retrieval is None
+    assert CompareConfig(retrieval=dict(mechanisms=["rope"])).retrieval.mechanisms == ["rope"]
 
 
 def test_compare_writes_the_report_and_reuses_finished_work(corpus, tmp_path, monkeypatch):

@@ -27,6 +27,9 @@ from ..files import check_text_encoding, prepare_out, write_json_atomic
 from ..models import preset
 from ..train import TrainConfig, train
 from .jobs import RESULTS_JSON, checkpoint_identity, niah_job, passkey_job, ppl_job
+from .retrieval import RETRIEVES
+from .retrieval_report import run_retrieval_study
+from .retrieval_study import RetrievalStudyConfig
 
 # name -> (label, GPTConfig fields): the positional mechanisms of seed 003 Fig. 6 and seed 000 Fig. 3.
 MODELS: dict[str, tuple[str, dict]] = {
@@ -38,8 +41,6 @@ MODELS: dict[str, tuple[str, dict]] = {
     "bam": ("BAM (GGD + SSMax)", dict(prior="ggd", ssmax=True)),
     "goat": ("GOAT", dict(prior="goat")),
 }
-
-RETRIEVES = 0.5  # passkey accuracy at which a model "retrieves" (at T: the gate to longer retrieval)
 
 
 @dataclass
@@ -71,6 +72,7 @@ class CompareConfig:
     niah_depths: int = 5
     trials: int = 2
     niah_variants: list[str] = field(default_factory=lambda: list(NIAH_VARIANTS))
+    retrieval: RetrievalStudyConfig | None = field(default_factory=RetrievalStudyConfig)
 
     def __post_init__(self):
         unknown = [m for m in self.models if m not in MODELS]
@@ -82,14 +84,30 @@ class CompareConfig:
         check_text_encoding(self.text_encoding)
         check_factors("ppl_factors", self.ppl_factors, past_T=True)
         check_factors("retrieval_factors", self.retrieval_factors, past_T=False)
+        if isinstance(self.retrieval, dict):  # a saved config read back
+            self.retrieval = RetrievalStudyConfig(**self.retrieval)
+        if self.retrieval is not None and not isinstance(self.retrieval, RetrievalStudyConfig):
+            raise ValueError(f"retrieval must be a RetrievalStudyConfig or None, got {self.retrieval!r}")
 
     @classmethod
-    def for_budget(cls, budget: float = 1.0, models: Sequence[str] | None = None) -> CompareConfig:
+    def for_budget(
+        cls,
+        budget: float = 1.0,
+        models: Sequence[str] | None = None,
+        retrieval_mechanisms: Sequence[str] | None = None,
+    ) -> CompareConfig:
         """Training steps scale with ``budget``; below 0.5 the evaluations shrink to a smoke test
-        (shorter lengths, fewer depths and trials), from 4 the retrieval reaches 32 T."""
+        (shorter lengths, fewer depths and trials), from 4 the retrieval reaches 32 T. The retrieval
+        study takes the same budget (:meth:`RetrievalStudyConfig.for_budget`) and runs
+        ``retrieval_mechanisms`` (its defaults when None)."""
         if not budget > 0 or not math.isfinite(budget):
             raise ValueError(f"budget must be a positive number, got {budget!r}")
-        config = cls(models=list(models or MODELS), steps=max(10, round(600 * budget)))
+        study = {} if retrieval_mechanisms is None else dict(mechanisms=list(retrieval_mechanisms))
+        config = cls(
+            models=list(models or MODELS),
+            steps=max(10, round(600 * budget)),
+            retrieval=RetrievalStudyConfig.for_budget(budget, **study),
+        )
         if budget < 0.5:
             config.ppl_factors, config.retrieval_factors = [1, 2, 4, 8], [1, 2, 4]
             config.passkey_depths, config.niah_depths, config.trials, config.ppl_windows = 5, 3, 1, 2
@@ -155,7 +173,9 @@ JOBS = dict(ppl=ppl_job, passkey_at_T=passkey_job, passkey=passkey_job, niah=nia
 
 
 def compare(config: CompareConfig, out: str | Path, *, progress: bool = True, log=print) -> dict:
-    """Train and evaluate every model of ``config`` into ``out``; write the report; return its data.
+    """Train and evaluate every model of ``config`` into ``out``, run the synthetic retrieval study
+    (``config.retrieval``, into ``out/retrieval``; skipped when None); write the report; return its
+    data.
 
     Per model (``results.json``'s ``models.NAME``): ``ppl`` and ``passkey_at_T`` always; ``passkey``
     and ``niah`` when the passkey accuracy at ``T`` is at least :data:`RETRIEVES`, else ``None``
@@ -180,9 +200,14 @@ def compare(config: CompareConfig, out: str | Path, *, progress: bool = True, lo
         for task in ("passkey", "niah"):
             entry[task] = evaluation(task, settings[task], run_dir, progress, log) if retrieves else None
         results[name] = entry
+    retrieval = None
+    if config.retrieval is not None:
+        study = config.retrieval
+        log(f"retrieval study: {len(study.mechanisms)} mechanisms x {len(study.seeds)} seeds")
+        retrieval = run_retrieval_study(config.retrieval, out / "retrieval", progress=progress, log=log)
     from .report import write_report  # matplotlib and the HTML only when there is something to show
 
-    return write_report(config, results, out)
+    return write_report(config, results, out, retrieval)
 
 
 def evaluation(task: str, settings: dict, run_dir: Path, progress: bool, log) -> dict:

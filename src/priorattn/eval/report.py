@@ -3,7 +3,6 @@ and ``results.json`` with every number the page shows, keyed by model and evalua
 
 from __future__ import annotations
 
-import base64
 import html
 import math
 import platform
@@ -14,8 +13,10 @@ from pathlib import Path
 import torch
 
 from ..files import write_atomic, write_json_atomic
-from .compare import RETRIEVES
+from .pages import STYLE, image, number, table
 from .plots import TASK_TITLES, plot_accuracy_vs_length, plot_ppl, plot_retrieval_heatmaps
+from .retrieval import RETRIEVES
+from .retrieval_report import study_html
 from .verdicts import Estimate, Winner, compare_to, normal_interval, wilson_interval, winner
 
 # The paired delta (nats per byte) at the longest length is "flat" when its whole 95% interval lies
@@ -216,24 +217,8 @@ def draw_figures(results: dict, out: Path) -> dict[str, Path]:
     return figures
 
 
-def table(header: list[str], rows: list[list], caption: str = "") -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in rows)
-    caption = f"<caption>{html.escape(caption)}</caption>" if caption else ""
-    return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def number(value, digits: int = 3) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
-
-
 def estimate_cell(e: Estimate | None, digits: int = 3, signed: bool = False) -> str:
     return "—" if e is None else e.text(digits, signed)
-
-
-def image(path: Path, alt: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode("ascii")
-    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
 
 
 def verdict(claim: Claim) -> str:
@@ -260,20 +245,12 @@ def plain(value):
     return {key: v if math.isfinite(v) else None for key, v in asdict(value).items()}
 
 
-STYLE = """
-body { font-family: system-ui, sans-serif; max-width: 1200px; margin: 2em auto; padding: 0 1em; color: #222; }
-table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }
-th:first-child, td:first-child { text-align: left; }
-caption { caption-side: top; text-align: left; font-style: italic; padding-bottom: 0.3em; }
-img { max-width: 100%; }
-.agree { color: #1a7f37; } .differ { color: #b42318; font-weight: bold; } .untested { color: #9a6700; }
-code { background: #f3f3f3; padding: 0 0.2em; }
-"""
+def write_report(config, results: dict, out: Path, retrieval: dict | None = None) -> dict:
+    """Write ``report.html``, ``results.json`` and the figures into ``out``; return the results.
 
-
-def write_report(config, results: dict, out: Path) -> dict:
-    """Write ``report.html``, ``results.json`` and the figures into ``out``; return the results."""
+    ``retrieval``: what :func:`~priorattn.eval.retrieval_study.run_retrieval_study` returned; its
+    claims answer the seeds' retrieval claims, so the byte-level ones are listed only for models
+    that retrieve at T."""
     figures = draw_figures(results, out)
     rows = summary(results)
     any_model = next(iter(results.values()))
@@ -282,6 +259,8 @@ def write_report(config, results: dict, out: Path) -> dict:
     retrieval_lengths = config.evaluations()["passkey"]["lengths"]
     found = winners(rows)
     claims = seed_claims(rows, ppl_lengths[-1], retrieval_lengths[-1])
+    if retrieval is not None:
+        claims = [claim for claim in claims if claim.reason != NO_RETRIEVAL]
     retrieving = {name: r for name, r in results.items() if r["passkey"] is not None}
     skipped = [rows[name] for name in results if name not in retrieving]
     created = time.strftime("%Y-%m-%d %H:%M")
@@ -304,6 +283,11 @@ def write_report(config, results: dict, out: Path) -> dict:
         seed_claims=[asdict(claim) for claim in claims],
         models=results,
     )
+    if retrieval is not None:
+        data["retrieval"] = dict(
+            results=str(out / "retrieval" / "results.json"),
+            **{key: retrieval[key] for key in ("smoke", "seed_claims", "ssmax", "winners")},
+        )
     write_json_atomic(out / "results.json", data)
 
     corpus = (
@@ -323,6 +307,9 @@ def write_report(config, results: dict, out: Path) -> dict:
         "tokens. Intervals are 95%: normal over windows for perplexity and the paired delta, Wilson "
         "over prompts for accuracies.</p>"
     )
+    if retrieval is not None:
+        parts.append(study_html(retrieval, out / "retrieval", level=2))
+        parts.append("<h2>Language modelling on text</h2>")
     parts.append("<h2>Winners</h2><ul>")
     for metric, w, estimates in found:
         parts.append(f"<li>{html.escape(metric)}: {winner_text(w, estimates)}</li>")
@@ -331,6 +318,11 @@ def write_report(config, results: dict, out: Path) -> dict:
         "model's; otherwise the models not separated from the best are tied within noise.</p>"
     )
     parts.append("<h2>Against the seeds' claims</h2><ul>")
+    if retrieval is not None:
+        parts.append(
+            "<li>The retrieval claims are judged by the synthetic study above; byte-level passkey "
+            "claims are listed here only for models that retrieve at T.</li>"
+        )
     for claim in claims:
         parts.append(
             f"<li>{html.escape(claim.claim)}: {verdict(claim)}. Measured: {html.escape(claim.measured)}.</li>"

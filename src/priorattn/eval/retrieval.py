@@ -28,6 +28,8 @@ from ..data.retrieval import RetrievalTask
 from .ppl import check_chunk, check_lengths
 from .scoring import answer_predictions
 
+RETRIEVES = 0.5  # passkey accuracy at which a model "retrieves" (at T: the gate to longer retrieval)
+
 
 def uniform_depths(n: int) -> list[float]:
     """``n`` depths uniformly spaced over ``[0, 1]`` (seed 003: ``0L/19, 1L/19, ..., L`` for 20)."""

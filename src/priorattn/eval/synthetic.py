@@ -1,0 +1,111 @@
+"""Exact-match retrieval of one model on a synthetic task, per evaluation length and needle depth.
+
+Every cell ``(length, depth)`` holds ``prompts`` sequences of exactly ``length`` tokens (answers
+included) from :class:`~priorattn.data.synthetic.SyntheticTask`; sequence ``i`` of a cell is drawn
+from a generator seeded by ``(seed, task, length, depth index, i)``, so every model is scored on the
+same sequences and a cell does not depend on which others are evaluated. A sequence counts as right
+when the argmax at every answer position is the answer token, each read after the right tokens
+before it (teacher forcing). Greedy decoding produces the same answer exactly when this holds
+(greedy's first wrong token is teacher forcing's first wrong token), so this is the greedy exact
+match of seed 003 Sec. 3.1, from one forward pass per batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import contextmanager, nullcontext
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ..checks import check_int
+from ..data.packing import IGNORE_INDEX
+from ..data.synthetic import SYNTHETIC_TASKS, SyntheticTask
+from .ppl import check_lengths
+
+TOKENS_PER_CALL = 1 << 15  # sequences of one cell go through the model up to this many tokens at once
+
+
+def cell_rng(seed: int, task: str, length: int, depth_index: int, prompt: int) -> np.random.Generator:
+    """The generator of prompt ``prompt`` of cell ``(length, depth_index)`` of ``task``."""
+    return np.random.default_rng([seed, SYNTHETIC_TASKS.index(task), length, depth_index, prompt])
+
+
+@torch.no_grad()
+def exact_matches(model, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per row of ``inputs: (B, L)``: whether the argmax equals ``targets: (B, L)`` at every
+    position whose target is not ``IGNORE_INDEX`` (teacher-forced). ``(B,)`` bool."""
+    rows = max(1, TOKENS_PER_CALL // inputs.shape[1])
+    right = []
+    for start in range(0, len(inputs), rows):
+        logits, _, _ = model(inputs[start : start + rows])  # (b, L, V)
+        wanted = targets[start : start + rows]
+        hit = (logits.argmax(-1) == wanted) | (wanted == IGNORE_INDEX)  # (b, L)
+        right.append(hit.all(dim=1))
+    return torch.cat(right)
+
+
+@contextmanager
+def interpolated_rope(model, factor: float):
+    """RoPE position interpolation at evaluation (Chen et al. 2023; seed 000's PI baseline): every
+    RoPE layer of ``model`` rotates position ``p`` as ``p / factor`` inside the block."""
+    ropes = [block.attn.rope for block in model.blocks if getattr(block.attn, "rope", None) is not None]
+    saved = [rope.interpolation for rope in ropes]
+    try:
+        for rope in ropes:
+            rope.interpolation = float(factor)
+        yield
+    finally:
+        for rope, value in zip(ropes, saved):
+            rope.interpolation = value
+
+
+def score_synthetic(
+    model,
+    task: SyntheticTask,
+    *,
+    lengths: Sequence[int],
+    depths: Sequence[float],
+    prompts: int,
+    seed: int,
+    interpolate_from: int | None = None,
+    progress: bool = True,
+) -> dict:
+    """Exact-match counts of ``model`` on ``task``: ``correct[i][j]`` of ``prompts`` sequences of
+    ``lengths[i]`` tokens with the needle at ``depths[j]``.
+
+    ``interpolate_from=T`` scores a RoPE model with position interpolation at every length ``n > T``
+    (factor ``n / T``), the trained model unchanged at ``T``. Returns ``{"task", "lengths",
+    "depths", "prompts", "correct"}``; accuracies are ``correct / prompts``.
+    """
+    check_lengths(lengths)
+    check_int("prompts", prompts, low=1)
+    check_int("seed", seed, low=0)
+    if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
+        raise ValueError(f"depths must be a non-empty list of numbers in [0, 1], got {list(depths)!r}")
+    shortest = task.min_length()
+    if min(lengths) < shortest:
+        raise ValueError(
+            f"the {task.name} task needs sequences of at least {shortest} tokens, got {min(lengths)}"
+        )
+    correct = np.zeros((len(lengths), len(depths)), dtype=np.int64)
+    bar = tqdm(total=len(lengths) * len(depths), desc=task.name, unit="cell", disable=not progress)
+    for i, length in enumerate(lengths):
+        interpolate = interpolate_from is not None and length > interpolate_from
+        with interpolated_rope(model, length / interpolate_from) if interpolate else nullcontext():
+            for j, depth in enumerate(depths):
+                samples = [
+                    task.sample(length, depth, cell_rng(seed, task.name, length, j, k))
+                    for k in range(prompts)
+                ]
+                tokens = torch.from_numpy(np.stack([s.tokens for s in samples]))  # (n, length)
+                mask = torch.from_numpy(np.stack([s.answer_mask for s in samples]))  # (n, length)
+                targets = tokens[:, 1:].masked_fill(~mask[:, 1:], IGNORE_INDEX)  # (n, length - 1)
+                correct[i, j] = int(exact_matches(model, tokens[:, :-1], targets).sum())
+                bar.update(1)
+        bar.set_postfix(length=length, acc=f"{correct[i].sum() / (prompts * len(depths)):.2f}")
+    bar.close()
+    return dict(
+        task=task.name, lengths=list(lengths), depths=list(depths), prompts=prompts, correct=correct.tolist()
+    )
