@@ -20,6 +20,8 @@ from priorattn.eval.retrieval_report import (
 from priorattn.eval.retrieval_study import (
     DEFAULT_MECHANISMS,
     RetrievalStudyConfig,
+    check_set,
+    curriculum_length,
     position_of,
     trained_as,
 )
@@ -262,3 +264,39 @@ def test_learned_parameters_are_recorded_per_layer(tmp_path):
     assert len(goat["slope"]) == 2 and np.asarray(goat["sink"]).shape == (2, 4)
     curve = data["runs"]["goat"][0]["prior_curve"]
     assert curve["distance"][0] == 0 and curve["distance"][-1] == 127
+
+
+def test_training_stops_at_the_first_check_where_every_check_sequence_is_right(monkeypatch):
+    import priorattn.eval.retrieval_study as study
+
+    config = RetrievalStudyConfig(
+        mechanisms=["nope"], steps=50, batch_size=2, curriculum_steps=10, check_every=5, check_prompts=3
+    )
+    monkeypatch.setattr(
+        study, "exact_matches", lambda model, inputs, targets: torch.ones(len(inputs), dtype=bool)
+    )
+    _, log = study.train_synthetic(config, "nope", seed=0, progress=False)
+    assert log["steps"] == 10 and log["retrieves"] and log["checks"] == [dict(step=10, accuracy=[1.0, 1.0])]
+
+    monkeypatch.setattr(
+        study, "exact_matches", lambda model, inputs, targets: torch.zeros(len(inputs), dtype=bool)
+    )
+    _, log = study.train_synthetic(config, "nope", seed=0, progress=False)
+    assert (
+        log["steps"] == 50
+        and not log["retrieves"]
+        and [c["step"] for c in log["checks"]] == [10, 20, 30, 40, 50]
+    )
+
+
+def test_the_check_set_is_fixed_and_at_the_training_length():
+    config = RetrievalStudyConfig(check_prompts=5)
+    first, second = check_set(config), check_set(config)
+    assert [x.shape for x, _ in first] == [(5, 63), (5, 63)]
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, second))
+
+
+def test_the_curriculum_rises_to_the_training_length():
+    config = RetrievalStudyConfig(curriculum_steps=100)
+    lengths = [curriculum_length(config, 31, step) for step in (0, 50, 99, 100, 5000)]
+    assert lengths == [31, 47, 63, 64, 64]

@@ -46,7 +46,7 @@ from ..ssmax import SSMax
 from ..train import TrainConfig
 from ..train.optim import build_optimizer, build_scheduler, clip_gradients
 from .retrieval import uniform_depths
-from .synthetic import score_synthetic
+from .synthetic import exact_matches, score_synthetic
 
 # name -> (label, GPTConfig fields): the positional mechanisms of seed 003 Fig. 2 / App. F.4 and
 # seed 000 Fig. 3. "rope_pi" is RoPE trained as "rope" and evaluated with position interpolation.
@@ -109,12 +109,14 @@ class RetrievalStudyConfig:
     n_layers: int = 2
     n_heads: int = 2
     goat_freqs: int = 3
-    steps: int = 1000
+    steps: int = 2000
     batch_size: int = 32
     lr: float = 3e-3
     prior_lr: float = 1e-3
     warmup_steps: int = 50
-    curriculum: float = 0.3
+    curriculum_steps: int = 300
+    check_every: int = 100
+    check_prompts: int = 64
     factors: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32, 64])
     depths: int = 5
     prompts: int = 8
@@ -149,8 +151,9 @@ class RetrievalStudyConfig:
         ):
             check_int(name, getattr(self, name), low=1)
         check_int("goat_freqs", self.goat_freqs, low=0)
-        if not (isinstance(self.curriculum, int | float) and 0 <= self.curriculum <= 1):
-            raise ValueError(f"curriculum must be a fraction of the steps in [0, 1], got {self.curriculum!r}")
+        check_int("curriculum_steps", self.curriculum_steps, low=0)
+        check_int("check_every", self.check_every, low=1)
+        check_int("check_prompts", self.check_prompts, low=1)
         check_int("warmup_steps", self.warmup_steps, low=0)
         check_int("eval_seed", self.eval_seed, low=0)
         if not isinstance(self.token_shift, bool):
@@ -182,6 +185,8 @@ class RetrievalStudyConfig:
         config.budget = float(budget)
         config.steps = max(20, round(config.steps * budget))
         config.warmup_steps = min(config.warmup_steps, config.steps // 10)
+        config.curriculum_steps = round(config.curriculum_steps * min(1.0, budget))
+        config.check_every = max(10, min(config.check_every, config.steps // 10))
         if budget < 0.5:
             config.factors, config.depths, config.prompts = [1, 2, 8], 3, 2
         elif budget >= 2:
@@ -237,7 +242,10 @@ class RetrievalStudyConfig:
             lr=train.lr,
             prior_lr=train.prior_lr,
             warmup_steps=train.warmup_steps,
-            curriculum=self.curriculum,
+            curriculum_steps=self.curriculum_steps,
+            check_every=self.check_every,
+            check_prompts=self.check_prompts,
+            check_seed=self.eval_seed,
             min_lr_ratio=train.min_lr_ratio,
             weight_decay=train.weight_decay,
         )
@@ -265,19 +273,23 @@ def training_batch(tasks: Sequence[SyntheticTask], batch_size: int, length: int,
 
 
 def train_synthetic(config: RetrievalStudyConfig, mechanism: str, seed: int, progress: bool = True):
-    """A model of ``mechanism`` trained on ``config.tasks``; ``(model, log)``.
+    """A model of ``mechanism`` trained on ``config.tasks`` until it retrieves at ``T``; ``(model, log)``.
 
     Initial weights come from ``seed``, and so does the data stream (a generator seeded by ``(seed,
     1)``): each step draws one length uniformly from ``[shortest task, longest]`` and fills the batch
     with samples of random tasks and depths. ``longest`` grows linearly from the shortest task's
-    length to ``T`` over the first ``curriculum`` of the steps, then stays at ``T``: short sequences
-    first, where the needle is a few tokens away, get every mechanism past the plateau before
-    induction forms (without it, ALiBi and RoPE + SSMax stayed at chance for 1000 steps in some
-    seeds). AdamW with the library's parameter groups (priors and SSMax
-    without weight decay, at ``prior_lr``) and schedule (warmup, cosine to 0.1x). ``prior_lr`` is
-    below ``lr`` because at ``lr`` GOAT's sink MLP grows a sink on the first token within a hundred
-    steps that keeps attention off the needle (seed 0 stayed at 0.7 passkey accuracy at T after 1000
-    steps; 1.0 with ``prior_lr = 1e-3``).
+    length to ``T`` over the first ``curriculum_steps``, then stays at ``T``: short sequences first,
+    where the needle is a few tokens away, get every mechanism past the plateau before induction
+    forms (without it, ALiBi and RoPE + SSMax stayed at chance for 1000 steps in some seeds).
+
+    Training stops at the first check (every ``check_every`` steps past the curriculum) where the
+    model answers every one of the :func:`check_set`'s sequences of each task exactly, or at
+    ``steps``: every model is trained to the same criterion at ``T``, so what the study compares
+    beyond ``T`` is not how fast each learned. AdamW with the library's parameter groups (priors and
+    SSMax without weight decay, at ``prior_lr``) and schedule (warmup, cosine to 0.1x over
+    ``steps``). ``prior_lr`` is below ``lr`` because at ``lr`` GOAT's sink MLP grows a sink on the
+    first token early on (seed 0 stayed at 0.7 passkey accuracy at T after 1000 steps; 1.0 with
+    ``prior_lr = 1e-3``).
     """
     train = config.train_config()
     torch.manual_seed(seed)
@@ -285,9 +297,10 @@ def train_synthetic(config: RetrievalStudyConfig, mechanism: str, seed: int, pro
     optimizer = build_optimizer(model, train)
     scheduler = build_scheduler(optimizer, train)
     tasks = [SyntheticTask(name) for name in config.tasks]
+    checks = check_set(config)
     rng = np.random.default_rng([seed, 1])
     shortest = config.min_train_len()
-    losses, start = [], time.perf_counter()
+    losses, checked, start = [], [], time.perf_counter()
     bar = tqdm(range(config.steps), desc=label_of(trained_as(mechanism)), unit="step", disable=not progress)
     for step in bar:
         length = int(rng.integers(shortest, curriculum_length(config, shortest, step) + 1))
@@ -299,21 +312,44 @@ def train_synthetic(config: RetrievalStudyConfig, mechanism: str, seed: int, pro
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         losses.append(float(loss.detach()))
-        if step % 50 == 0:
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        done = step + 1
+        if done >= config.curriculum_steps and done % config.check_every == 0:
+            model.eval()
+            right = [
+                float(exact_matches(model, inputs, targets).double().mean()) for inputs, targets in checks
+            ]
+            model.train()
+            checked.append(dict(step=done, accuracy=right))
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", check=" ".join(f"{a:.2f}" for a in right))
+            if min(right) == 1.0:
+                break
+    bar.close()
     model.eval()
     tail = losses[-max(1, len(losses) // 20) :]
-    log = dict(seconds=time.perf_counter() - start, final_loss=sum(tail) / len(tail), losses=losses[::10])
+    log = dict(
+        seconds=time.perf_counter() - start,
+        steps=len(losses),
+        retrieves=bool(checked) and min(checked[-1]["accuracy"]) == 1.0,
+        final_loss=sum(tail) / len(tail),
+        losses=losses[::10],
+        checks=checked,
+    )
     return model, log
+
+
+def check_set(config: RetrievalStudyConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The sequences that decide when training stops: ``check_prompts`` of each task at length
+    ``T``, depths uniform, from a generator of their own (the evaluation's are others)."""
+    rng = np.random.default_rng([config.eval_seed, 2])
+    return [SyntheticTask(name).batch(config.check_prompts, config.train_len, rng) for name in config.tasks]
 
 
 def curriculum_length(config: RetrievalStudyConfig, shortest: int, step: int) -> int:
     """The longest training length at ``step``: ``shortest`` rising linearly to ``T`` over the
-    first ``curriculum`` of the steps."""
-    ramp = config.curriculum * config.steps
-    if step >= ramp:
+    first ``curriculum_steps``."""
+    if step >= config.curriculum_steps:
         return config.train_len
-    return shortest + int((config.train_len - shortest) * step / ramp)
+    return shortest + int((config.train_len - shortest) * step / config.curriculum_steps)
 
 
 def learned_parameters(model: GPT, train_len: int) -> list[dict]:
