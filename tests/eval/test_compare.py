@@ -262,7 +262,7 @@ def test_winners_are_declared_only_beyond_noise():
     assert found["passkey accuracy past the training length"][0] == Winner(None, ["ALiBi", "GOAT"])
     assert "NIAH accuracy past the training length (all variants)" not in found  # nobody measured
     text = winner_text(*found["paired delta at the longest length"])
-    assert text.startswith("tie: <b>ALiBi, GOAT</b> (within noise: ALiBi -0.000 [")
+    assert text.startswith("tie: <b>ALiBi, GOAT</b> (within noise: ALiBi -0.000 [-0.002, +0.002]; GOAT")
     clear = dict(
         a=row("A", delta=(0.0, 0.001), passkey=(38, 40)), b=row("B", delta=(0.5, 0.01), passkey=(2, 40))
     )

@@ -5,6 +5,8 @@
 - :func:`evaluate_retrieval` (retrieval.py): accuracy per length and needle depth of any
   :class:`~priorattn.data.retrieval.RetrievalTask` (passkey or a RULER-style NIAH variant);
 - run-level jobs (jobs.py) behind ``priorattn eval``, writing ``results.json`` and plots;
+- verdicts (verdicts.py): a measurement as a value with its 95% interval (Wilson, normal), whether
+  it is above or below a threshold or within noise, and a winner only beyond the noise;
 - :func:`compare` (compare.py) behind ``priorattn compare``: train models that differ only in the
   positional mechanism, evaluate them all, and write one HTML report (report.py).
 

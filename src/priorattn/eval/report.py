@@ -229,11 +229,12 @@ def verdict(claim: Claim) -> str:
 
 def winner_text(found: Winner, estimates: dict[str, Estimate]) -> str:
     """``<b>GOAT</b> (value [low, high])``, ``tie: <b>A, B</b> (within noise; ...)`` or no model."""
+    signed = any(e.low < 0 for e in estimates.values())  # a difference such as the paired delta
     if found.best is not None:
-        return f"<b>{html.escape(found.best)}</b> ({estimates[found.best].text()})"
+        return f"<b>{html.escape(found.best)}</b> ({estimates[found.best].text(signed=signed)})"
     if not found.tied:
         return "no model (every model scores 0)"
-    values = "; ".join(f"{label} {estimates[label].text()}" for label in found.tied)
+    values = "; ".join(f"{label} {estimates[label].text(signed=signed)}" for label in found.tied)
     return f"tie: <b>{html.escape(', '.join(found.tied))}</b> (within noise: {html.escape(values)})"
 
 
