@@ -351,7 +351,10 @@ def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad)
     B, H, Lq, _ = q.shape
     Hkv, Lk = k.shape[1:3]
     k, v = query_heads(k, H), query_heads(v, H)
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    # Contiguous whatever the inputs' strides: dk and dv are summed into through merged(), whose
+    # flatten is a view only of a contiguous tensor (of a layer's transposed projections it would be a
+    # copy, and the sums would be lost).
+    dq, dk, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     d_table_rev = torch.zeros_like(table_rev) if table_grad else None
     empty = empty_rows(table_rev.flip(-1), Lk)
     shared = table_rev.shape[0] == 1  # one table row for every head
