@@ -297,3 +297,15 @@ def test_the_curriculum_rises_to_the_training_length():
     config = RetrievalStudyConfig(curriculum_steps=100)
     lengths = [curriculum_length(config, 31, step) for step in (0, 50, 99, 100, 5000)]
     assert lengths == [31, 47, 63, 64, 64]
+
+
+def test_a_seed_that_does_not_retrieve_at_the_training_length_is_left_out_of_the_pooled_numbers():
+    config = small_config(["goat"])
+    summary = summarize(config, fake_runs(config, {"goat": [[5, 5, 5], [50, 40, 10]]}))
+    passkey = summary["goat"]["tasks"]["passkey"]
+    assert passkey["seeds_used"] == [1] and passkey["seeds_left_out"] == [0]
+    assert passkey["accuracy"] == [1.0, 0.8, 0.2] and passkey["trials"] == 100
+    assert passkey["per_seed"][0] == [0.1, 0.1, 0.1]
+    assert summary["goat"]["retrieves_at_train_len"]
+    nobody = summarize(config, fake_runs(config, {"goat": [[5, 5, 5], [10, 0, 0]]}))["goat"]
+    assert nobody["tasks"]["passkey"]["seeds_used"] == [0, 1] and not nobody["retrieves_at_train_len"]

@@ -53,7 +53,7 @@ def plot_accuracy(config: RetrievalStudyConfig, summary: dict, path: Path) -> Pa
         "Each line is one mechanism: the share of sequences whose whole answer the model predicts exactly, "
         f"pooled over {len(config.seeds)} seeds, {config.depths} "
         f"needle depths and {config.prompts} sequences "
-        "per cell, against the input length (log scale). The "
+        "per cell (the seeds that retrieve at T), against the input length (log scale). The "
         "band is the Wilson 95% interval. The dotted line "
         "is the training length T: right of it every input is longer than any seen in training. Colour: the "
         "positional mechanism; dashed: with SSMax."

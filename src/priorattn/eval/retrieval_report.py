@@ -39,15 +39,26 @@ TASK_NAMES = {"passkey": "passkey", "niah": "multi-key NIAH", "mqar": "MQAR"}
 
 def summarize(config: RetrievalStudyConfig, runs: dict[str, list[dict]]) -> dict[str, dict]:
     """Per mechanism: label, and per task ``lengths``, pooled ``correct`` / ``trials`` and
-    ``accuracy`` per length with its Wilson ``low`` / ``high``, ``per_seed`` accuracies ``[seed]
-    [length]``, the ``heatmap`` ``[length][depth]`` pooled over seeds, and ``at_train_len``."""
+    ``accuracy`` per length with its Wilson ``low`` / ``high``, the ``heatmap`` ``[length][depth]``,
+    ``at_train_len``, every seed's accuracies ``per_seed`` ``[seed][length]``, and which seeds were
+    pooled (``seeds_used``) or left out (``seeds_left_out``).
+
+    The question beyond ``T`` is whether a model that retrieves at ``T`` still does, so a task's
+    numbers pool the seeds that retrieve at ``T`` (accuracy at least :data:`RETRIEVES_AT_T`); a seed
+    that does not is left out of them and named. When no seed does, all are pooled, and the task
+    cannot be judged (``at_train_len`` below the threshold)."""
     summary = {}
     for mechanism, seeds in runs.items():
         tasks = {}
         for task in config.tasks:
             scored = [run["tasks"][task] for run in seeds]
-            correct = np.sum([np.asarray(s["correct"]) for s in scored], axis=0)  # (lengths, depths)
-            per_cell = scored[0]["prompts"] * len(scored)
+            per_seed = [
+                (np.asarray(s["correct"]).sum(1) / (s["prompts"] * len(s["depths"]))).tolist() for s in scored
+            ]
+            used = [i for i, accuracy in enumerate(per_seed) if accuracy[0] >= RETRIEVES_AT_T]
+            used = used or list(range(len(scored)))
+            correct = np.sum([np.asarray(scored[i]["correct"]) for i in used], axis=0)  # (lengths, depths)
+            per_cell = scored[0]["prompts"] * len(used)
             trials = per_cell * correct.shape[1]
             intervals = [wilson_interval(int(c), trials) for c in correct.sum(1)]
             tasks[task] = dict(
@@ -58,10 +69,9 @@ def summarize(config: RetrievalStudyConfig, runs: dict[str, list[dict]]) -> dict
                 accuracy=[e.value for e in intervals],
                 low=[e.low for e in intervals],
                 high=[e.high for e in intervals],
-                per_seed=[
-                    (np.asarray(s["correct"]).sum(1) / (s["prompts"] * correct.shape[1])).tolist()
-                    for s in scored
-                ],
+                per_seed=per_seed,
+                seeds_used=[seeds[i]["seed"] for i in used],
+                seeds_left_out=[run["seed"] for i, run in enumerate(seeds) if i not in used],
                 heatmap=(correct / per_cell).tolist(),
                 at_train_len=intervals[0].value,
             )
@@ -71,6 +81,7 @@ def summarize(config: RetrievalStudyConfig, runs: dict[str, list[dict]]) -> dict
             tasks=tasks,
             final_loss=[run["training"]["final_loss"] for run in seeds],
             train_seconds=[run["training"]["seconds"] for run in seeds],
+            train_steps=[run["training"].get("steps") for run in seeds],
         )
     return summary
 
@@ -280,22 +291,32 @@ def study_html(data: dict, out: Path, level: int = 2) -> str:
             f"<p class='differ'>A smoke run (budget {config.budget:g}, {config.steps} steps): its numbers "
             "judge nothing; run with the default budget for the study.</p>"
         )
+    shift = " with a token shift" if config.token_shift else ""
     parts.append(
-        f"<p>{len(summary)} mechanisms x {len(config.seeds)} seeds, "
-        f"each a {config.n_layers}-layer model of width "
-        f"{config.d_model} ({config.n_heads} heads){' with a token shift' if config.token_shift else ''}, "
-        "trained "
-        f"{config.steps} steps of {config.batch_size} sequences of "
-        f"{tasks} (answers only in the loss) at lengths up "
-        f"to T = {config.train_len}, then scored on the same sequences "
-        f"at {lengths[0]} to {lengths[-1]} tokens "
-        f"({config.depths} needle depths x {config.prompts} sequences "
-        "per seed). Exact match: every answer token "
-        "is the model's argmax (teacher-forced, the same as greedy decoding). Intervals: Wilson 95% over "
-        "the pooled sequences of every seed. A claim is judged only where the mechanism retrieves at T "
-        f"(accuracy >= {RETRIEVES_AT_T}); 'keeps' means the interval lies above {KEEPS}, 'collapses' below "
-        f"{COLLAPSES}, and 'within noise' that it contains the threshold.</p>"
+        f"<p>{len(summary)} mechanisms x {len(config.seeds)} seeds, each a {config.n_layers}-layer model of "
+        f"width {config.d_model} ({config.n_heads} heads){shift}, trained on {config.batch_size} sequences "
+        f"a step of {tasks} (answers only in the loss) at lengths up to T = {config.train_len} until it "
+        f"answered every check sequence at T exactly (at most {config.steps} steps), then scored on the "
+        f"same sequences at {lengths[0]} to {lengths[-1]} tokens ({config.depths} needle depths x "
+        f"{config.prompts} sequences per seed). Exact match: every answer token is the model's argmax "
+        "(teacher-forced, the same as greedy decoding). A task's numbers pool the seeds that retrieve "
+        f"at T (accuracy >= {RETRIEVES_AT_T}); intervals are Wilson 95% over their sequences. A claim is "
+        f"judged only where the mechanism retrieves at T; 'keeps' means the interval lies above {KEEPS}, "
+        f"'collapses' below {COLLAPSES}, and 'within noise' that it contains the threshold.</p>"
     )
+    left_out = [
+        f"{s['label']} seed {seed} on the {TASK_NAMES[task]} "
+        f"({t['per_seed'][config.seeds.index(seed)][0]:.2f} at T)"
+        for s in summary.values()
+        for task, t in s["tasks"].items()
+        for seed in t["seeds_left_out"]
+    ]
+    if left_out:
+        parts.append(
+            "<p>Left out of the pooled numbers, as they do not retrieve at T: "
+            + html.escape("; ".join(left_out))
+            + ".</p>"
+        )
     parts.append(f"<{sub}>Against the seeds' claims</{sub}><ul>")
     for c in data["seed_claims"]:
         why = f" ({html.escape(c['reason'])})" if c["reason"] else ""
