@@ -469,3 +469,16 @@ def test_keys_out_of_position_order_take_dense_masks(backend):
     kwargs = dict(prior=ALiBi(2).double(), k_pos=k_pos, q_pos=k_pos, doc_ids=docs, window=40)
     ref = priorattn.attention(q, k, v, backend="reference", **kwargs)
     assert_close(priorattn.attention(q, k, v, backend=backend, **kwargs), ref, 1e-9, backend)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("prior", ["alibi", "goat", "sum"])
+@pytest.mark.parametrize("backend", ["sdpa", "memeff"])
+def test_slope_runs_sized_by_the_slope_bound_match_reference(
+    backend, prior, dtype, low_thresholds, monkeypatch
+):
+    """Where the slope is not free to read (an accelerator, ``torch.compile``), its runs of queries
+    come from the prior's ``slope_bound`` (here runs of 2^6 / 1 queries for GOAT's default cap)."""
+    monkeypatch.setattr(prior_inputs, "values_are_free", lambda t: False)
+    assert prior_inputs.largest_slope(make_prior(prior, 2).fold_slope(), 1.5) == 1.5
+    check_route(backend, {**LONG, **LONG_CASES["docs-prefill"], "prior": prior}, dtype)

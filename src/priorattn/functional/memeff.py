@@ -46,7 +46,7 @@ from ..ssmax import Scaling
 from .grouped import grouped, grouped_values
 from .lag_flash import anti_diagonal_sums, hankel_mask, keys_reversed, lag_flash_applies, lag_flash_attention
 from .masks import Masking
-from .prior_inputs import centred_keys, lag_table, slope_span, split_prior
+from .prior_inputs import centred_keys, lag_table, largest_slope, slope_span, split_prior
 from .reference import compute_dtype
 from .spans import cut, key_spans, visible_counts
 from .subnormals import flushing_subnormals
@@ -311,7 +311,9 @@ def memeff_attention(
         blocks = functools.partial(key_blocks, masking, spans)
         return lag_flash_attention(content.q.to(q.dtype), k, v, table, masking, blocks, dtype)
     inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, scale_prior)
-    span = None if inputs.slope is None else slope_span(inputs.slope, dtype)
+    span = None
+    if inputs.slope is not None:
+        span = slope_span(largest_slope(inputs.slope, prior.slope_bound()), dtype)
     plan = Plan(
         masking=masking,
         prior=inputs.dense,
