@@ -10,11 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
+import torch._functorch.config
 from factories import PRIOR_NAMES, make_prior
 
 import priorattn
 from priorattn.models import GPT, GPTConfig
-from priorattn.priors import GOAT, ALiBi, Sum, Uniform
+from priorattn.priors import GGD, GOAT, ALiBi, Sum, Uniform
 
 
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "memeff", "auto"])
@@ -79,14 +80,28 @@ def test_value_checks_name_non_finite_parameters_when_asked():
         priorattn.set_value_checks(False)
 
 
-FOLDING = {
-    "none": lambda: None,
-    "uniform": Uniform,
-    "goat_noslope": lambda: GOAT(4, 3, slope=False, train_len=16),
-    "goat": lambda: GOAT(4, 3, init="recency", train_len=16),
-    "alibi": lambda: ALiBi(4),
-    "sum": lambda: Sum(ALiBi(4), GOAT(4, 2, slope=False, train_len=16)),
+#: The priors of issue 25, each on the route ``auto`` takes on the CPU: the folding ones through
+#: SDPA, GGD through ``memeff``; ``ssmax``: GOAT with SSMax scaling content and prior.
+LAYERS = {
+    "none": lambda: dict(prior=None),
+    "uniform": lambda: dict(prior=Uniform()),
+    "alibi": lambda: dict(prior=ALiBi(4)),
+    "ggd": lambda: dict(prior=GGD(4, init="alibi")),
+    "goat": lambda: dict(prior=GOAT(4, 3, init="recency", train_len=16)),
+    "goat_noslope": lambda: dict(prior=GOAT(4, 3, slope=False, train_len=16)),
+    "alibi+goat": lambda: dict(prior=Sum(ALiBi(4), GOAT(4, 2, slope=False, train_len=16))),
+    "ssmax": lambda: dict(prior=GOAT(4, 3, init="recency", train_len=16), ssmax=True),
+    "goat_noslope via memeff": lambda: dict(prior=GOAT(4, 3, slope=False, train_len=16), backend="memeff"),
 }
+
+
+@pytest.fixture(autouse=True)
+def no_warm_autograd_cache():
+    """torch 2.13's AOTAutograd cache, read back in a later process, rebuilds outputs that are views
+    of a graph's intermediates (the layer's KV cache) with garbage sizes; compiling afresh is right.
+    Off here, so a second run of the suite compiles as the first did."""
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
 
 
 def graph_breaks(module, *args, **kwargs) -> list:
@@ -94,29 +109,39 @@ def graph_breaks(module, *args, **kwargs) -> list:
     return torch._dynamo.explain(module)(*args, **kwargs).break_reasons
 
 
-def assert_compiled_equals_eager(module, run):
-    """``run(module)`` returns a tensor; compare it and every parameter's gradient, compiled vs eager."""
+def assert_compiled_equals_eager(module, run, backend="aot_eager", tolerance=(1e-5, 1e-6)):
+    """``run(module)`` returns a tensor; compare it and every parameter's gradient, compiled with
+    ``fullgraph=True`` (no graph break allowed) vs eager."""
+    rtol, atol = tolerance
     expected = run(module)
     expected.square().sum().backward()
     eager_grads = {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
     module.zero_grad(set_to_none=True)
     torch._dynamo.reset()
-    out = run(torch.compile(module, backend="aot_eager"))
+    out = run(torch.compile(module, backend=backend, fullgraph=True))
     out.square().sum().backward()
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
     assert eager_grads.keys() == {n for n, p in module.named_parameters() if p.grad is not None}
     for name, grad in eager_grads.items():
-        torch.testing.assert_close(dict(module.named_parameters())[name].grad, grad, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(dict(module.named_parameters())[name].grad, grad, rtol=rtol, atol=atol)
 
 
-@pytest.mark.parametrize("prior", FOLDING)
-def test_layer_compiles_and_matches_eager(prior):
-    """A slope's runs of queries come from the prior's ``slope_bound`` under ``torch.compile``:
-    no value is read, and the layer is one graph."""
-    layer = priorattn.PriorMultiheadAttention(64, 4, prior=FOLDING[prior](), num_kv_heads=2)
+@pytest.mark.parametrize("prior", LAYERS)
+def test_layer_compiles_as_one_graph_and_matches_eager(prior):
+    """A slope's runs of queries come from the prior's ``slope_bound`` and ``memeff``'s blocks run
+    as public operators under activation checkpointing: no value is read, no break."""
+    layer = priorattn.PriorMultiheadAttention(64, 4, num_kv_heads=2, **LAYERS[prior]())
     x = torch.randn(2, 24, 64)
-    assert not graph_breaks(layer, x)
     assert_compiled_equals_eager(layer, lambda m: m(x)[0])
+
+
+@pytest.mark.parametrize("prior", ["goat", pytest.param("ggd", marks=pytest.mark.slow)])
+def test_layer_compiled_by_inductor_matches_eager(prior):
+    """The default backend generates C++ on the CPU (GOAT: about 15 s on 2 cores; GGD's blocks:
+    more): its fused kernels round differently, within float32's tolerance."""
+    layer = priorattn.PriorMultiheadAttention(64, 4, num_kv_heads=2, **LAYERS[prior]())
+    x = torch.randn(2, 24, 64)
+    assert_compiled_equals_eager(layer, lambda m: m(x)[0], backend="inductor", tolerance=(1e-4, 1e-5))
 
 
 def test_rope_layer_compiles_without_breaks_and_matches_eager():
@@ -128,14 +153,12 @@ def test_rope_layer_compiles_without_breaks_and_matches_eager():
     assert_compiled_equals_eager(layer, lambda m: m(x)[0])
 
 
-@pytest.mark.slow  # a compiled two-layer model per prior: 6-40 s each on 2 CPU cores
-@pytest.mark.parametrize("prior", ["uniform", "goat", "alibi", "alibi+goat"])
-def test_gpt_compiles_and_matches_eager(prior):
+@pytest.mark.parametrize("prior", ["uniform", "alibi", "ggd", "goat", "alibi+goat"])  # 3-5 s each
+def test_gpt_compiles_as_one_graph_and_matches_eager(prior):
     config = GPTConfig(
         vocab_size=64, seq_len=16, d_model=64, n_layers=2, n_heads=4, prior=prior, goat_freqs=2
     )
     model = GPT(config)
     tokens = torch.randint(0, 64, (2, 16))
     doc_ids = (torch.arange(16) >= torch.tensor([[5], [16]])).long()  # packed rows, as in training
-    assert not graph_breaks(model, tokens, doc_ids=doc_ids)
     assert_compiled_equals_eager(model, lambda m: m(tokens, doc_ids=doc_ids)[0])

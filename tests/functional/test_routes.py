@@ -482,3 +482,15 @@ def test_slope_runs_sized_by_the_slope_bound_match_reference(
     monkeypatch.setattr(prior_inputs, "values_are_free", lambda t: False)
     assert prior_inputs.largest_slope(make_prior(prior, 2).fold_slope(), 1.5) == 1.5
     check_route(backend, {**LONG, **LONG_CASES["docs-prefill"], "prior": prior}, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@settings(max_examples=30, deadline=None)
+@given(o=problems())
+def test_memeff_as_torch_compile_traces_it_matches_reference(dtype, o):
+    """Under ``torch.compile`` ``memeff``'s blocks run through public operators with activation
+    checkpointing (``memeff.checkpointed_blocks``) and no shortcut reads a value: here eagerly, as
+    the compiler traces it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.compiler, "is_compiling", lambda: True)
+        check_route("memeff", o, dtype)
