@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch._dynamo
 import torch._functorch.config
-from factories import PRIOR_NAMES, make_prior
+from factories import DEVICES, PRIOR_NAMES, make_prior
 
 import priorattn
 from priorattn.models import GPT, GPTConfig
@@ -126,21 +126,33 @@ def assert_compiled_equals_eager(module, run, backend="aot_eager", tolerance=(1e
         torch.testing.assert_close(dict(module.named_parameters())[name].grad, grad, rtol=rtol, atol=atol)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("prior", LAYERS)
-def test_layer_compiles_as_one_graph_and_matches_eager(prior):
+def test_layer_compiles_as_one_graph_and_matches_eager(prior, device):
     """A slope's runs of queries come from the prior's ``slope_bound`` and ``memeff``'s blocks run
-    as public operators under activation checkpointing: no value is read, no break."""
-    layer = priorattn.PriorMultiheadAttention(64, 4, num_kv_heads=2, **LAYERS[prior]())
-    x = torch.randn(2, 24, 64)
+    as public operators under activation checkpointing: no value is read, no break. On CUDA,
+    ``auto`` takes FlexAttention for GGD."""
+    layer = priorattn.PriorMultiheadAttention(64, 4, num_kv_heads=2, **LAYERS[prior]()).to(device)
+    x = torch.randn(2, 24, 64, device=device)
     assert_compiled_equals_eager(layer, lambda m: m(x)[0])
 
 
-@pytest.mark.parametrize("prior", ["goat", pytest.param("ggd", marks=pytest.mark.slow)])
-def test_layer_compiled_by_inductor_matches_eager(prior):
-    """The default backend generates C++ on the CPU (GOAT: about 15 s on 2 cores; GGD's blocks:
-    more): its fused kernels round differently, within float32's tolerance."""
-    layer = priorattn.PriorMultiheadAttention(64, 4, num_kv_heads=2, **LAYERS[prior]())
-    x = torch.randn(2, 24, 64)
+NEEDS_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
+
+
+@pytest.mark.parametrize(
+    "prior, device",
+    [
+        ("goat", "cpu"),
+        pytest.param("ggd", "cpu", marks=pytest.mark.slow),
+        *(pytest.param(prior, "cuda", marks=NEEDS_CUDA) for prior in ("goat", "ggd")),
+    ],
+)
+def test_layer_compiled_by_inductor_matches_eager(prior, device):
+    """The default backend generates C++ on the CPU (GOAT: about 15 s on 2 cores, GGD about 7 s),
+    Triton on CUDA: its fused kernels round differently, within float32's tolerance."""
+    layer = priorattn.PriorMultiheadAttention(64, 4, num_kv_heads=2, **LAYERS[prior]()).to(device)
+    x = torch.randn(2, 24, 64, device=device)
     assert_compiled_equals_eager(layer, lambda m: m(x)[0], backend="inductor", tolerance=(1e-4, 1e-5))
 
 
@@ -153,12 +165,13 @@ def test_rope_layer_compiles_without_breaks_and_matches_eager():
     assert_compiled_equals_eager(layer, lambda m: m(x)[0])
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("prior", ["uniform", "alibi", "ggd", "goat", "alibi+goat"])  # 3-5 s each
-def test_gpt_compiles_as_one_graph_and_matches_eager(prior):
+def test_gpt_compiles_as_one_graph_and_matches_eager(prior, device):
     config = GPTConfig(
         vocab_size=64, seq_len=16, d_model=64, n_layers=2, n_heads=4, prior=prior, goat_freqs=2
     )
-    model = GPT(config)
-    tokens = torch.randint(0, 64, (2, 16))
-    doc_ids = (torch.arange(16) >= torch.tensor([[5], [16]])).long()  # packed rows, as in training
+    model = GPT(config).to(device)
+    tokens = torch.randint(0, 64, (2, 16), device=device)
+    doc_ids = (torch.arange(16) >= torch.tensor([[5], [16]])).long().to(device)  # packed rows, as in training
     assert_compiled_equals_eager(model, lambda m: m(tokens, doc_ids=doc_ids)[0])
