@@ -14,6 +14,7 @@ import torch._functorch.config
 from factories import DEVICES, PRIOR_NAMES, make_prior
 
 import priorattn
+from priorattn.functional import prior_inputs, sdpa
 from priorattn.models import GPT, GPTConfig
 from priorattn.priors import GGD, GOAT, ALiBi, Sum, Uniform
 
@@ -154,6 +155,17 @@ def test_layer_compiled_by_inductor_matches_eager(prior, device):
     layer = priorattn.PriorMultiheadAttention(64, 4, num_kv_heads=2, **LAYERS[prior]()).to(device)
     x = torch.randn(2, 24, 64, device=device)
     assert_compiled_equals_eager(layer, lambda m: m(x)[0], backend="inductor", tolerance=(1e-4, 1e-5))
+
+
+def test_slope_runs_through_the_public_kernels_compile_as_one_graph(monkeypatch):
+    """Off the CPU, compiled folds run through public SDPA, every run of queries after the first
+    bottom-right causal against its keys: here on the CPU with those kernels, in runs of 8 (eager
+    reads the slopes, at most 1/4, and takes one run: float32 rounds the two differently)."""
+    monkeypatch.setattr(sdpa, "lower_right_kernel", lambda device: sdpa.public_lower_right_causal)
+    monkeypatch.setitem(prior_inputs.SLOPE_MAGNITUDE, torch.float32, 8.0)  # GOAT's cap of 1: 8 queries
+    layer = priorattn.PriorMultiheadAttention(64, 4, num_kv_heads=2, **LAYERS["goat"]())
+    x = torch.randn(2, 24, 64)
+    assert_compiled_equals_eager(layer, lambda m: m(x)[0], tolerance=(1e-4, 1e-5))
 
 
 def test_rope_layer_compiles_without_breaks_and_matches_eager():

@@ -451,11 +451,16 @@ def test_long_masked_route_matches_reference(backend, prior, case, low_threshold
     check_route(backend, o, torch.float64)
 
 
+@pytest.mark.parametrize("compiling", [False, True])
 @pytest.mark.parametrize("case", ["docs", "docs-prefill", "window-prefill-ssmax"])
-def test_sdpa_route_with_the_public_lower_right_kernel_matches_reference(case, low_thresholds, monkeypatch):
-    """The kernel other devices use (public SDPA and torch's bottom-right causal bias), run here."""
+def test_sdpa_route_with_the_public_lower_right_kernel_matches_reference(
+    case, compiling, low_thresholds, monkeypatch
+):
+    """The kernel other devices use (public SDPA and torch's bottom-right causal bias, or a boolean
+    mask where ``torch.compile`` traces it), run here."""
     monkeypatch.setattr(sdpa, "lower_right_kernel", lambda device: sdpa.public_lower_right_causal)
     monkeypatch.setattr(sdpa, "folded_calls_kernel", lambda device: sdpa.autograd_calls)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
     check_route("sdpa", {**LONG, **LONG_CASES[case], "prior": "goat"}, torch.float64)
 
 

@@ -429,7 +429,13 @@ class Runs:
 def public_lower_right_causal(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """:class:`LowerRightCausal` with public operators only (any device): SDPA with torch's
     bottom-right causal bias, which CUDA runs in its flash or memory-efficient kernels without a
-    mask (the CPU materialises one, so the CPU uses :class:`LowerRightCausal`)."""
+    mask (the CPU materialises one, so the CPU uses :class:`LowerRightCausal`). ``torch.compile``
+    cannot trace that bias (a tensor subclass built in the graph): there the mask is a boolean
+    ``(Lq, Lk)`` tensor, a call's queries against its keys."""
+    if torch.compiler.is_compiling():
+        Lq, Lk = q.shape[2], k.shape[2]
+        mask = torch.ones(Lq, Lk, dtype=torch.bool, device=q.device).tril_(Lk - Lq)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
     # Imported here: the module pulls in torch._dynamo (about 1 s and 70 MB at import), which CPU
     # runs, taking the CPU kernel, never need.
     from torch.nn.attention.bias import causal_lower_right
