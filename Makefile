@@ -19,7 +19,7 @@ DATA ?= $(HOME)/.cache/priorattn/fashion-mnist
 
 GENOMES ?= $(HOME)/.cache/priorattn/genomes
 
-.PHONY: demo test lint bench genomes fashion-mnist
+.PHONY: demo test lint bench device-check genomes fashion-mnist
 
 $(VENV)/.demo-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,13 @@ lint: $(VENV)/.test-installed
 bench: $(VENV)/.demo-installed
 	$(PY) benchmarks/attention.py
 	$(PY) benchmarks/train_throughput.py
+
+# One check on a CUDA GPU in at most 8 minutes (issue 25): the CUDA tests, every prior's attention
+# routes against flash SDPA and FlexAttention, training throughput eager and compiled; JSON and
+# markdown to $$OUT/device_check (or ~/.cache/priorattn/device_check). Without a GPU, a dry run.
+# Runs on whatever python has torch: the venv's where there is one, else $(PYTHON).
+device-check:
+	PYTHONPATH=src $(if $(wildcard $(PY)),$(PY),$(PYTHON)) benchmarks/device_check.py
 
 # Bacterial genomes for `priorattn dna` (issue 12): the Debian package ragout-examples ships complete
 # genomes as gzipped FASTA (E. coli, S. aureus, V. cholerae, H. pylori). apt-get download and

@@ -44,7 +44,7 @@ def main() -> None:
     default = prior_inputs.SLOPE_MAGNITUDE[torch.float32]
     for log2 in (6, 8, 10, 12, 30):
         prior_inputs.SLOPE_MAGNITUDE[torch.float32] = 2.0**log2
-        run = prior_inputs.slope_span(ALiBi(H).slopes, torch.float32)
+        run = prior_inputs.slope_span(ALiBi(H).slope_bound(), torch.float32)
         start = time.perf_counter()
         out = priorattn.attention(
             q.float(), k.float(), v.float(), prior=ALiBi(H), q_pos=pos, k_pos=pos, backend="sdpa"

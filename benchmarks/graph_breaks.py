@@ -26,6 +26,7 @@ PRIORS = {
     "alibi": (lambda: ALiBi(4), "auto"),
     "alibi + goat (no slope)": (lambda: Sum(ALiBi(4), GOAT(4, 2, slope=False)), "auto"),
     "ggd": (lambda: GGD(4, init="alibi"), "auto"),
+    "goat + ssmax": (lambda: GOAT(4, 3, init="recency"), "auto"),
     "goat (no slope) via memeff": (lambda: GOAT(4, 3, slope=False), "memeff"),
 }
 
@@ -43,7 +44,8 @@ def main() -> None:
     print("| prior | route | graphs / breaks | with doc_ids | breaks in |")
     print("|---|---|---:|---:|---|")
     for name, (make, backend) in PRIORS.items():
-        layer = priorattn.PriorMultiheadAttention(64, 4, prior=make(), backend=backend)
+        ssmax = name.endswith("ssmax")
+        layer = priorattn.PriorMultiheadAttention(64, 4, prior=make(), backend=backend, ssmax=ssmax)
         counts = []
         places = collections.Counter()
         for kwargs in ({}, {"doc_ids": docs}):

@@ -11,6 +11,12 @@ means 90% of NoPE's tokens per second.
     python benchmarks/train_throughput.py --bf16     # the same under bfloat16 autocast
     python benchmarks/train_throughput.py --quick    # 3 rounds x 2 steps, a sanity run
     python benchmarks/train_throughput.py --before /work/main/src --configurations alibi goat --cpu-time
+    python benchmarks/train_throughput.py --compile --configurations goat    # also trained compiled
+
+``--compile`` adds a row "(compiled)" per configuration: the same step through ``torch.compile``
+(``TrainConfig.compile``, as ``priorattn train --compile`` runs it, deterministic kernels on the
+CPU included); its warm-up step compiles (tens of seconds each on 2 cores), and its ratio is to
+the compiled NoPE. The last lines give each configuration's compiled / eager tokens per second.
 
 ``--before SRC`` (the ``src`` directory of another checkout) times every configuration on that
 library too, in the same round-robin, as rows marked "(before)" whose ratios are to its own NoPE;
@@ -20,6 +26,7 @@ library too, in the same round-robin, as rows marked "(before)" whose ratios are
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import importlib
 import json
@@ -51,8 +58,8 @@ CONFIGURATIONS = {
     "goat": dict(prior="goat"),
     "goat + ssmax": dict(prior="goat", ssmax=True),
 }
-#: What marks the rows of the library given by ``--before``.
-BEFORE = " (before)"
+#: What marks the rows of the library given by ``--before``, and the compiled rows of ``--compile``.
+BEFORE, COMPILED = " (before)", " (compiled)"
 #: Least tokens/s as a fraction of NoPE's, per dtype (issue 13 for bf16 autocast).
 TARGETS = {
     "fp32": {"goat": 0.9},
@@ -77,6 +84,7 @@ def main() -> None:
     parser.add_argument(
         "--configurations", nargs="+", choices=list(CONFIGURATIONS), help="only these (and NoPE)"
     )
+    parser.add_argument("--compile", action="store_true", help="also time each trained through torch.compile")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.steps = 3, 2
@@ -93,6 +101,9 @@ def main() -> None:
         for name, overrides in CONFIGURATIONS.items()
         if name in chosen
     }
+    if args.compile:
+        compiled = [(name, overrides) for name, overrides in CONFIGURATIONS.items() if name in chosen]
+        steps |= {name + COMPILED: training_step(priorattn, o, args, batches, True) for name, o in compiled}
     report(round_robin(steps, args.rounds, args.steps, args.cpu_time), args, seq_len)
 
 
@@ -118,28 +129,38 @@ def round_robin(steps: dict, rounds: int, repeats: int, cpu_time: bool = False) 
     return samples
 
 
-def training_step(lib: ModuleType, overrides: dict, args, batches: Batches):
-    """A closure running one optimizer step of a fresh tiny model of library ``lib`` on the next batch."""
+def training_step(lib: ModuleType, overrides: dict, args, batches: Batches, compiled: bool = False):
+    """A closure running one optimizer step of a fresh tiny model of library ``lib`` on the next
+    batch; ``compiled``: through ``torch.compile``, as ``TrainConfig.compile`` trains."""
     models, train, optim, distributed, loop = (
         importlib.import_module(f"{lib.__name__}.{part}")
         for part in ("models", "train", "train.optim", "train.distributed", "train.loop")
     )
     torch.manual_seed(0)
-    config = train.TrainConfig(batch_size=args.batch_size, bf16=args.bf16)
+    config = train.TrainConfig(
+        batch_size=args.batch_size, bf16=args.bf16, **({"compile": True} if compiled else {})
+    )
     model = models.GPT(models.preset("tiny", **overrides))
     optimizer = optim.build_optimizer(model, config)
     process, counter = distributed.Process(), iter(range(10**9))
+    kernels = loop.reproducible_kernels if compiled else lambda config, process: contextlib.nullcontext()
 
     def step():
-        loop.train_step(model, [batches.batch(next(counter))], optimizer, config, process)
+        with kernels(config, process):
+            loop.train_step(model, [batches.batch(next(counter))], optimizer, config, process)
 
     return step
+
+
+def baseline(name: str) -> str:
+    """The NoPE row a row's ratio is to: its own library's, compiled for a compiled row."""
+    return "nope" + next((mark for mark in (BEFORE, COMPILED) if name.endswith(mark)), "")
 
 
 def report(samples: dict[str, list[float]], args, seq_len: int) -> None:
     tokens = args.batch_size * seq_len
     medians = {name: statistics.median(times) for name, times in samples.items()}
-    ratios = {name: medians["nope" + BEFORE * name.endswith(BEFORE)] / m for name, m in medians.items()}
+    ratios = {name: medians[baseline(name)] / m for name, m in medians.items()}
     dtype = "bf16 autocast" if args.bf16 else "fp32"
     clock = "process CPU time" if args.cpu_time else "wall-clock"
     print(
@@ -151,6 +172,10 @@ def report(samples: dict[str, list[float]], args, seq_len: int) -> None:
     for name, median in medians.items():
         print(f"| {name} | {1e3 * median:.0f} | {tokens / median:,.0f} | {ratios[name]:.2f} |")
     print()
+    for name in medians:
+        if name.endswith(COMPILED):
+            eager = name.removesuffix(COMPILED)
+            print(f"{eager}: compiled / eager tokens/s {medians[eager] / medians[name]:.2f}")
     for name, target in TARGETS[dtype].items():
         if name not in ratios:
             continue

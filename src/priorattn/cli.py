@@ -171,6 +171,7 @@ def train_configs(args: argparse.Namespace):
     train_flags = {name: getattr(args, name) for name in TRAIN_FLAGS} | dict(
         warmup_steps=args.warmup,
         bf16=args.bf16 or None,
+        compile=args.compile or None,
         init_from=None if args.init_from is None else str(args.init_from),
     )
     train_flags = {name: value for name, value in train_flags.items() if value is not None}
@@ -1128,6 +1129,9 @@ def add_train_parser(commands) -> None:
         "--grad-clip", type=non_negative_number, help=f"max gradient norm, 0 for none ({defaults.grad_clip})"
     )
     opt.add_argument("--bf16", action="store_true", help="bfloat16 autocast")
+    opt.add_argument(
+        "--compile", action="store_true", help="train the model through torch.compile (first step compiles)"
+    )
     opt.add_argument("--seed", type=int_at_least(0), help=f"({defaults.seed})")
     opt.add_argument("--init-from", type=Path, help="start from this run's weights (context extension)")
     run = p.add_argument_group("run")

@@ -451,11 +451,16 @@ def test_long_masked_route_matches_reference(backend, prior, case, low_threshold
     check_route(backend, o, torch.float64)
 
 
+@pytest.mark.parametrize("compiling", [False, True])
 @pytest.mark.parametrize("case", ["docs", "docs-prefill", "window-prefill-ssmax"])
-def test_sdpa_route_with_the_public_lower_right_kernel_matches_reference(case, low_thresholds, monkeypatch):
-    """The kernel other devices use (public SDPA and torch's bottom-right causal bias), run here."""
+def test_sdpa_route_with_the_public_lower_right_kernel_matches_reference(
+    case, compiling, low_thresholds, monkeypatch
+):
+    """The kernel other devices use (public SDPA and torch's bottom-right causal bias, or a boolean
+    mask where ``torch.compile`` traces it), run here."""
     monkeypatch.setattr(sdpa, "lower_right_kernel", lambda device: sdpa.public_lower_right_causal)
     monkeypatch.setattr(sdpa, "folded_calls_kernel", lambda device: sdpa.autograd_calls)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
     check_route("sdpa", {**LONG, **LONG_CASES[case], "prior": "goat"}, torch.float64)
 
 
@@ -469,3 +474,28 @@ def test_keys_out_of_position_order_take_dense_masks(backend):
     kwargs = dict(prior=ALiBi(2).double(), k_pos=k_pos, q_pos=k_pos, doc_ids=docs, window=40)
     ref = priorattn.attention(q, k, v, backend="reference", **kwargs)
     assert_close(priorattn.attention(q, k, v, backend=backend, **kwargs), ref, 1e-9, backend)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("prior", ["alibi", "goat", "sum"])
+@pytest.mark.parametrize("backend", ["sdpa", "memeff"])
+def test_slope_runs_sized_by_the_slope_bound_match_reference(
+    backend, prior, dtype, low_thresholds, monkeypatch
+):
+    """Where the slope is not free to read (an accelerator, ``torch.compile``), its runs of queries
+    come from the prior's ``slope_bound`` (here runs of 2^6 / 1 queries for GOAT's default cap)."""
+    monkeypatch.setattr(prior_inputs, "values_are_free", lambda t: False)
+    assert prior_inputs.largest_slope(make_prior(prior, 2).fold_slope(), 1.5) == 1.5
+    check_route(backend, {**LONG, **LONG_CASES["docs-prefill"], "prior": prior}, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@settings(max_examples=30, deadline=None)
+@given(o=problems())
+def test_memeff_as_torch_compile_traces_it_matches_reference(dtype, o):
+    """Under ``torch.compile`` ``memeff``'s blocks run through public operators with activation
+    checkpointing (``memeff.checkpointed_blocks``) and no shortcut reads a value: here eagerly, as
+    the compiler traces it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.compiler, "is_compiling", lambda: True)
+        check_route("memeff", o, dtype)

@@ -47,7 +47,8 @@ def test_a_prior_takes_the_flash_kernel_and_its_backward_only_on_the_cpu():
 def alibi_plans(L: int, chunk: int) -> list[tuple[slice, list[slice]]]:
     pos = torch.arange(L)[None]
     slope = ALiBi(4).fold(pos, pos).slope
-    plans = sdpa.head_plans(Masking(True, pos, pos, starts=(0, 0)), None, slope, torch.float32, 4, chunk)
+    masking = Masking(True, pos, pos, starts=(0, 0))
+    plans = sdpa.head_plans(masking, None, slope, ALiBi(4).slope_bound(), torch.float32, 4, chunk)
     return [(heads, [call.rows for call in calls]) for heads, calls in plans]
 
 
@@ -104,6 +105,7 @@ def test_heads_in_runs_of_their_own_match_the_reference(Hkv, chunk, monkeypatch)
 def steep_goat(slopes: list[float], seed: int = 0) -> GOAT:
     """GOAT in float64 with random spectral weights and sink (a key bias in the reach), and ``slopes``."""
     prior = make_prior("goat", len(slopes), seed)
+    prior.max_slope = max(map(abs, slopes))  # steeper than GOAT's default cap
     with torch.no_grad():
         prior.slope.copy_(torch.tensor(slopes))
     return prior

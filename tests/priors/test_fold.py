@@ -44,6 +44,15 @@ def test_fold_slope_is_the_folds_slope(name):
     assert slope is None or torch.equal(slope, expected)
 
 
+@pytest.mark.parametrize("name", FOLDABLE)
+def test_slope_bound_bounds_the_fold_slope_without_reading_it(name):
+    """What routes size their runs by where the slope is not free to read (on meta: no values)."""
+    prior = make_prior(name, 3, seed=1)
+    slope, bound = prior.fold_slope(), prior.to("meta").slope_bound()
+    assert (slope is None) == (bound == 0.0)
+    assert slope is None or slope.abs().max() <= bound
+
+
 def test_fold_lane_counts():
     assert ALiBi(4).fold_width == 1
     assert GOAT(4, 5).fold_width == 2 * 5 + 2

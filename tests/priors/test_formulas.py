@@ -221,11 +221,33 @@ def test_goat_without_frequencies_is_its_sink_and_slope():
         (dict(num_heads=4, num_freqs=0, sink=False, slope=False), "has no term left: it is standard"),
         (dict(num_heads=4, num_freqs=-1), "num_freqs must be an int >= 0, got -1"),
         (dict(num_heads=0), "num_heads must be a positive int, got 0"),
+        (dict(num_heads=2, max_slope=0.0), "max_slope must be a positive finite number, got 0.0"),
+        (dict(num_heads=2, max_slope=float("inf")), "max_slope must be a positive finite number, got inf"),
     ],
 )
 def test_goat_construction_names_the_problem(kwargs, message):
     with pytest.raises(ValueError, match=message):
         GOAT(**kwargs)
+
+
+def test_goat_slope_is_clamped_to_max_slope():
+    """``m_h`` is the slope parameter clamped to ``[-max_slope, max_slope]``, in every term and fold."""
+    capped, clamped = GOAT(2, 2, max_slope=0.25).double(), GOAT(2, 2).double()
+    with torch.no_grad():
+        capped.slope.copy_(torch.tensor([0.5, -0.1]))
+        clamped.slope.copy_(torch.tensor([0.25, -0.1]))
+    pos = torch.arange(6)
+    assert torch.equal(capped.fold_slope(), clamped.slope)
+    assert torch.equal(capped.fold(pos, pos).slope, clamped.fold(pos, pos).slope)
+    assert torch.equal(capped.log_prior(pos, pos), clamped.log_prior(pos, pos))
+    assert capped.slope_bound() == 0.25 and GOAT(2, 2, slope=False).slope_bound() == 0.0
+
+
+def test_alibi_slope_bound_follows_construction_and_loading():
+    prior = ALiBi(2)
+    assert prior.slope_bound() == 2.0**-4
+    prior.load_state_dict({"slopes": torch.tensor([1.5, -2.0])})
+    assert prior.slope_bound() == 2.0
 
 
 def test_goat_uniform_init_is_exactly_standard_attention():

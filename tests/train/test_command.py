@@ -42,6 +42,13 @@ def test_train_reports_losses_against_the_baseline(corpus, tmp_path, capsys):
     assert saved["train"]["grad_clip"] is None  # 0 on the command line: no clipping
 
 
+def test_compile_flag_is_the_configs_compile():
+    def configs(*flags):
+        return cli.train_configs(cli.build_parser().parse_args(["train", "--out", "run", *flags]))[1]
+
+    assert configs("--compile").compile is True and configs().compile is False
+
+
 def test_sample_and_plot_runs_use_a_finished_run(corpus, tmp_path, capsys):
     run = tmp_path / "run"  # with token shift: sample reads it from the run's config
     argv = ["train", *SMALL, "--token-shift", "--steps", "2", "--data", str(corpus), "--out", str(run)]

@@ -83,6 +83,32 @@ def test_resume_continues_exactly(corpus, tmp_path, monkeypatch, retrieval_mix):
     assert losses(tmp_path / "split") == losses(tmp_path / "whole")
 
 
+def test_compiled_training_matches_eager_and_resumes_exactly(corpus, tmp_path, monkeypatch):
+    """``compile=True`` trains through ``torch.compile`` (its run's config says so): without dropout
+    (compiled kernels draw their own random numbers) its losses are an eager run's up to float
+    rounding; with it, a compiled run killed in step 4 and resumed logs what the uninterrupted
+    compiled run logged."""
+    config = settings(corpus, steps=4, eval_every=2, save_every=2)
+    train(small_model(prior="goat", n_layers=1), config, tmp_path / "eager", progress=False)
+    config.compile = True
+    train(small_model(prior="goat", n_layers=1), config, tmp_path / "compiled", progress=False)
+    assert json.loads((tmp_path / "compiled" / "config.json").read_text())["train"]["compile"] is True
+    eager, compiled = metrics(tmp_path / "eager"), metrics(tmp_path / "compiled")
+    for name in ("train_loss", "val_loss"):
+        expected = [r[name] for r in eager if name in r]
+        assert [r[name] for r in compiled if name in r] == pytest.approx(expected, abs=1e-4)
+
+    model = small_model(prior="goat", n_layers=1, dropout=0.1)
+    train(model, config, tmp_path / "whole", progress=False)
+    train_until_killed(model, config, tmp_path / "split", monkeypatch, killed_in_step=4)
+    train(model, config, tmp_path / "split", resume=True, progress=False)
+
+    def losses(run):
+        return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in metrics(run)]
+
+    assert losses(tmp_path / "split") == losses(tmp_path / "whole")
+
+
 @pytest.mark.parametrize("positions", ["document", "window"])
 def test_packed_documents_are_scored_at_the_chosen_positions(tmp_path, positions):
     """``positions="document"``: each packed document's loss is its loss alone, from position 0;
@@ -258,21 +284,23 @@ def test_retrieval_mix_changes_the_batches_and_needs_room(corpus, tmp_path):
 
 
 def test_a_run_written_before_a_config_field_existed_still_resumes(corpus, tmp_path):
-    """Fields added to the configs later (here retrieval_mix and the model's token_shift) take their
-    defaults when a run from an earlier version is loaded or resumed, instead of counting as changed
-    arguments."""
+    """Fields added to the configs later (here retrieval_mix, compile and the model's token_shift)
+    take their defaults when a run from an earlier version is loaded or resumed, instead of counting
+    as changed arguments."""
     from priorattn.train import load_run
 
     config, model = settings(corpus, steps=3, eval_every=0, save_every=0), small_model()
     train(model, config, tmp_path / "run", progress=False)
     path = tmp_path / "run" / "config.json"
     saved = json.loads(path.read_text())
-    del saved["train"]["retrieval_mix"], saved["model"]["token_shift"]
-    path.write_text(json.dumps(saved))
     index_path = ckpt.checkpoint_json(tmp_path / "run", 3)
     index = json.loads(index_path.read_text())
-    del index["state"]["configs"]["train"]["retrieval_mix"], index["state"]["configs"]["model"]["token_shift"]
+    for field in ("retrieval_mix", "compile"):
+        del saved["train"][field], index["state"]["configs"]["train"][field]
+    del saved["model"]["token_shift"], index["state"]["configs"]["model"]["token_shift"]
+    path.write_text(json.dumps(saved))
     index_path.write_text(json.dumps(index))
+    assert TrainConfig.from_dict(saved["train"]).compile is False
     run = load_run(tmp_path / "run")
     assert run.model_config.token_shift is False and run.model.token_shift is None
     assert train(model, config, tmp_path / "run", resume=True, progress=False).step == 3

@@ -48,7 +48,7 @@ def head_parameters(prior: Prior, head: int) -> dict[str, float | None]:
             params["alibi_slope"] = part.slopes[head].item()
         elif isinstance(part, GOAT):
             if part.slope is not None:
-                params["goat_recency_slope"] = part.slope[head].item()
+                params["goat_recency_slope"] = part.fold_slope()[head].item()
             if part.sink is not None:
                 u = part.sink(torch.arange(2))[head]
                 params["goat_sink_spike"] = (u[0] - u[1]).item()  # u(0) - u(1): only differences matter

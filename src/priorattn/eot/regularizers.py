@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 
-import entmax
 import torch
 from torch import Tensor
 
@@ -199,6 +198,8 @@ class Tsallis(Regularizer):
         top = x.masked_fill(~visible, -math.inf).amax(-1, keepdim=True)
         top = torch.where(torch.isfinite(top), top, 0.0)  # a row with no visible key
         x = torch.where(visible, x, top - 1.0 / (self.alpha - 1.0) - 1.0)
+        import entmax  # here: only the sparse maps need it, and attention alone imports without it
+
         if self.alpha == 2.0:
             p = entmax.sparsemax(x, dim=-1)
         elif self.alpha == 1.5:

@@ -14,7 +14,7 @@ from ..ssmax import Scaling, SSMax
 from .flex import flex_route, flex_trains_on
 from .masks import Masking, values_are_free
 from .memeff import memeff_attention
-from .prior_inputs import MIN_FOLD_SPAN, fold_dtype, slope_precision, slope_span, tabulates
+from .prior_inputs import MIN_FOLD_SPAN, fold_dtype, largest_slope, slope_precision, slope_span, tabulates
 from .reference import reference_attention
 from .sdpa import is_decode_step, sdpa_attention, sdpa_bias_attention
 
@@ -144,8 +144,8 @@ def _choose(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking) -> str:
     if is_decode_step(q, k):
         return DECODE_ROUTE
     if prior.can_fold(masking.causal):
-        slope = prior.fold_slope()
-        span = slope_span(slope, slope_precision(fold_dtype(slope, q.dtype, masking), masking))
+        largest = largest_slope(prior.fold_slope(), prior.slope_bound())
+        span = slope_span(largest, slope_precision(fold_dtype(largest, q.dtype, masking), masking))
         if span is None or span >= min(q.shape[2], MIN_FOLD_SPAN):
             return "sdpa"
     elif flex_trains_on(q.device) and tabulates(prior, masking):

@@ -103,7 +103,9 @@ def flex_route(
         return score + bias
 
     mask = block_mask(masking, B)
-    out = compiled_flex()(
+    # Inside a compiled graph flex_attention is compiled with it; called eagerly, it needs its own.
+    attend = flex_attention if torch.compiler.is_compiling() else compiled_flex()
+    out = attend(
         inputs.q,
         inputs.k,
         v.to(dtype),

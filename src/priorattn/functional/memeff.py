@@ -40,13 +40,14 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 from ..priors import Prior
 from ..ssmax import Scaling
-from .grouped import grouped, grouped_values
-from .lag_flash import anti_diagonal_sums, hankel_mask, keys_reversed, lag_flash_applies, lag_flash_attention
+from .grouped import grouped, grouped_scores, grouped_values
+from .lag_flash import anti_diagonal_sums, keys_reversed, lag_flash_applies, lag_flash_attention
 from .masks import Masking
-from .prior_inputs import centred_keys, lag_table, slope_span, split_prior
+from .prior_inputs import centred_keys, lag_table, largest_slope, slope_span, split_prior
 from .reference import compute_dtype
 from .spans import cut, key_spans, visible_counts
 from .subnormals import flushing_subnormals
@@ -82,11 +83,13 @@ def toeplitz_tile(table: Tensor, rows: slice, cols: slice, Lk: int) -> Tensor:
     """Bias ``(H, lq, lk)`` of query ``rows`` against keys ``cols`` from the lag table.
 
     Query i and key j read table index ``i - j + Lk - 1``: constant along diagonals (Toeplitz).
-    With the block's keys taken in reverse order it is a Hankel view (``lag_flash.hankel_mask``)
-    read without a copy; one flip of the block puts the keys back in order.
+    With the block's keys taken in reverse order it is a Hankel view: row i of the block is the
+    window of ``lk`` lags from ``keys_reversed + i`` (``unfold``, no copy, and traceable by
+    ``torch.compile``); one flip of the block puts the keys back in order.
     """
+    lq, lk = rows.stop - rows.start, cols.stop - cols.start
     start = keys_reversed(rows, cols, Lk)
-    return hankel_mask(table, 1, table.shape[0], rows, cols, start)[0].flip(-1)
+    return table.unfold(-1, lk, 1)[:, start : start + lq].flip(-1)
 
 
 @dataclass(frozen=True)
@@ -289,6 +292,39 @@ def blockwise_backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
     return (None, dq, dk, dv, *source_grads, *param_grads)
 
 
+def checkpointed_blocks(plan: Plan, q2: Tensor, k2: Tensor, v: Tensor, *sources: Tensor | None) -> Tensor:
+    """:class:`BlockwiseAttention`'s output through public operators and autograd, for
+    ``torch.compile``, which cannot trace that Function's backward (``torch.autograd.grad`` of each
+    block's bias, buffers written in place). Each block runs under activation checkpointing: its
+    weights are rebuilt in the backward instead of kept, so attention memory stays O(block) as in
+    the Function, and autograd carries the gradients to every bias source and prior parameter.
+    Rows of no block (they see no key) return zeros."""
+    B, H, Lq, _ = q2.shape
+    pieces, done = [], 0
+    for rows, cols in plan.blocks:
+        if rows.start > done:
+            pieces.append(q2.new_zeros(B, H, rows.start - done, v.shape[-1]))
+        piece = checkpoint(block_values, plan, q2, k2, v, sources, rows, cols, use_reentrant=False)
+        pieces.append(piece)
+        done = rows.stop
+    if done < Lq:
+        pieces.append(q2.new_zeros(B, H, Lq - done, v.shape[-1]))
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
+
+
+def block_values(
+    plan: Plan, q2: Tensor, k2: Tensor, v: Tensor, sources: tuple, rows: slice, cols: slice
+) -> Tensor:
+    """One block's weights times its values ``(B, H, lq, Dv)`` (:meth:`Plan.probs` without buffers)."""
+    logits = grouped_scores(q2[:, :, rows], k2[:, :, cols])
+    bias = plan.bias(rows, cols, *sources)
+    if bias is not None:
+        logits = logits + bias
+    visible = plan.masking.visible(rows, cols)
+    probs = torch.softmax(logits.masked_fill(~visible, torch.finfo(logits.dtype).min), dim=-1) * visible
+    return grouped_values(probs, v[:, :, cols])
+
+
 def memeff_attention(
     q: Tensor,
     k: Tensor,
@@ -311,7 +347,9 @@ def memeff_attention(
         blocks = functools.partial(key_blocks, masking, spans)
         return lag_flash_attention(content.q.to(q.dtype), k, v, table, masking, blocks, dtype)
     inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, scale_prior)
-    span = None if inputs.slope is None else slope_span(inputs.slope, dtype)
+    span = None
+    if inputs.slope is not None:
+        span = slope_span(largest_slope(inputs.slope, prior.slope_bound()), dtype)
     plan = Plan(
         masking=masking,
         prior=inputs.dense,
@@ -322,5 +360,7 @@ def memeff_attention(
     row_scale = factor if scale_prior else None
     params = [] if inputs.dense is None else [p for p in inputs.dense.parameters() if p.requires_grad]
     sources = (inputs.key_bias, inputs.slope, inputs.table, row_scale)
+    if torch.compiler.is_compiling():
+        return checkpointed_blocks(plan, inputs.q, inputs.k, v.to(dtype), *sources).to(v.dtype)
     out = BlockwiseAttention.apply(plan, inputs.q, inputs.k, v.to(dtype), *sources, *params)
     return out.to(v.dtype)

@@ -33,9 +33,19 @@ SLOPE_MAGNITUDE = {
 MIN_FOLD_SPAN = 256
 
 
-def slope_span(slope: Tensor | None, dtype: torch.dtype) -> int | None:
-    """Longest run of queries one call may cover with the slope centred on them; None: no limit."""
-    largest = 0.0 if slope is None or not slope.numel() else float(slope.detach().abs().max())
+def largest_slope(slope: Tensor | None, bound: float) -> float:
+    """``max |slope|``, read where that is free (:func:`~.masks.values_are_free`), else ``bound``:
+    the prior's :meth:`~priorattn.priors.Prior.slope_bound`, known without a read. On an accelerator
+    a read waits for its queue to drain, and under ``torch.compile`` it breaks the graph; the CPU
+    reads it, and a gentle slope then takes longer runs of queries."""
+    if slope is None or not slope.numel():
+        return 0.0
+    return float(slope.detach().abs().max()) if values_are_free(slope) else bound
+
+
+def slope_span(largest: float, dtype: torch.dtype) -> int | None:
+    """Longest run of queries one call may cover with a slope of magnitude up to ``largest``
+    centred on them; None: no limit."""
     if largest == 0.0:
         return None
     span = SLOPE_MAGNITUDE.get(dtype, SLOPE_MAGNITUDE[torch.float32]) / largest
@@ -77,12 +87,13 @@ def slope_precision(dtype: torch.dtype, masking: Masking) -> torch.dtype:
     return torch.float32 if spread is not None and spread <= limit else dtype
 
 
-def fold_dtype(slope: Tensor | None, dtype: torch.dtype, masking: Masking) -> torch.dtype:
+def fold_dtype(largest: float, dtype: torch.dtype, masking: Masking) -> torch.dtype:
     """The dtype a folded SDPA call computes in: ``dtype``, or float32 for half-precision inputs whose
-    slope would need runs of fewer than ``min(Lq, MIN_FOLD_SPAN)`` queries (a bfloat16 lane whose
-    key offsets round as well allows runs within ``|m (j - c)| <= 1``, see :func:`slope_precision`)."""
+    slope (of magnitude up to ``largest``, :func:`largest_slope`) would need runs of fewer than
+    ``min(Lq, MIN_FOLD_SPAN)`` queries (a bfloat16 lane whose key offsets round as well allows runs
+    within ``|m (j - c)| <= 1``, see :func:`slope_precision`)."""
     Lq = masking.q_pos.shape[-1]
-    span = slope_span(slope, slope_precision(dtype, masking))
+    span = slope_span(largest, slope_precision(dtype, masking))
     if span is None or span >= min(Lq, MIN_FOLD_SPAN) or dtype not in (torch.bfloat16, torch.float16):
         return dtype
     return torch.float32

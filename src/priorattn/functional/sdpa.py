@@ -33,7 +33,15 @@ from ..ssmax import Scaling
 from .grouped import grouped, grouped_scores, grouped_values
 from .lag_flash import smallest_log_weight
 from .masks import Masking
-from .prior_inputs import centred_keys, content_queries, fold_dtype, query_lanes, slope_precision, slope_span
+from .prior_inputs import (
+    centred_keys,
+    content_queries,
+    fold_dtype,
+    largest_slope,
+    query_lanes,
+    slope_precision,
+    slope_span,
+)
 from .reference import compute_dtype
 from .spans import Call, Kind, batch_groups, cut, key_spans, select_rows, span_calls, visible_counts
 from .subnormals import flushing_subnormals
@@ -421,7 +429,13 @@ class Runs:
 def public_lower_right_causal(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """:class:`LowerRightCausal` with public operators only (any device): SDPA with torch's
     bottom-right causal bias, which CUDA runs in its flash or memory-efficient kernels without a
-    mask (the CPU materialises one, so the CPU uses :class:`LowerRightCausal`)."""
+    mask (the CPU materialises one, so the CPU uses :class:`LowerRightCausal`). ``torch.compile``
+    cannot trace that bias (a tensor subclass built in the graph): there the mask is a boolean
+    ``(Lq, Lk)`` tensor, a call's queries against its keys."""
+    if torch.compiler.is_compiling():
+        Lq, Lk = q.shape[2], k.shape[2]
+        mask = torch.ones(Lq, Lk, dtype=torch.bool, device=q.device).tril_(Lk - Lq)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0)
     # Imported here: the module pulls in torch._dynamo (about 1 s and 70 MB at import), which CPU
     # runs, taking the CPU kernel, never need.
     from torch.nn.attention.bias import causal_lower_right
@@ -535,12 +549,12 @@ def folded_attention(
     key return zeros."""
     counts = visible_counts(masking, spans) if ssmax is not None else None
     factor = None if counts is None else ssmax.factor(counts)  # (B or 1, H, Lq, 1)
-    dtype = q.dtype
+    dtype, bound = q.dtype, 0.0 if prior is None else prior.slope_bound()
     if prior is None:
         lanes = FoldLanes(q.new_zeros(1, q.shape[2], 0), q.new_zeros(1, k.shape[2], 0))
     else:  # a half-precision slope computes in float32 rather than in tiny query runs
         lanes = prior.fold(masking.q_pos, masking.k_pos)
-        compute = fold_dtype(lanes.slope, dtype, masking)
+        compute = fold_dtype(largest_slope(lanes.slope, bound), dtype, masking)
         q, k, v = q.to(compute), k.to(compute), v.to(compute)
     width = max(q.shape[-1] + lanes.width, v.shape[-1])
     fold = Fold(masking, scale, ssmax is not None and ssmax.scale_prior, q.shape[1], width)
@@ -553,7 +567,7 @@ def folded_attention(
         chunk = heads_per_thread_team(q.shape[0], torch.get_num_threads())
         if factor is None:  # SSMax scales the slope per row: no band
             bands = slope_bands(q, k, lanes, scale, masking)
-    plans = head_plans(masking, spans, lanes.slope, precision, H, chunk, bands)
+    plans = head_plans(masking, spans, lanes.slope, bound, precision, H, chunk, bands)
     return run_calls(fold, plans, q, k, v, lanes, factor).to(dtype)
 
 
@@ -569,24 +583,28 @@ def head_plans(
     masking: Masking,
     spans: tuple[Tensor, Tensor] | None,
     slope: Tensor | None,
+    bound: float,
     precision: torch.dtype,
     heads: int,
     chunk: int,
     bands: list[int | None] | None = None,
 ) -> Plans:
     """The calls of :func:`plan_calls` for runs of consecutive heads, each run of queries as long as
-    the steepest slope among the heads allows (:func:`~.prior_inputs.slope_span`). Heads come in
-    chunks of ``chunk`` (the last may be shorter) that take their calls together: chunks whose
-    slopes allow different runs take their own calls (ALiBi's and GOAT's gentler heads then need few
-    or one); ``chunk = heads``: every head takes the steepest head's. ``bands`` (per head,
-    :func:`slope_bands`): a chunk whose heads all have one leaves out the keys beyond the widest, in
-    runs of at most :data:`BAND_RUN` queries, where that leaves out more than a tenth of its cells."""
+    the steepest slope among the heads allows (:func:`~.prior_inputs.slope_span`; ``bound``: the
+    prior's :meth:`~priorattn.priors.Prior.slope_bound`, taken where the slope is not free to read).
+    Heads come in chunks of ``chunk`` (the last may be shorter) that take their calls together:
+    chunks whose slopes allow different runs take their own calls (ALiBi's and GOAT's gentler heads
+    then need few or one); ``chunk = heads``: every head takes the steepest head's. ``bands`` (per
+    head, :func:`slope_bands`): a chunk whose heads all have one leaves out the keys beyond the
+    widest, in runs of at most :data:`BAND_RUN` queries, where that leaves out more than a tenth of
+    its cells."""
     Lq = masking.q_pos.shape[-1]
     if slope is None or slope.shape[0] != heads:
-        return [(slice(0, heads), plan_calls(masking, spans, slope_span(slope, precision)))]
+        step = slope_span(largest_slope(slope, bound), precision)
+        return [(slice(0, heads), plan_calls(masking, spans, step))]
     groups = []  # [first head, step, band] of each run of heads with one plan
     for h in range(0, heads, chunk):
-        step = slope_span(slope[h : h + chunk], precision)
+        step = slope_span(largest_slope(slope[h : h + chunk], bound), precision)
         step = None if step is None or step >= Lq else step  # one run: no limit
         band = None if bands is None else widest(bands[h : h + chunk])
         if band is not None:

@@ -11,6 +11,9 @@ from .base import FoldLanes, PositionTable, Prior, alibi_slopes, per_head, relat
 class ALiBi(Prior):
     """``K_h(i, j) = -m_h |i - j|`` with fixed slopes ``m_h`` (a buffer, not trained).
 
+    The slopes are set at construction or by ``load_state_dict``, which also record their largest
+    magnitude (:meth:`slope_bound`); an in-place edit of the buffer leaves that record behind.
+
     Under a causal mask ``-m_h (i - j) = m_h j - m_h i`` and the row constant ``-m_h i`` drops out of
     the softmax, so the prior folds into one key-linear lane (seed 000 Prop. F.6).
     """
@@ -25,6 +28,7 @@ class ALiBi(Prior):
         self.register_buffer(
             "slopes", slopes if slopes.is_floating_point() else slopes.to(torch.get_default_dtype())
         )
+        self.largest_slope = float(self.slopes.detach().abs().max())  # read once, where they are made
         self.by_lag = PositionTable(self, self.of_lag)
 
     @property
@@ -54,6 +58,15 @@ class ALiBi(Prior):
 
     def fold_slope(self) -> Tensor:
         return self.slopes
+
+    def slope_bound(self) -> float:
+        return self.largest_slope
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        slopes = state_dict.get(prefix + "slopes")
+        if slopes is not None:  # read once per load, not per call
+            self.largest_slope = float(slopes.detach().abs().max())
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}"

@@ -18,6 +18,7 @@ A prior never knows about routes, masks, caches or models.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -88,6 +89,14 @@ class Prior(nn.Module):
         needs only it, and the whole fold of a GOAT (phases, the sink MLP) costs hundreds of
         microseconds. Priors whose slope is a parameter or buffer return it directly."""
         return self._fold_at_origin().slope
+
+    def slope_bound(self) -> float:
+        """An upper bound on ``|fold_slope()|`` that reads no tensor: 0 for a fold without a slope.
+
+        Where reading the slope would wait for an accelerator or break a compiled graph, routes size
+        their runs of queries by this bound (``functional/prior_inputs.py``). A prior that cannot
+        bound its slope answers inf: its folds then take one query per call there."""
+        return 0.0 if self.fold_slope() is None else math.inf
 
     @property
     def fold_width(self) -> int:

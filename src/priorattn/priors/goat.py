@@ -95,6 +95,10 @@ class GOAT(Prior):
     - ``sink=True``: the key-only ``u_h(j)`` of :class:`GOATSink` (Eq. 19).
     - ``slope=True``: the ALiBi-equivalent recency term (App. F.3); it folds only under a causal
       mask, where it is the key-linear lane ``m_h j`` (Prop. F.6).
+      ``m_h`` is the parameter ``slope`` clamped to ``[-max_slope, max_slope]`` (default 1: a
+      recency weight of at most ``e^-1`` per token of lag), so its size is known without reading it:
+      the SDPA route sizes its re-centred runs of queries by ``max_slope`` where reading the slope
+      would stall an accelerator or break a compiled graph (``functional/prior_inputs.py``).
 
     ``num_freqs=0`` keeps only the sink and the slope (no relative spectral part).
 
@@ -124,6 +128,7 @@ class GOAT(Prior):
         train_len: int = 2048,
         sink_freqs: int = 8,
         sink_hidden: int = 16,
+        max_slope: float = 1.0,
     ):
         super().__init__()
         if not isinstance(num_heads, int) or num_heads < 1:
@@ -135,6 +140,8 @@ class GOAT(Prior):
                 "GOAT with num_freqs=0, sink=False and slope=False has no term left: it is standard "
                 "attention (use Uniform() or prior=None), or give num_freqs >= 1"
             )
+        if not (isinstance(max_slope, int | float) and 0 < max_slope < math.inf):
+            raise ValueError(f"max_slope must be a positive finite number, got {max_slope!r}")
         if init not in ("uniform", "recency"):
             raise ValueError(f"init must be 'uniform' or 'recency', got {init!r}")
         dtype = torch.get_default_dtype()
@@ -148,6 +155,7 @@ class GOAT(Prior):
         self.beta = nn.Parameter(torch.zeros(num_heads, num_freqs, dtype=dtype))
         self.sink = GOATSink(num_heads, sink_freqs, sink_hidden, train_len, freq_base) if sink else None
         self.slope = nn.Parameter(torch.zeros(num_heads, dtype=dtype)) if slope else None
+        self.max_slope = float(max_slope)
         self.by_lag = PositionTable(self, self.relative)
         if init == "recency":
             self._init_recency(train_len)
@@ -190,7 +198,7 @@ class GOAT(Prior):
         with in_own_dtype(self.freqs.device):
             K = self.alpha @ cos.T + self.beta @ sin.T  # (H, n)
         if self.slope is not None:
-            K = K - self.slope[:, None] * lag.to(self.alpha.dtype).abs()
+            K = K - self.fold_slope()[:, None] * lag.to(self.alpha.dtype).abs()
         return K
 
     @property
@@ -210,11 +218,15 @@ class GOAT(Prior):
             torch.cat([alpha * cos_q + beta * sin_q, alpha * sin_q - beta * cos_q], dim=-1),
             torch.cat([cos_k, sin_k], dim=-1)[..., None, :, :],
             key_bias,
-            self.slope,  # Prop. F.6: -m (i - j) = m j + row constant
+            self.fold_slope(),  # Prop. F.6: -m (i - j) = m j + row constant
         )
 
     def fold_slope(self) -> Tensor | None:
-        return self.slope
+        """``m_h``: the parameter ``slope`` clamped to ``[-max_slope, max_slope]``; None without it."""
+        return None if self.slope is None else self.slope.clamp(-self.max_slope, self.max_slope)
+
+    def slope_bound(self) -> float:
+        return 0.0 if self.slope is None else self.max_slope
 
     def extra_repr(self) -> str:
         return (

@@ -35,3 +35,6 @@ class Sum(Prior):
 
     def fold_slope(self) -> Tensor | None:
         return sum_of_present([p.fold_slope() for p in self.parts])
+
+    def slope_bound(self) -> float:
+        return sum(p.slope_bound() for p in self.parts)

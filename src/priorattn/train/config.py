@@ -49,6 +49,9 @@ class TrainConfig:
       ``steps`` (seed 003 App. C: cosine to 0.1x).
     - ``bf16``: autocast matrix products to bfloat16 (about 3x faster on this CPU); master weights
       and the loss stay float32.
+    - ``compile``: train through ``torch.compile`` of the model's forward and loss (its backward
+      too), one graph per step's shapes; the first step compiles. Losses match an eager run's to
+      float rounding, not bit for bit; evaluation stays eager.
     - ``log_every``, ``eval_every``, ``save_every``: in optimizer steps; 0 turns evaluation or
       intermediate checkpoints off (the last step is always evaluated and saved).
       ``eval_sequences`` caps the validation sequences per evaluation (``None``: all of them).
@@ -81,6 +84,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.1
     grad_clip: float | None = 1.0
     bf16: bool = False
+    compile: bool = False
     seed: int = 0
     log_every: int = 10
     eval_every: int = 200

@@ -12,6 +12,7 @@ process's RNG. A run killed at any moment and resumed logs the same losses as on
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 from dataclasses import dataclass
@@ -77,7 +78,8 @@ def train(
     """
     process = start_process()
     try:
-        result = _train(model_config, config, Path(run_dir), resume, progress, process)
+        with reproducible_kernels(config, process):
+            result = _train(model_config, config, Path(run_dir), resume, progress, process)
         # Rank 0 writes the last checkpoint alone: no rank tears the process group down while
         # another still works (a rank that left early aborted once in a gloo teardown).
         process.barrier()
@@ -182,6 +184,27 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
     return TrainResult(run_dir, step, train_loss, val_loss, data.unigram_loss, tokens_per_s)
 
 
+@contextlib.contextmanager
+def reproducible_kernels(config: TrainConfig, process: Process):
+    """Deterministic kernels while a compiled run trains on the CPU: inductor's C++ sums the
+    embedding's gradient with atomic adds, whose order varies from run to run (a gradient norm
+    moved in its 8th digit), so a resumed run would not log what the uninterrupted one did; eager
+    CPU training is reproducible without this. Elsewhere, and for eager runs, nothing changes
+    (``warn_only``: an operator without a deterministic kernel warns rather than fails)."""
+    if not (config.compile and process.device.type == "cpu"):
+        yield
+        return
+    before = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+    )
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+
+
 def train_step(
     model,
     micro_batches,
@@ -237,9 +260,26 @@ def _summed_loss(model, tokens: Tensor, targets: Tensor, doc_ids: Tensor, config
     tokens, targets, doc_ids = (t.to(process.device) for t in (tokens, targets, doc_ids))
     if positions is not None:
         positions = positions.to(process.device)
+    loss = compiled_loss() if config.compile and model.training else summed_token_loss
     with torch.autocast(process.device.type, dtype=torch.bfloat16, enabled=config.bf16):
-        logits, _, _ = model(tokens, positions=positions, doc_ids=doc_ids)  # (B, L, V)
+        return loss(model, tokens, positions, doc_ids, targets)
+
+
+def summed_token_loss(
+    model, tokens: Tensor, positions: Tensor | None, doc_ids: Tensor, targets: Tensor
+) -> Tensor:
+    """The cross-entropy summed over the target tokens of ``tokens`` ``(B, L)``."""
+    logits, _, _ = model(tokens, positions=positions, doc_ids=doc_ids)  # (B, L, V)
     return token_cross_entropy(logits, targets).sum()
+
+
+@functools.cache
+def compiled_loss():
+    """:func:`summed_token_loss` under ``torch.compile`` (``TrainConfig.compile``), made once per
+    process. The loss alone leaves the graph: the model's KV caches, views of its tensors, would
+    come back from torch 2.13's AOTAutograd cache in a later process (a resumed run) with wrong
+    sizes."""
+    return torch.compile(summed_token_loss)
 
 
 def _positions(model, doc_ids: Tensor, config: TrainConfig) -> Tensor | None:

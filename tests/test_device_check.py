@@ -1,0 +1,79 @@
+"""``benchmarks/device_check.py``: without a GPU, one line and a dry run of every part; its stand-ins."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "device_check.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("device_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["device_check"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the check measures, for minutes")
+def test_without_a_gpu_it_says_so_in_one_line_after_a_dry_run_of_every_part(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 1 and done.stdout.startswith("no CUDA GPU here")
+    report = json.loads((tmp_path / "device_check.json").read_text())
+    parts = report["parts"]
+    assert report["dry_run"] and list(parts) == ["pytest", "attention", "training"]
+    assert not any("error" in part for part in parts.values()), parts
+    assert parts["pytest"]["collected"] > 0 and "collected" in parts["pytest"]["summary"]
+    cells = parts["attention"]["cells"]
+    assert all("error" not in cell for cell in cells), [cell for cell in cells if "error" in cell]
+    measured = {(c["prior"], c["route"]) for c in cells if "ms" in c}
+    assert (
+        ("SDPA (flash)", "plain") in measured
+        and ("GGD", "memeff") in measured
+        and ("GOAT", "sdpa") in measured
+    )
+    assert {c["auto_takes"] for c in cells if c["route"] == "auto"} == {"sdpa", "memeff"}
+    assert all(c["skipped"].startswith("FlexAttention has no backward") for c in cells if "ms" not in c)
+    assert [(c["compiled"], "tokens_per_s" in c) for c in parts["training"]["cells"]] == [
+        (False, True),
+        (True, True),
+    ]
+    tables = (tmp_path / "device_check.md").read_text()
+    assert "## Attention: forward + backward" in tables and "## Training throughput" in tables
+
+
+def test_stand_ins_serve_the_librarys_imports_only():
+    """A package the library imports but a GPU image lacks imports as a stand-in for priorattn's
+    modules, fails where it is used, and stays missing for everyone else."""
+    script = load_script()
+    finder = script.StandIns(["not_installed_here"])
+    sys.meta_path.insert(0, finder)
+    try:
+        scope = {"__name__": "priorattn.some_module"}
+        exec("from not_installed_here.sub import Thing, Error", scope)
+        with pytest.raises(ModuleNotFoundError, match="not_installed_here.sub.Thing is not installed"):
+            scope["Thing"]()
+        assert issubclass(scope["Error"], Exception)  # usable in an except clause
+        with pytest.raises(ModuleNotFoundError):
+            exec("import not_installed_here.other", {"__name__": "torch.something"})
+    finally:
+        sys.meta_path.remove(finder)
+        for name in [n for n in sys.modules if n.startswith("not_installed_here")]:
+            del sys.modules[name]
