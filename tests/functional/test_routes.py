@@ -93,7 +93,7 @@ def run(backend, q, k, v, prior, ssmax, kwargs):
         assert sdpa.is_decode_step(q, k)
         backend = "auto"
     out = priorattn.attention(*leaves, prior=prior, ssmax=s, backend=backend, **kwargs)
-    weights = torch.linspace(-1, 1, out.numel(), dtype=torch.float64).view_as(out)
+    weights = torch.linspace(-1, 1, out.numel(), dtype=torch.float64, device=out.device).view_as(out)
     params = [p for p in prior.parameters() if p.requires_grad]
     inputs = leaves + params + ([s] if s is not None else [])
     grads = torch.autograd.grad((out.double() * weights).sum(), inputs, allow_unused=True)
