@@ -95,9 +95,11 @@ class RetrievalStudyConfig:
 
     Defaults (budget 1): ten mechanisms (NoPE, RoPE, ALiBi, BAM, GOAT, each with and without SSMax)
     x two seeds; each a 2-layer model of width 64 (2 heads of 32 lanes, GOAT with 3 frequencies)
-    with a token shift, trained 1000 steps of 32 sequences of passkey and multi-key NIAH samples
-    at lengths drawn uniformly up to ``train_len = 64``, then scored at ``T .. 64 T`` on 5 needle
-    depths x 8 sequences per cell and seed.
+    with a token shift, trained on 32 sequences a step of passkey and multi-key NIAH samples at
+    lengths drawn uniformly up to ``train_len = 64`` (after a ``curriculum_steps`` ramp) until it
+    answers every one of ``check_prompts`` check sequences per task at ``T`` exactly (checked every
+    ``check_every`` steps, at most ``steps``), then scored at ``T .. 64 T`` on 5 needle depths x 8
+    sequences per cell and seed (:func:`train_synthetic`).
     """
 
     mechanisms: list[str] = field(default_factory=lambda: list(DEFAULT_MECHANISMS))
