@@ -309,3 +309,46 @@ def test_a_seed_that_does_not_retrieve_at_the_training_length_is_left_out_of_the
     assert summary["goat"]["retrieves_at_train_len"]
     nobody = summarize(config, fake_runs(config, {"goat": [[5, 5, 5], [10, 0, 0]]}))["goat"]
     assert nobody["tasks"]["passkey"]["seeds_used"] == [0, 1] and not nobody["retrieves_at_train_len"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--mechanisms", "bam,xpos"], "unknown mechanism 'xpos'"),
+        (["--seeds", "0,-1"], "must be an integer >= 0"),
+        (["--tasks", "copy"], "unknown task 'copy'"),
+        (["--train-len", "8"], "--train-len=8 is too short"),
+        (["--budget", "0"], "must be a positive number"),
+        (["--seeds", "1,1"], "seeds must be distinct"),
+        (["--workers", "0"], "must be an integer >= 1"),
+    ],
+)
+def test_bad_input_to_the_retrieval_command_is_one_line_and_leaves_no_directory(
+    tmp_path, capsys, args, message
+):
+    from priorattn import cli
+
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["retrieval", "--out", str(out), "--quiet", *args])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_the_retrieval_command_runs_the_study(tmp_path, monkeypatch):
+    from priorattn import cli
+    from priorattn.eval import retrieval_report
+
+    given = []
+    monkeypatch.setattr(
+        retrieval_report,
+        "run_retrieval_study",
+        lambda config, out, **options: given.append((config, options)),
+    )
+    argv = ["retrieval", "--out", str(tmp_path), "--mechanisms", "bam+ssmax,rope_pi", "--seeds", "0,3"]
+    assert cli.main(argv + ["--no-token-shift", "--budget", "2", "--workers", "1", "--quiet"]) == 0
+    config, options = given[0]
+    assert config.mechanisms == ["bam+ssmax", "rope_pi"] and config.seeds == [0, 3]
+    assert not config.token_shift and config.factors[-1] == 512 and options["workers"] == 1
