@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
+
+from .checks import check_int
 
 
 class Scaling(NamedTuple):
@@ -34,6 +37,9 @@ class SSMax(nn.Module):
 
     def __init__(self, num_heads: int, init: float = 1.0, scale_prior: bool = True):
         super().__init__()
+        check_int("num_heads", num_heads, low=1)
+        if isinstance(init, bool) or not (isinstance(init, int | float) and math.isfinite(init)):
+            raise ValueError(f"init must be a finite number, got {init!r}")
         self.num_heads = num_heads
         self.scale_prior = scale_prior
         self.s = nn.Parameter(torch.full((num_heads,), float(init)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..checks import check_int
 from .base import FoldLanes, PositionTable, Prior, alibi_slopes, per_head, relative_positions
 
 
@@ -20,6 +21,7 @@ class ALiBi(Prior):
 
     def __init__(self, num_heads: int, slopes: Tensor | None = None):
         super().__init__()
+        check_int("num_heads", num_heads, low=1)
         slopes = alibi_slopes(num_heads) if slopes is None else torch.as_tensor(slopes)
         if slopes.shape != (num_heads,):
             raise ValueError(f"slopes must have shape ({num_heads},), got {tuple(slopes.shape)}")

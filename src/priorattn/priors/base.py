@@ -99,8 +99,12 @@ class Prior(nn.Module):
         return 0.0 if self.fold_slope() is None else math.inf
 
     @property
-    def fold_width(self) -> int:
-        """Number of lanes the fold adds to each q/k head when it runs through SDPA."""
+    def fold_width(self) -> int | None:
+        """Number of lanes the fold adds to each q/k head when it runs through SDPA; ``None`` for a
+        prior that folds under no mask (``can_fold`` false, causal or not), so that asking never
+        raises. Whether it folds under a given mask: :meth:`can_fold`."""
+        if not (self.can_fold(True) or self.can_fold(False)):
+            return None
         return self._fold_at_origin().width
 
     def _fold_at_origin(self) -> FoldLanes:

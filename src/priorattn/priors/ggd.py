@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
+from ..checks import check_int
 from .base import PositionTable, Prior, alibi_slopes
 
 PARAMETERS = ("alpha", "beta", "mu")
@@ -30,6 +33,9 @@ class GGD(Prior):
         eps: float = 1e-5,
     ):
         super().__init__()
+        check_int("num_heads", num_heads, low=1)
+        if isinstance(eps, bool) or not (isinstance(eps, int | float) and 0 <= eps < math.inf):
+            raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
         unknown = set(trainable) - set(PARAMETERS)
         if unknown:
             raise ValueError(

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ..checks import check_int
 from .base import FoldLanes, PositionTable, Prior, alibi_slopes, in_own_dtype
 
 
@@ -140,6 +141,19 @@ class GOAT(Prior):
                 "GOAT with num_freqs=0, sink=False and slope=False has no term left: it is standard "
                 "attention (use Uniform() or prior=None), or give num_freqs >= 1"
             )
+        for name, value, low in (
+            ("train_len", train_len, 1),
+            ("sink_freqs", sink_freqs, 0),
+            ("sink_hidden", sink_hidden, 1),
+        ):
+            check_int(name, value, low=low)
+        for name, value in (("sink", sink), ("slope", slope), ("learnable_freqs", learnable_freqs)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
+        if isinstance(freq_base, bool) or not (
+            isinstance(freq_base, int | float) and 1 < freq_base < math.inf
+        ):
+            raise ValueError(f"freq_base must be a finite number > 1, got {freq_base!r}")
         if not (isinstance(max_slope, int | float) and 0 < max_slope < math.inf):
             raise ValueError(f"max_slope must be a positive finite number, got {max_slope!r}")
         if init not in ("uniform", "recency"):
