@@ -61,7 +61,7 @@ def test_plot_priors_into_a_file_is_a_one_line_error(tmp_path, capsys):
     afile = tmp_path / "afile"
     afile.write_text("")
     assert exit_code(["plot-priors", "--out", str(afile)]) == 2
-    assert capsys.readouterr().err.endswith(f"error: the output directory {afile} is a file\n")
+    assert f"error: the output directory {afile} is a file\n" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -105,3 +105,22 @@ def test_a_command_refused_for_a_missing_input_leaves_no_output_directory(tmp_pa
     assert exit_code(argv) == 2
     assert "missing" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, prog",
+    [
+        (["train", "--out", "{tmp}", "--steps", "0"], "priorattn train"),
+        (["retrieval"], "priorattn retrieval"),
+        (["eval", "ppl", "--run", "{tmp}", "--windows", "0"], "priorattn eval ppl"),
+        (["no-such-command"], "priorattn"),
+    ],
+)
+def test_an_error_is_one_line_and_a_pointer_to_help_not_the_whole_usage(tmp_path, capsys, argv, prog):
+    with pytest.raises(SystemExit) as exited:
+        cli.main([arg.format(tmp=tmp_path / "out") for arg in argv])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    error, pointer = err.splitlines()
+    assert "usage:" not in err and error.startswith(f"{prog}: error: ")
+    assert pointer == f"For more information, try '{prog} --help'."

@@ -65,6 +65,14 @@ def name_list(choices, kind: str) -> Callable[[str], list[str]]:
     return parse
 
 
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are the one-line error and a line pointing to ``--help``
+    (as cargo's), not the whole usage first; subcommands' parsers are made of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\nFor more information, try '{self.prog} --help'.\n")
+
+
 def fail(args: argparse.Namespace, error: Exception) -> NoReturn:
     """Exit with ``error`` as one usage line of the subcommand, with the library's argument names
     written as the flags a user types (see :func:`flag_names`)."""
@@ -552,7 +560,7 @@ def vision(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="priorattn", description="Attention priors for PyTorch: look at them, train with them."
     )
     parser.add_argument("--version", action="version", version=f"priorattn {__version__}")
