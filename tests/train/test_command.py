@@ -294,3 +294,22 @@ def test_torchrun_two_processes_match_one(corpus, tmp_path):
     for a, b in zip(single, double):
         assert b["train_loss"] == pytest.approx(a["train_loss"], abs=1e-5)
         assert b.get("val_loss", 0) == pytest.approx(a.get("val_loss", 0), abs=1e-5)
+
+
+def test_a_refused_input_leaves_no_run_directory_behind_but_keeps_one_that_was_there(
+    corpus, tmp_path, capsys
+):
+    new = tmp_path / "new"
+    assert (
+        exit_code(["train", *SMALL, "--steps", "1", "--data", str(tmp_path / "missing"), "--out", str(new)])
+        == 2
+    )
+    assert "no such file or directory" in capsys.readouterr().err and not new.exists()
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    assert (
+        exit_code(["train", *SMALL, "--steps", "1", "--data", str(tmp_path / "missing"), "--out", str(kept)])
+        == 2
+    )
+    assert (kept / "notes.txt").read_text() == "mine"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,39 +96,23 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
             "backend='auto', 'sdpa' or 'memeff' (the routes give the same attention)"
         )
     continuing = resume and ckpt.has_checkpoint(run_dir)  # before any process writes one
-    if process.is_main:
-        check_run_dir(run_dir, model_config, config, continuing)
-    process.barrier()
+    created = process.is_main and not run_dir.exists()
     seq_len = config.seq_len or model_config.seq_len
-    data = None
-    for turn in ("main", "others"):  # rank 0 builds the tokenizer and token caches, then the rest read them
-        if (turn == "main") == process.is_main:
-            data = prepare_data(
-                config.data,
-                tokenizer=config.tokenizer,
-                vocab_size=config.vocab_size,
-                seq_len=seq_len,
-                val_fraction=config.val_fraction,
-                text_encoding=config.text_encoding,
-                run_dir=run_dir,
-                resume=continuing or not process.is_main,
-            )
-        process.barrier()
-    if data.tokenizer.vocab_size > model_config.vocab_size:
-        raise ValueError(
-            f"the {config.tokenizer} tokenizer has {data.tokenizer.vocab_size} tokens but the model's "
-            f"vocab_size is {model_config.vocab_size}: raise vocab_size (the CLI sets it from the tokenizer)"
-        )
-    micro_batch = _micro_batch(config, process)
-    batches = Batches(data.train, config.batch_size // config.grad_accum, seed=config.seed)
-    if config.retrieval_mix:  # checked before the run's config is written
-        tokens = data.train.store.tokens
-        batches = RetrievalMix(batches, config.retrieval_mix, data.tokenizer, tokens, seed=config.seed)
-
-    torch.manual_seed(config.seed)  # the same initial weights on every process
-    model = GPT(model_config).to(process.device)
-    if config.init_from is not None:
-        _start_from(Path(config.init_from), model, data.tokenizer)
+    try:  # everything that can refuse the input, before a step is taken
+        data = _prepare(run_dir, model_config, config, continuing, process)
+        micro_batch = _micro_batch(config, process)
+        batches = Batches(data.train, config.batch_size // config.grad_accum, seed=config.seed)
+        if config.retrieval_mix:  # checked before the run's config is written
+            tokens = data.train.store.tokens
+            batches = RetrievalMix(batches, config.retrieval_mix, data.tokenizer, tokens, seed=config.seed)
+        torch.manual_seed(config.seed)  # the same initial weights on every process
+        model = GPT(model_config).to(process.device)
+        if config.init_from is not None:
+            _start_from(Path(config.init_from), model, data.tokenizer)
+    except BaseException:
+        if created:  # a refused input (no corpus, a mismatched tokenizer...) leaves no directory behind
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config)
     torch.manual_seed(config.seed + process.rank)  # dropout differs between processes
@@ -293,6 +278,34 @@ def _positions(model, doc_ids: Tensor, config: TrainConfig) -> Tensor | None:
     if config.positions == "window" or not gpt.reads_absolute_positions:
         return None
     return document_positions(doc_ids)
+
+
+def _prepare(run_dir: Path, model_config, config: TrainConfig, continuing: bool, process: Process):
+    """The run directory checked and the data prepared."""
+    if process.is_main:
+        check_run_dir(run_dir, model_config, config, continuing)
+    process.barrier()
+    seq_len = config.seq_len or model_config.seq_len
+    data = None
+    for turn in ("main", "others"):  # rank 0 builds the tokenizer and token caches, then the rest read them
+        if (turn == "main") == process.is_main:
+            data = prepare_data(
+                config.data,
+                tokenizer=config.tokenizer,
+                vocab_size=config.vocab_size,
+                seq_len=seq_len,
+                val_fraction=config.val_fraction,
+                text_encoding=config.text_encoding,
+                run_dir=run_dir,
+                resume=continuing or not process.is_main,
+            )
+        process.barrier()
+    if data.tokenizer.vocab_size > model_config.vocab_size:
+        raise ValueError(
+            f"the {config.tokenizer} tokenizer has {data.tokenizer.vocab_size} tokens but the model's "
+            f"vocab_size is {model_config.vocab_size}: raise vocab_size (the CLI sets it from the tokenizer)"
+        )
+    return data
 
 
 def _micro_batch(config: TrainConfig, process: Process) -> int:
