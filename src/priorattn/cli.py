@@ -304,16 +304,18 @@ def spread_range(text: str) -> tuple[float, float] | str:
     return low, high
 
 
-def seed_list(text: str) -> list[int]:
-    """An argparse ``type`` for comma-separated seeds (integers >= 0): ``"0,1,2"``."""
-    parse = int_at_least(0)
-    return [parse(part.strip()) for part in text.split(",")]
+def ints_at_least(low: int) -> Callable[[str], list[int]]:
+    """An argparse ``type`` for comma-separated integers ``>= low``: ``"256,512,1024"``."""
+    parse = int_at_least(low)
+
+    def parse_list(text: str) -> list[int]:
+        return [parse(part.strip()) for part in text.split(",")]
+
+    return parse_list
 
 
-def int_list(text: str) -> list[int]:
-    """An argparse ``type`` for comma-separated positive integers: ``"256,512,1024"``."""
-    parse = int_at_least(1)
-    return [parse(part.strip()) for part in text.split(",")]
+int_list = ints_at_least(1)
+seed_list = ints_at_least(0)
 
 
 def evaluate(args: argparse.Namespace) -> int:

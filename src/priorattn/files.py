@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -17,6 +18,22 @@ def write_atomic(path: Path, write: Callable[[Path], object]) -> None:
     with open(tmp, "rb+") as f:
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def sha256_of(*paths: Path) -> str:
+    """The sha256 of the files' bytes, one after the other in the order given, read in 16 MiB blocks."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def as_saved(data: dict) -> dict:
+    """``data`` as it reads back from a JSON file (tuples become lists): what to compare with a
+    saved record."""
+    return json.loads(json.dumps(data))
 
 
 def write_json_atomic(path: Path, data: dict) -> None:

@@ -27,6 +27,7 @@ from ..files import check_text_encoding, prepare_out, write_json_atomic
 from ..models import preset
 from ..train import TrainConfig, train
 from .jobs import RESULTS_JSON, checkpoint_identity, niah_job, passkey_job, ppl_job
+from .ppl import check_factors
 from .retrieval import RETRIEVES
 from .retrieval_report import run_retrieval_study
 from .retrieval_study import RetrievalStudyConfig
@@ -153,19 +154,6 @@ class CompareConfig:
                 seed=self.seed,
                 variants=self.niah_variants,
             ),
-        )
-
-
-def check_factors(name: str, factors: Sequence[int], past_T: bool) -> None:
-    """Evaluation lengths in units of T: increasing ints from 1 (the report reads the first as T),
-    with at least one past T if ``past_T``."""
-    ints = all(isinstance(f, int) and not isinstance(f, bool) for f in factors)
-    if not (
-        ints and len(factors) >= 1 + past_T and factors[0] == 1 and list(factors) == sorted(set(factors))
-    ):
-        raise ValueError(
-            f"{name} must be increasing ints starting at 1 (T, as the report labels it)"
-            f"{', with one past T' if past_T else ''}, got {factors!r}"
         )
 
 

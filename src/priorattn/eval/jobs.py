@@ -14,7 +14,6 @@ is never mistaken for one of the same run trained further.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from ..analysis.runs import run_label
 from ..data import load_corpus, run_documents
 from ..data.retrieval import NIAH_VARIANTS, RetrievalTask, default_filler
 from ..data.tokenizer import Tokenizer
-from ..files import prepare_out, read_json, write_json_atomic
+from ..files import prepare_out, read_json, sha256_of, write_json_atomic
 from ..train import load_run
 from ..train.checkpoint import CheckpointError, checkpoint_indexes
 from .plots import TASK_TITLES, plot_accuracy_vs_length, plot_ppl, plot_retrieval_heatmaps
@@ -83,12 +82,8 @@ def checkpoint_identity(run_dir: str | Path, step: int | None = None) -> dict:
     if is_hf_dir(run_dir):
         from ..hf.extend import WEIGHT_FILES
 
-        digest = hashlib.sha256()
-        for path in sorted(p for pattern in WEIGHT_FILES for p in run_dir.glob(pattern)):
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 24), b""):
-                    digest.update(block)
-        return dict(step=None, sha256=digest.hexdigest())
+        weights = sorted(p for pattern in WEIGHT_FILES for p in run_dir.glob(pattern))
+        return dict(step=None, sha256=sha256_of(*weights))
     for index_path in checkpoint_indexes(run_dir):
         try:
             index = json.loads(index_path.read_text())

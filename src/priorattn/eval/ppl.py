@@ -145,3 +145,16 @@ def check_chunk(chunk: int | None) -> None:
 def check_lengths(lengths: Sequence[int]) -> None:
     if not lengths or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in lengths):
         raise ValueError(f"lengths must be positive integers, got {list(lengths)!r}")
+
+
+def check_factors(name: str, factors: Sequence[int], past_T: bool) -> None:
+    """Evaluation lengths in units of T: increasing ints from 1 (the report reads the first as T),
+    with at least one past T if ``past_T``."""
+    ints = all(isinstance(f, int) and not isinstance(f, bool) for f in factors)
+    if not (
+        ints and len(factors) >= 1 + past_T and factors[0] == 1 and list(factors) == sorted(set(factors))
+    ):
+        raise ValueError(
+            f"{name} must be increasing ints starting at 1 (T, as the report labels it)"
+            f"{', with one past T' if past_T else ''}, got {factors!r}"
+        )

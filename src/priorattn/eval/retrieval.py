@@ -38,6 +38,12 @@ def uniform_depths(n: int) -> list[float]:
     return [i / (n - 1) for i in range(n)] if n > 1 else [0.5]
 
 
+def check_depths(depths: Sequence[float]) -> None:
+    """Needle depths: a non-empty list of numbers in ``[0, 1]``."""
+    if not depths or any(not (isinstance(d, numbers.Real) and 0.0 <= d <= 1.0) for d in depths):
+        raise ValueError(f"depths must be numbers in [0, 1], got {list(depths)!r}")
+
+
 def score_answers(predicted: torch.Tensor, answers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(exact, tokens)`` per row of ``predicted, answers: (B, A)``: 1.0 where the whole answer is
     right, and the share of right tokens."""
@@ -69,8 +75,7 @@ def evaluate_retrieval(
     check_int("trials", trials, 1)
     check_int("seed", seed, 0)
     check_chunk(chunk)
-    if not depths or any(not (isinstance(d, numbers.Real) and 0.0 <= d <= 1.0) for d in depths):
-        raise ValueError(f"depths must be numbers in [0, 1], got {list(depths)!r}")
+    check_depths(depths)
     shortest = task.min_length()
     if min(lengths) < shortest:
         raise ValueError(

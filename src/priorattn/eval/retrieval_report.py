@@ -1,9 +1,10 @@
 """What the retrieval study shows: accuracies with intervals, the seeds' claims judged, figures, HTML.
 
-Counts are pooled over seeds, depths and prompts per (mechanism, task, length); the 95% interval is
-Wilson's on the pooled count (:func:`~priorattn.eval.verdicts.wilson_interval`). Each seed's own
-accuracy is kept beside it, so a spread between seeds wider than the interval is visible. A claim
-about a mechanism beyond ``T`` is judged only when it retrieves at ``T`` (pooled accuracy at least
+Counts are pooled over depths, prompts and the seeds that retrieve at ``T`` per (mechanism, task,
+length) (:func:`summarize`); the 95% interval is Wilson's on the pooled count
+(:func:`~priorattn.eval.verdicts.wilson_interval`). Each seed's own accuracy is kept beside it, so a
+spread between seeds wider than the interval is visible. A claim about a mechanism beyond ``T`` is
+judged only when it retrieves at ``T`` (pooled accuracy at least
 :data:`~priorattn.eval.retrieval_study.RETRIEVES_AT_T` on every task the claim is about); otherwise
 the report says so for that mechanism.
 """
@@ -27,7 +28,6 @@ from .retrieval_study import (
     SSMAX,
     RetrievalStudyConfig,
     label_of,
-    position_of,
     train_and_score,
 )
 from .verdicts import Estimate, compare_to, wilson_interval, winner
@@ -176,8 +176,9 @@ def seed_claims(config: RetrievalStudyConfig, summary: dict) -> list[dict]:
 
 def ssmax_effects(config: RetrievalStudyConfig, summary: dict) -> list[dict]:
     """For every position run with and without SSMax: which is better at the longest length, per
-    task (``winner``: a label, or None and ``tied`` when the intervals do not separate them), so a
-    result can be told apart as the prior's or SSMax's (seed 003 compares BAM with BAM SSMax)."""
+    task (``winner``: a label, or None when the intervals do not separate them; ``judged``: None, or
+    why the pair cannot be judged), so a result can be told apart as the prior's or SSMax's (seed 003
+    compares BAM with BAM SSMax)."""
     effects = []
     for mechanism in summary:
         with_ssmax = mechanism + SSMAX
@@ -279,7 +280,7 @@ VERDICTS = {
 
 def study_html(data: dict, out: Path, level: int = 2) -> str:
     """The study as HTML: what was run, the claims judged, the tables and the figures (embedded)."""
-    config = RetrievalStudyConfig(**{k: v for k, v in data["config"].items()})
+    config = RetrievalStudyConfig(**data["config"])
     h = f"h{level}"
     sub = f"h{level + 1}"
     summary = data["summary"]
@@ -397,8 +398,3 @@ def learned_table(data: dict) -> str:
 
 def fmt(values) -> str:
     return np.array2string(np.asarray(values, dtype=float), precision=3, separator=", ", suppress_small=True)
-
-
-def position_order(mechanism: str) -> tuple[int, bool]:
-    position, ssmax = position_of(mechanism)
-    return list(POSITIONS).index(position), ssmax

@@ -14,14 +14,13 @@ on the same sequences (:func:`~priorattn.eval.synthetic.score_synthetic`). A mec
 positional mechanism (:data:`POSITIONS`), optionally with SSMax (``"bam+ssmax"``), so a result can
 be told apart as coming from the prior or from SSMax. Everything lands in ``out``:
 ``models/<mechanism>/seed-<s>/`` (``model.safetensors``, ``model.json``: configs and training
-log, ``scores.json``: counts keyed by the evaluation settings and the checkpoint's hash) and the
-study's ``results.json``, figures and ``report.html``. A re-run reuses what matches.
+log, ``scores-<mechanism>.json``: counts keyed by the evaluation settings and the weights' hash) and
+the study's ``results.json``, figures and ``report.html``
+(:mod:`priorattn.eval.retrieval_report`). A re-run reuses what matches.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import multiprocessing
 import os
@@ -39,12 +38,13 @@ from tqdm.auto import tqdm
 from ..checks import check_int
 from ..data.packing import IGNORE_INDEX
 from ..data.synthetic import SYNTHETIC_TASKS, SyntheticTask
-from ..files import prepare_out, read_json, write_atomic, write_json_atomic
+from ..files import as_saved, prepare_out, read_json, sha256_of, write_atomic, write_json_atomic
 from ..models import GPT, GPTConfig
 from ..priors import GGD, GOAT
 from ..ssmax import SSMax
 from ..train import TrainConfig
 from ..train.optim import build_optimizer, build_scheduler, clip_gradients
+from .ppl import check_factors
 from .retrieval import uniform_depths
 from .synthetic import exact_matches, score_synthetic
 
@@ -164,13 +164,7 @@ class RetrievalStudyConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not (isinstance(value, int | float) and 0 < value < math.inf):
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
-        factors = self.factors
-        if not factors or factors[0] != 1 or any(not isinstance(f, int) or f < 1 for f in factors):
-            raise ValueError(
-                f"factors must be increasing ints starting at 1 (the training length), got {factors!r}"
-            )
-        if any(b <= a for a, b in zip(factors, factors[1:])):
-            raise ValueError(f"factors must be increasing, got {factors!r}")
+        check_factors("factors", self.factors, past_T=False)
         shortest = self.min_train_len()
         if self.train_len < shortest:
             raise ValueError(
@@ -405,30 +399,21 @@ def prior_curves(model: GPT, length: int, points: int = 64) -> dict | None:
     return dict(distance=distance.tolist(), layers=layers)
 
 
-def as_json(data: dict) -> dict:
-    """``data`` as it reads back from JSON (tuples become lists), to compare with a saved record."""
-    return json.loads(json.dumps(data))
-
-
-def file_hash(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def trained_model(config: RetrievalStudyConfig, mechanism: str, seed: int, model_dir: Path, progress: bool):
     """The model of ``mechanism`` and ``seed`` from ``model_dir`` if trained there with today's
     settings, else trained now and saved (atomically); ``(model, record, reused)``."""
-    settings = as_json(config.training_settings(mechanism, seed))
+    settings = as_saved(config.training_settings(mechanism, seed))
     record_path, weights = model_dir / "model.json", model_dir / "model.safetensors"
     model = GPT(config.model_config(mechanism))
     if record_path.exists() and weights.exists():
         record = read_json(record_path)
-        if record.get("settings") == settings and record.get("weights_sha256") == file_hash(weights):
+        if record.get("settings") == settings and record.get("weights_sha256") == sha256_of(weights):
             load_model(model, str(weights))
             return model.eval(), record, True
     model, training = train_synthetic(config, mechanism, seed, progress)
     prepare_out(model_dir)
     write_atomic(weights, lambda tmp: save_model(model, str(tmp)))
-    record = dict(settings=settings, training=training, weights_sha256=file_hash(weights))
+    record = dict(settings=settings, training=training, weights_sha256=sha256_of(weights))
     write_json_atomic(record_path, record)
     return model, record, False
 
@@ -436,7 +421,7 @@ def trained_model(config: RetrievalStudyConfig, mechanism: str, seed: int, model
 def scores_of(config, mechanism: str, model, record: dict, model_dir: Path, progress: bool):
     """Each task's counts for ``mechanism`` (keyed by the evaluation settings and the weights' hash,
     so a model trained on is scored again), read back when they match; ``(scores, reused)``."""
-    settings = as_json(dict(config.evaluation_settings(), weights_sha256=record["weights_sha256"]))
+    settings = as_saved(dict(config.evaluation_settings(), weights_sha256=record["weights_sha256"]))
     interpolate = position_of(mechanism)[0] == "rope_pi"
     path = model_dir / f"scores-{mechanism.replace('+', '-')}.json"
     if path.exists():
@@ -524,6 +509,9 @@ def train_and_score(
 
 def finished(result: dict, bar, log) -> dict:
     for message in result["messages"]:
-        bar.write(message) if not bar.disable else log(message)
+        if bar.disable:
+            log(message)
+        else:
+            bar.write(message)
     bar.update(1)
     return result

@@ -23,6 +23,7 @@ from ..checks import check_int
 from ..data.packing import IGNORE_INDEX
 from ..data.synthetic import SYNTHETIC_TASKS, SyntheticTask
 from .ppl import check_lengths
+from .retrieval import check_depths
 
 TOKENS_PER_CALL = 1 << 15  # sequences of one cell go through the model up to this many tokens at once
 
@@ -82,8 +83,7 @@ def score_synthetic(
     check_lengths(lengths)
     check_int("prompts", prompts, low=1)
     check_int("seed", seed, low=0)
-    if not depths or any(not 0.0 <= d <= 1.0 for d in depths):
-        raise ValueError(f"depths must be a non-empty list of numbers in [0, 1], got {list(depths)!r}")
+    check_depths(depths)
     shortest = task.min_length()
     if min(lengths) < shortest:
         raise ValueError(

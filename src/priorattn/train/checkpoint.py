@@ -10,7 +10,6 @@ Nothing is ever unpickled.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import warnings
 from pathlib import Path
@@ -20,7 +19,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from ..files import write_atomic, write_json_atomic
+from ..files import sha256_of, write_atomic, write_json_atomic
 
 # The single index of runs written before several checkpoints were kept; still read.
 LEGACY_JSON = "checkpoint.json"
@@ -46,7 +45,7 @@ def save_checkpoint(run_dir: Path, step: int, tensors: dict[str, Tensor], state:
     path = run_dir / f"checkpoint-{step:08d}.safetensors"
     tensors = {name: t.detach().contiguous().cpu() for name, t in tensors.items()}
     write_atomic(path, lambda tmp: save_file(tensors, str(tmp)))
-    index = dict(version=FORMAT_VERSION, step=step, file=path.name, sha256=_sha256(path), state=state)
+    index = dict(version=FORMAT_VERSION, step=step, file=path.name, sha256=sha256_of(path), state=state)
     write_json_atomic(checkpoint_json(run_dir, step), index)
     (run_dir / LEGACY_JSON).unlink(missing_ok=True)
     indexes = checkpoint_indexes(run_dir)
@@ -108,21 +107,13 @@ def _load_one(run_dir: Path, index_path: Path) -> tuple[int, dict[str, Tensor], 
     path = run_dir / name
     if not path.exists():
         raise CheckpointError(f"{index_path} names {name}, which is missing")
-    if _sha256(path) != digest:
+    if sha256_of(path) != digest:
         raise CheckpointError(f"{path} is corrupted: its sha256 differs from {index_path.name}'s")
     try:
         tensors = load_file(str(path))
     except SafetensorError as e:
         raise CheckpointError(f"{path} is not a readable safetensors file ({e})") from None
     return step, tensors, state
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 24), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 # Model, optimizer and RNG states as named tensors plus JSON.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..data import Tokenizer, load_tokenizer, read_data_record
-from ..files import prepare_out, read_json, write_atomic
+from ..files import as_saved, prepare_out, read_json, write_atomic
 from ..models import GPT, GPTConfig
 from . import checkpoint as ckpt
 from .config import TrainConfig
@@ -50,7 +50,7 @@ def load_run(run_dir: str | Path) -> TrainedRun:
 
 
 def run_configs(model_config: GPTConfig, config: TrainConfig) -> dict:
-    return json.loads(json.dumps(dict(model=model_config.to_dict(), train=config.to_dict())))
+    return as_saved(dict(model=model_config.to_dict(), train=config.to_dict()))
 
 
 def saved_configs(configs: dict) -> dict:
