@@ -48,7 +48,6 @@ class Mechanism:
     ``prior_heads(config)``: how many heads of a layer its prior serves.
     """
 
-    name: str
     build: Callable[[Any, nn.Module | None], nn.Module]
     prior_heads: Callable[[Any], int] = every_head
 
@@ -76,7 +75,7 @@ def register_mechanism(
     for argument, value in (("build", build), ("prior_heads", prior_heads)):
         if not callable(value):
             raise TypeError(f"{argument} must be callable, got {type(value).__name__}")
-    _MECHANISMS[name] = Mechanism(name, build, prior_heads)
+    _MECHANISMS[name] = Mechanism(build, prior_heads)
 
 
 def mechanism_names() -> tuple[str, ...]:

@@ -182,11 +182,6 @@ class GPTConfig:
         return cls(**data)
 
 
-def prior_heads(config: GPTConfig) -> int:
-    """How many heads of a layer its prior serves, as the config's attention mechanism says."""
-    return mechanism(config.attention).prior_heads(config)
-
-
 def build_prior(config: GPTConfig) -> Prior | None:
     """One attention layer's prior from ``config.prior``; ``None`` for uniform (standard attention)."""
     H, from_alibi = prior_heads(config), config.prior_init == "alibi"
@@ -425,6 +420,11 @@ class GPT(nn.Module):
         """
         total = sum(p.numel() for p in self.parameters())
         return total if embedding else total - self.embed.weight.numel()
+
+
+def prior_heads(config: GPTConfig) -> int:
+    """How many heads of a layer its prior serves, as the config's attention mechanism says."""
+    return mechanism(config.attention).prior_heads(config)
 
 
 def _has_projections(module: nn.Module) -> bool:
