@@ -1080,11 +1080,11 @@ def add_train_parser(commands) -> None:
         type=normalizer_spec,
         help="attention map: softmax, sparsemax, entmax15 or an entmax alpha > 1 (softmax)",
     )
-    from .scalar.model import ATTENTIONS
+    from .mechanisms import mechanism_names
     from .scalar.temperature import TAU_KINDS
 
     scalar = p.add_argument_group("scalar attention (seed 002, docs/scalar.md)")
-    scalar.add_argument("--attention", choices=ATTENTIONS, help="head kind (standard)")
+    scalar.add_argument("--attention", choices=mechanism_names(), help="head kind (standard)")
     scalar.add_argument("--scalar-heads", type=int_at_least(1), help="scalar heads of mixed layers (half)")
     scalar.add_argument("--scalar-groups", type=int_at_least(1), help="value groups of scalar heads (1 each)")
     scalar.add_argument("--tau", choices=TAU_KINDS, help="bandwidth: one, one per head, or per token (head)")
