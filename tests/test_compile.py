@@ -16,7 +16,7 @@ from factories import DEVICES, PRIOR_NAMES, make_prior
 import priorattn
 from priorattn.functional import prior_inputs, sdpa
 from priorattn.models import GPT, GPTConfig
-from priorattn.priors import GGD, GOAT, ALiBi, Sum, Uniform
+from priorattn.priors import GGD, GOAT, ALiBi, Sum, Uniform, with_defaults
 
 
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "memeff", "auto"])
@@ -180,9 +180,8 @@ def test_rope_layer_compiles_without_breaks_and_matches_eager():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("prior", ["uniform", "alibi", "ggd", "goat", "alibi+goat"])  # 3-5 s each
 def test_gpt_compiles_as_one_graph_and_matches_eager(prior, device):
-    config = GPTConfig(
-        vocab_size=64, seq_len=16, d_model=64, n_layers=2, n_heads=4, prior=prior, goat_freqs=2
-    )
+    prior = with_defaults(prior, goat=dict(num_freqs=2))
+    config = GPTConfig(vocab_size=64, seq_len=16, d_model=64, n_layers=2, n_heads=4, prior=prior)
     model = GPT(config).to(device)
     tokens = torch.randint(0, 64, (2, 16), device=device)
     doc_ids = (torch.arange(16) >= torch.tensor([[5], [16]])).long().to(device)  # packed rows, as in training

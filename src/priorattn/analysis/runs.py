@@ -6,11 +6,12 @@ from pathlib import Path
 
 from ..data.prepare import DATA_FILE, read_data_record
 from ..files import read_json
+from ..priors import read_spec, registered
 from ..train.runs import CONFIG_JSON, METRICS_JSONL, read_metrics
 from .plots import captioned_figure, save
 
-#: Legend words for the names a run's config uses.
-PRIOR_WORDS = {"alibi": "ALiBi", "ggd": "GGD (BAM)", "goat": "GOAT"}
+#: Legend words for the priors not called by their class's name.
+PRIOR_WORDS = {"ggd": "GGD (BAM)"}
 ENCODING_WORDS = {"rope": "RoPE", "sinusoidal": "sinusoidal encoding", "local_rope": "local RoPE"}
 
 
@@ -23,10 +24,9 @@ def run_label(run_dir: Path) -> str:
         return run_dir.name
     config = read_json(path)
     if "model_type" in config:  # a transformers model
-        spec = config.get("priorattn") or {}
-        name = spec.get("prior") or "uniform"
-        parts = [config["model_type"], *prior_words(name)]
-        return " + ".join(parts) + (" without RoPE" if spec.get("remove_rope") else "")
+        record = config.get("priorattn") or {}
+        parts = [config["model_type"], *prior_words(record.get("prior") or "uniform")]
+        return " + ".join(parts) + (" without RoPE" if record.get("remove_rope") else "")
     model = config["model"]
     parts = prior_words(model["prior"])
     if model["encoding"] != "none":
@@ -36,10 +36,19 @@ def run_label(run_dir: Path) -> str:
     return " + ".join(parts) if parts else "no positional encoding (NoPE)"
 
 
-def prior_words(prior: str) -> list[str]:
-    """``["GGD (BAM) + GOAT prior"]`` for ``"ggd+goat"``; nothing for ``"uniform"``."""
-    priors = [PRIOR_WORDS.get(p, p) for p in prior.split("+") if p != "uniform"]
-    return [" + ".join(priors) + " prior"] if priors else []
+def prior_words(spec) -> list[str]:
+    """``["GGD (BAM) + GOAT prior"]`` for the spec ``"ggd+goat(num_freqs=3)"`` (or its dict or list
+    form); nothing for ``"uniform"``; the spec itself for a prior not registered here."""
+    try:
+        names = _names(read_spec(spec))
+    except ValueError:
+        return [f"{spec} prior"]
+    words = [PRIOR_WORDS.get(name, registered(name).cls.__name__) for name in names if name != "uniform"]
+    return [" + ".join(words) + " prior"] if words else []
+
+
+def _names(data) -> list[str]:
+    return [n for part in data for n in _names(part)] if isinstance(data, list) else [data["name"]]
 
 
 def plot_runs(run_dirs: list[Path], out: Path) -> Path:
