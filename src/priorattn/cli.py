@@ -65,6 +65,15 @@ def name_list(choices, kind: str) -> Callable[[str], list[str]]:
     return parse
 
 
+def prior_specs() -> str:
+    """The registered priors, for a --prior help."""
+    from .priors import names
+
+    return (
+        f"{', '.join(names())}, with options as goat(num_freqs=4, slope=false), or a sum such as alibi+goat"
+    )
+
+
 class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are the one-line error and a line pointing to ``--help``
     (as cargo's), not the whole usage first; subcommands' parsers are made of this class too."""
@@ -644,9 +653,7 @@ def add_hf_extend_parser(commands) -> None:
         ),
     )
     p.add_argument("--model", required=True, help="model directory or config.json (PATH_OR_CONFIG)")
-    p.add_argument(
-        "--prior", default="ggd", help="uniform, alibi, ggd, goat or a sum such as alibi+goat (ggd)"
-    )
+    p.add_argument("--prior", default="ggd", help=f"{prior_specs()} (ggd)")
     p.add_argument("--prior-init", choices=PRIOR_INITS, default="uniform", help="(uniform)")
     p.add_argument("--shared-prior", action="store_true", help="one prior for all layers (one per layer)")
     p.add_argument("--remove-rope", action="store_true", help="drop the model's RoPE: NoPE + prior")
@@ -880,7 +887,7 @@ def add_experiment_options(p: argparse.ArgumentParser, steps: int, seed_help: st
 
 
 def add_compare_parser(commands) -> None:
-    from .eval.compare import MODELS, CompareConfig
+    from .eval.compare import DEFAULT_MODELS, CompareConfig, models
     from .eval.retrieval_study import ALL_MECHANISMS, DEFAULT_MECHANISMS
 
     p = commands.add_parser(
@@ -896,8 +903,8 @@ def add_compare_parser(commands) -> None:
     )
     p.add_argument(
         "--priors",
-        type=name_list(list(MODELS), "prior"),
-        help=f"comma-separated subset of {','.join(MODELS)} (all)",
+        type=name_list(list(models()), "prior"),
+        help=f"comma-separated, from {','.join(models())} ({','.join(DEFAULT_MODELS)})",
     )
     p.add_argument("--data", help="text file, folder, glob or hf:PATH to train on (the embedded Shakespeare)")
     p.add_argument("--text-encoding", default="utf-8", help="how --data's text files are decoded (utf-8)")
@@ -964,7 +971,7 @@ def add_retrieval_parser(commands) -> None:
 
 def add_dna_parser(commands) -> None:
     from .dna.experiment import DEFAULT_GENOME, DEFAULT_MODELS, DNAConfig
-    from .eval.compare import MODELS
+    from .eval.compare import models
 
     p = commands.add_parser(
         "dna",
@@ -980,8 +987,8 @@ def add_dna_parser(commands) -> None:
     p.add_argument("--genome", default=DEFAULT_GENOME, help=f"a FASTA file or directory ({DEFAULT_GENOME})")
     p.add_argument(
         "--models",
-        type=name_list(list(MODELS), "model"),
-        help=f"comma-separated, from {','.join(MODELS)} ({','.join(DEFAULT_MODELS)})",
+        type=name_list(list(models()), "model"),
+        help=f"comma-separated, from {','.join(models())} ({','.join(DEFAULT_MODELS)})",
     )
     add_experiment_options(p, DNAConfig().steps)
     p.set_defaults(func=dna, parser=p)
@@ -1051,9 +1058,7 @@ def add_train_parser(commands) -> None:
     )
     model = p.add_argument_group("model")
     model.add_argument("--preset", choices=sorted(PRESETS), help="model size (tiny)")
-    model.add_argument(
-        "--prior", help="uniform, alibi, ggd, goat, or a sum such as alibi+goat (the preset's)"
-    )
+    model.add_argument("--prior", help=f"{prior_specs()} (the preset's)")
     model.add_argument("--encoding", choices=ENCODINGS, help="position encoding (the preset's: none)")
     model.add_argument("--window", type=int_at_least(1), help="sliding window (required by local_rope)")
     model.add_argument(

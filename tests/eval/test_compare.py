@@ -7,7 +7,7 @@ import json
 import pytest
 from factories import word_salad
 
-from priorattn.eval.compare import CompareConfig, compare
+from priorattn.eval.compare import DEFAULT_MODELS, CompareConfig, compare, models
 from priorattn.eval.report import (
     FLAT_TOLERANCE,
     NO_RETRIEVAL,
@@ -19,6 +19,7 @@ from priorattn.eval.report import (
 )
 from priorattn.eval.retrieval_study import RetrievalStudyConfig
 from priorattn.eval.verdicts import Estimate, Winner, normal_interval, wilson_interval
+from priorattn.priors import names
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +188,17 @@ def test_a_config_whose_first_length_is_not_T_is_refused(fields, message):
     with pytest.raises(ValueError, match=message):
         CompareConfig(**fields)
     assert CompareConfig(retrieval_factors=[1]).retrieval_factors == [1]
+
+
+def test_the_models_are_the_studys_mechanisms_and_every_registered_prior():
+    table = models()
+    assert table["alibi"] == ("ALiBi", dict(prior="alibi")) and table["goat"] == ("GOAT", dict(prior="goat"))
+    assert table["ggd"] == ("GGD", dict(prior="ggd"))
+    assert table["bam"] == ("BAM (GGD + SSMax)", dict(prior="ggd", ssmax=True))
+    assert set(names()) <= set(table)
+    assert CompareConfig().models == list(DEFAULT_MODELS)
+    assert DEFAULT_MODELS == ("nope", "sinusoidal", "rope", "local_rope", "alibi", "bam", "goat")
+    assert CompareConfig(models=["ggd"]).model_config("ggd").prior == "ggd"
 
 
 def test_every_model_differs_only_in_position():

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..data import read_data_record, run_documents
-from ..eval.compare import MODELS as POSITIONAL_MODELS
+from ..eval.compare import models as positional_models
 from ..files import prepare_out, read_json, write_json_atomic
 from ..train import load_run
 from ..train.runs import METRICS_JSONL, read_metrics
@@ -58,9 +58,9 @@ class DNAConfig:
     temperature: float = 1.0
 
     def __post_init__(self):
-        unknown = [m for m in self.models if m not in POSITIONAL_MODELS]
+        known = list(positional_models())
+        unknown = [m for m in self.models if m not in known]
         if unknown or not self.models:
-            known = list(POSITIONAL_MODELS)
             raise ValueError(f"unknown model {unknown[0] if unknown else None!r}: use some of {known}")
         if not self.gc_window <= self.new_bases:
             raise ValueError(f"gc_window={self.gc_window} must be at most new_bases={self.new_bases}")
@@ -77,7 +77,7 @@ class DNAConfig:
         argv = ["train", "--preset", self.preset, "--seq-len", str(self.seq_len), "--data", self.source]
         argv += ["--batch-size", str(self.batch_size), "--steps", str(self.steps), "--seed", str(self.seed)]
         argv += ["--warmup", str(min(100, self.steps // 10)), "--eval-every", "0", "--save-every", "0"]
-        for flag, value in POSITIONAL_MODELS[name][1].items():
+        for flag, value in positional_models()[name][1].items():
             argv += [f"--{flag}"] if value is True else [f"--{flag}", str(value)]
         return argv + ["--out", str(run_dir), "--resume"] + ([] if progress else ["--quiet"])
 
@@ -165,7 +165,7 @@ def measure(config: DNAConfig, name: str, run_dir: Path) -> dict:
     speeds = [r["tokens_per_s"] for r in records if "tokens_per_s" in r]
     samples = continuations(config, run_dir)
     return dict(
-        label=POSITIONAL_MODELS[name][0],
+        label=positional_models()[name][0],
         val_nll=val_nll,
         bits_per_base=val_nll / math.log(2),
         tokens_per_s=statistics.median(speeds[1:] or speeds),

@@ -2,7 +2,8 @@
 evaluated alike, in one report (the main job; seed 003 Sec. 3 and App. D-E, seed 000 Sec. 6).
 
 Every model is the ``tiny`` preset trained with the same data, steps, seed and retrieval mix; only
-the way position enters differs (:data:`MODELS`). Each is then scored at lengths from the training
+the way position enters differs (:func:`models`: the study's own mechanisms, and every registered
+prior by name, so a new prior file is a model here). Each is then scored at lengths from the training
 length ``T`` upwards: perplexity, and passkey accuracy at ``T``. Byte-level retrieval costs minutes
 per model, and a model that does not retrieve at ``T`` cannot show how retrieval survives beyond it,
 so the passkey past ``T`` and the NIAH run only for the models that retrieve at ``T`` (accuracy at
@@ -25,6 +26,8 @@ from ..data import vocab_size_of
 from ..data.retrieval import NIAH_VARIANTS
 from ..files import check_text_encoding, prepare_out, write_json_atomic
 from ..models import preset
+from ..priors import names as prior_names
+from ..priors import registered
 from ..train import TrainConfig, train
 from .jobs import RESULTS_JSON, checkpoint_identity, niah_job, passkey_job, ppl_job
 from .ppl import check_factors
@@ -32,16 +35,27 @@ from .retrieval import RETRIEVES
 from .retrieval_report import run_retrieval_study
 from .retrieval_study import RetrievalStudyConfig
 
-# name -> (label, GPTConfig fields): the positional mechanisms of seed 003 Fig. 6 and seed 000 Fig. 3.
-MODELS: dict[str, tuple[str, dict]] = {
+# name -> (label, GPTConfig fields): the positional mechanisms of seed 003 Fig. 6 and seed 000 Fig. 3
+# that are not a registered prior alone.
+STUDY_MODELS: dict[str, tuple[str, dict]] = {
     "nope": ("NoPE", dict(prior="uniform", encoding="none")),
     "sinusoidal": ("Sinusoidal", dict(encoding="sinusoidal")),
     "rope": ("RoPE", dict(encoding="rope")),
     "local_rope": ("RoPE local", dict(encoding="local_rope")),  # window: CompareConfig.window
-    "alibi": ("ALiBi", dict(prior="alibi")),
     "bam": ("BAM (GGD + SSMax)", dict(prior="ggd", ssmax=True)),
-    "goat": ("GOAT", dict(prior="goat")),
 }
+#: The models compare trains unless told, in this order.
+DEFAULT_MODELS = ("nope", "sinusoidal", "rope", "local_rope", "alibi", "bam", "goat")
+
+
+def models() -> dict[str, tuple[str, dict]]:
+    """name -> (label, GPTConfig fields) of every model compare can train: :data:`STUDY_MODELS`, then
+    each prior registered now (:func:`priorattn.priors.names`) as ``prior=name``, labelled by its
+    class (``ALiBi``, ``GOAT``)."""
+    table = dict(STUDY_MODELS)
+    for name in prior_names():
+        table.setdefault(name, (registered(name).cls.__name__, dict(prior=name)))
+    return table
 
 
 @dataclass
@@ -56,7 +70,7 @@ class CompareConfig:
     1 (the report reads the first as ``T``), perplexity with at least one length past ``T``.
     """
 
-    models: list[str] = field(default_factory=lambda: list(MODELS))
+    models: list[str] = field(default_factory=lambda: list(DEFAULT_MODELS))
     data: str | None = None
     text_encoding: str = "utf-8"
     preset: str = "tiny"
@@ -76,9 +90,10 @@ class CompareConfig:
     retrieval: RetrievalStudyConfig | None = field(default_factory=RetrievalStudyConfig)
 
     def __post_init__(self):
-        unknown = [m for m in self.models if m not in MODELS]
+        known = models()
+        unknown = [m for m in self.models if m not in known]
         if unknown or not self.models:
-            raise ValueError(f"unknown model {unknown[0] if unknown else None!r}: use some of {list(MODELS)}")
+            raise ValueError(f"unknown model {unknown[0] if unknown else None!r}: use some of {list(known)}")
         bad = [v for v in self.niah_variants if v not in NIAH_VARIANTS]
         if bad:
             raise ValueError(f"unknown NIAH variant {bad[0]!r}: use some of {list(NIAH_VARIANTS)}")
@@ -105,7 +120,7 @@ class CompareConfig:
             raise ValueError(f"budget must be a positive number, got {budget!r}")
         study = {} if retrieval_mechanisms is None else dict(mechanisms=list(retrieval_mechanisms))
         config = cls(
-            models=list(models or MODELS),
+            models=list(models or DEFAULT_MODELS),
             steps=max(10, round(600 * budget)),
             retrieval=RetrievalStudyConfig.for_budget(budget, **study),
         )
@@ -118,7 +133,7 @@ class CompareConfig:
         return config
 
     def model_config(self, name: str):
-        fields = dict(MODELS[name][1], seq_len=self.seq_len, vocab_size=vocab_size_of("byte"))
+        fields = dict(models()[name][1], seq_len=self.seq_len, vocab_size=vocab_size_of("byte"))
         if fields.get("encoding") == "local_rope":
             fields["window"] = self.window
         return preset(self.preset, **fields)
@@ -169,14 +184,14 @@ def compare(config: CompareConfig, out: str | Path, *, progress: bool = True, lo
     and ``niah`` when the passkey accuracy at ``T`` is at least :data:`RETRIEVES`, else ``None``
     (skipped)."""
     out = prepare_out(out)
-    results = {}
+    results, table = {}, models()
     for i, name in enumerate(config.models, 1):
         run_dir = out / "models" / name
-        log(f"[{i}/{len(config.models)}] {MODELS[name][0]}: training {config.steps} steps in {run_dir}")
+        log(f"[{i}/{len(config.models)}] {table[name][0]}: training {config.steps} steps in {run_dir}")
         trained = train(
             config.model_config(name), config.train_config(), run_dir, resume=True, progress=progress
         )
-        entry = dict(label=MODELS[name][0], run=str(run_dir), val_loss=trained.val_loss)
+        entry = dict(label=table[name][0], run=str(run_dir), val_loss=trained.val_loss)
         entry["unigram_loss"] = trained.unigram_loss
         settings = config.evaluations()
         for task in ("ppl", "passkey_at_T"):
