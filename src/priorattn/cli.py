@@ -355,8 +355,8 @@ def compare(args: argparse.Namespace) -> int:
     """Train every positional mechanism alike, evaluate them all, write DIR/report.html."""
     from dataclasses import replace
 
-    from .eval.compare import CompareConfig
-    from .eval.compare import compare as run
+    from .studies.compare.study import CompareConfig
+    from .studies.compare.study import compare as run
 
     try:
         config = CompareConfig.for_budget(args.budget, args.priors, args.retrieval_mechanisms)
@@ -372,8 +372,8 @@ def compare(args: argparse.Namespace) -> int:
 
 def retrieval(args: argparse.Namespace) -> int:
     """Train tiny models on synthetic retrieval per mechanism and seed; score them far beyond T."""
-    from .eval.retrieval_report import run_retrieval_study
-    from .eval.retrieval_study import RetrievalStudyConfig
+    from .studies.retrieval.report import run_retrieval_study
+    from .studies.retrieval.study import RetrievalStudyConfig
 
     fields = dict(
         mechanisms=args.mechanisms,
@@ -395,8 +395,8 @@ def retrieval(args: argparse.Namespace) -> int:
 
 def dna(args: argparse.Namespace) -> int:
     """Train nucleotide-level models that differ in positional mechanism on a genome; measure them."""
-    from .dna import DNAConfig
-    from .dna import dna as run
+    from .studies.dna import DNAConfig
+    from .studies.dna import dna as run
 
     try:
         config = DNAConfig.for_budget(args.budget, args.models, genome=args.genome, seed=args.seed)
@@ -415,7 +415,7 @@ def dna(args: argparse.Namespace) -> int:
 
 def scalar_exp(args: argparse.Namespace) -> int:
     """Run one of seed 002's experiments; write DIR/results.json and its figures."""
-    from .scalar.experiments import run_experiment
+    from .studies.scalar import run_experiment
 
     try:
         results = run_experiment(args.number, args.out, args.budget, seed=args.seed, progress=not args.quiet)
@@ -428,7 +428,7 @@ def scalar_exp(args: argparse.Namespace) -> int:
 
 def analyze_identities(args: argparse.Namespace) -> int:
     """Check seed 004's policy-gradient identities on a run's attention; print and save the residuals."""
-    from .eot.identities import check_run
+    from .analysis.identities import check_run
     from .eval.jobs import RESULTS_JSON, prepare_out
     from .files import write_json_atomic
 
@@ -447,7 +447,7 @@ def analyze_identities(args: argparse.Namespace) -> int:
 
 def analyze_copy_mixture(args: argparse.Namespace) -> int:
     """Train on seed 000's copy-mixture task, draw the learned GOAT prior, write DIR/results.json."""
-    from .analysis.copy_mixture import FIGURE, RESULTS_JSON, CopyMixtureConfig, copy_mixture_job
+    from .studies.copy_mixture import FIGURE, RESULTS_JSON, CopyMixtureConfig, copy_mixture_job
 
     options = ("vocab_size", "weights", "length", "model", "d_model", "heads", "steps", "batch_size", "seed")
     try:
@@ -554,7 +554,7 @@ def float_list(text: str) -> list[float]:
 
 def vision(args: argparse.Namespace) -> int:
     """Train a ViT per 2D position mechanism on Fashion-MNIST, evaluate at larger resolutions."""
-    from .vision.experiment import RESULTS_JSON, VisionConfig, run_vision
+    from .studies.vision.experiment import RESULTS_JSON, VisionConfig, run_vision
 
     try:
         config = VisionConfig.for_budget(args.budget, args.models, seed=args.seed)
@@ -828,7 +828,7 @@ def add_analyze_attention_parser(analyses) -> None:
 
 
 def add_copy_mixture_parser(analyses) -> None:
-    from .analysis.copy_mixture import MODELS, CopyMixtureConfig
+    from .studies.copy_mixture import MODELS, CopyMixtureConfig
 
     default = CopyMixtureConfig()
     text = (
@@ -887,8 +887,9 @@ def add_experiment_options(p: argparse.ArgumentParser, steps: int, seed_help: st
 
 
 def add_compare_parser(commands) -> None:
-    from .eval.compare import DEFAULT_MODELS, CompareConfig, models
-    from .eval.retrieval_study import ALL_MECHANISMS, DEFAULT_MECHANISMS
+    from .models.positions import mechanisms
+    from .studies.compare.study import DEFAULT_MODELS, CompareConfig
+    from .studies.retrieval.study import ALL_MECHANISMS, DEFAULT_MECHANISMS
 
     p = commands.add_parser(
         "compare",
@@ -903,8 +904,8 @@ def add_compare_parser(commands) -> None:
     )
     p.add_argument(
         "--priors",
-        type=name_list(list(models()), "prior"),
-        help=f"comma-separated, from {','.join(models())} ({','.join(DEFAULT_MODELS)})",
+        type=name_list(list(mechanisms()), "prior"),
+        help=f"comma-separated mechanisms, e.g. {','.join(DEFAULT_MODELS)} (the default)",
     )
     p.add_argument("--data", help="text file, folder, glob or hf:PATH to train on (the embedded Shakespeare)")
     p.add_argument("--text-encoding", default="utf-8", help="how --data's text files are decoded (utf-8)")
@@ -921,7 +922,7 @@ def add_compare_parser(commands) -> None:
 
 def add_retrieval_parser(commands) -> None:
     from .data.synthetic import SYNTHETIC_TASKS
-    from .eval.retrieval_study import ALL_MECHANISMS, DEFAULT_MECHANISMS, RetrievalStudyConfig
+    from .studies.retrieval.study import ALL_MECHANISMS, DEFAULT_MECHANISMS, RetrievalStudyConfig
 
     defaults = RetrievalStudyConfig()
     p = commands.add_parser(
@@ -970,8 +971,8 @@ def add_retrieval_parser(commands) -> None:
 
 
 def add_dna_parser(commands) -> None:
-    from .dna.experiment import DEFAULT_GENOME, DEFAULT_MODELS, DNAConfig
-    from .eval.compare import models
+    from .models.positions import mechanisms
+    from .studies.dna.config import DEFAULT_GENOME, DEFAULT_MODELS, DNAConfig
 
     p = commands.add_parser(
         "dna",
@@ -987,16 +988,16 @@ def add_dna_parser(commands) -> None:
     p.add_argument("--genome", default=DEFAULT_GENOME, help=f"a FASTA file or directory ({DEFAULT_GENOME})")
     p.add_argument(
         "--models",
-        type=name_list(list(models()), "model"),
-        help=f"comma-separated, from {','.join(models())} ({','.join(DEFAULT_MODELS)})",
+        type=name_list(list(mechanisms()), "model"),
+        help=f"comma-separated mechanisms, e.g. {','.join(DEFAULT_MODELS)} (the default)",
     )
     add_experiment_options(p, DNAConfig().steps)
     p.set_defaults(func=dna, parser=p)
 
 
 def add_scalar_exp_parser(commands) -> None:
-    from .scalar.experiments import EXPERIMENTS
-    from .scalar.experiments.common import Settings
+    from .studies.scalar import EXPERIMENTS
+    from .studies.scalar.common import Settings
 
     listing = "; ".join(f"{n}: {e.description}" for n, e in sorted(EXPERIMENTS.items()))
     p = commands.add_parser(
@@ -1013,8 +1014,8 @@ def add_scalar_exp_parser(commands) -> None:
 
 
 def add_vision_parser(commands) -> None:
-    from .vision.data import DEFAULT_DATA
-    from .vision.experiment import DEFAULT_MODELS, MODELS, VisionConfig
+    from .studies.vision.data import DEFAULT_DATA
+    from .studies.vision.experiment import DEFAULT_MODELS, MODELS, VisionConfig
 
     p = commands.add_parser(
         "vision",

@@ -10,10 +10,11 @@ from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import priorattn.hf as phf
-from priorattn.eval.compare import CompareConfig, compare, models
 from priorattn.models import GPTConfig
+from priorattn.models.positions import positions
 from priorattn.priors import FromModel, Prior, names, register
 from priorattn.priors.base import relative_positions
+from priorattn.studies.compare.study import CompareConfig, compare
 from priorattn.train import TrainConfig, load_run, train
 
 
@@ -55,7 +56,7 @@ def corpus(tmp_path_factory):
 
 def test_a_prior_registered_in_a_test_module_is_known_by_name():
     assert "learned_slope" in names()
-    assert models()["learned_slope"] == ("LearnedSlope", dict(prior="learned_slope"))
+    assert positions()["learned_slope"] == ("LearnedSlope", dict(prior="learned_slope"))
     config = GPTConfig(
         vocab_size=8, seq_len=8, d_model=8, n_layers=1, n_heads=2, prior="learned_slope(scale=2)"
     )

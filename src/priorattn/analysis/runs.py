@@ -5,50 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..data.prepare import DATA_FILE, read_data_record
-from ..files import read_json
-from ..priors import read_spec, registered
-from ..train.runs import CONFIG_JSON, METRICS_JSONL, read_metrics
-from .plots import captioned_figure, save
-
-#: Legend words for the priors not called by their class's name.
-PRIOR_WORDS = {"ggd": "GGD (BAM)"}
-ENCODING_WORDS = {"rope": "RoPE", "sinusoidal": "sinusoidal encoding", "local_rope": "local RoPE"}
-
-
-def run_label(run_dir: Path) -> str:
-    """The run's positional mechanism in words, from its config ("GOAT prior", "RoPE + SSMax",
-    "no positional encoding (NoPE)", "llama + GGD (BAM) prior" for a model from ``hf-extend``);
-    the directory name if it has no config."""
-    path = run_dir / CONFIG_JSON
-    if not path.exists():
-        return run_dir.name
-    config = read_json(path)
-    if "model_type" in config:  # a transformers model
-        record = config.get("priorattn") or {}
-        parts = [config["model_type"], *prior_words(record.get("prior") or "uniform")]
-        return " + ".join(parts) + (" without RoPE" if record.get("remove_rope") else "")
-    model = config["model"]
-    parts = prior_words(model["prior"])
-    if model["encoding"] != "none":
-        parts.append(ENCODING_WORDS[model["encoding"]])
-    if model["ssmax"]:
-        parts.append("SSMax")
-    return " + ".join(parts) if parts else "no positional encoding (NoPE)"
-
-
-def prior_words(spec) -> list[str]:
-    """``["GGD (BAM) + GOAT prior"]`` for the spec ``"ggd+goat(num_freqs=3)"`` (or its dict or list
-    form); nothing for ``"uniform"``; the spec itself for a prior not registered here."""
-    try:
-        names = _names(read_spec(spec))
-    except ValueError:
-        return [f"{spec} prior"]
-    words = [PRIOR_WORDS.get(name, registered(name).cls.__name__) for name in names if name != "uniform"]
-    return [" + ".join(words) + " prior"] if words else []
-
-
-def _names(data) -> list[str]:
-    return [n for part in data for n in _names(part)] if isinstance(data, list) else [data["name"]]
+from ..figures import captioned_figure, save
+from ..train.runs import METRICS_JSONL, read_metrics, run_label
 
 
 def plot_runs(run_dirs: list[Path], out: Path) -> Path:

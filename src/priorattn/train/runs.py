@@ -15,6 +15,7 @@ from pathlib import Path
 from ..data import Tokenizer, load_tokenizer, read_data_record
 from ..files import as_saved, prepare_out, read_json, write_atomic
 from ..models import GPT, GPTConfig
+from ..priors import read_spec, registered
 from . import checkpoint as ckpt
 from .config import TrainConfig
 
@@ -144,3 +145,44 @@ def truncate_metrics(path: Path, step: int) -> None:
     if path.exists():
         kept = "".join(json.dumps(r) + "\n" for r in read_metrics(path) if r["step"] <= step)
         write_atomic(path, lambda tmp: tmp.write_text(kept))
+
+
+#: Legend words for the names a run's config uses.
+PRIOR_WORDS = {"ggd": "GGD (BAM)"}  # legend words of the priors not called by their class's name
+ENCODING_WORDS = {"rope": "RoPE", "sinusoidal": "sinusoidal encoding", "local_rope": "local RoPE"}
+
+
+def run_label(run_dir: Path) -> str:
+    """The run's positional mechanism in words, from its config ("GOAT prior", "RoPE + SSMax",
+    "no positional encoding (NoPE)", "llama + GGD (BAM) prior" for a model from ``hf-extend``);
+    the directory name if it has no config."""
+    path = run_dir / CONFIG_JSON
+    if not path.exists():
+        return run_dir.name
+    config = read_json(path)
+    if "model_type" in config:  # a transformers model
+        record = config.get("priorattn") or {}
+        parts = [config["model_type"], *prior_words(record.get("prior") or "uniform")]
+        return " + ".join(parts) + (" without RoPE" if record.get("remove_rope") else "")
+    model = config["model"]
+    parts = prior_words(model["prior"])
+    if model["encoding"] != "none":
+        parts.append(ENCODING_WORDS[model["encoding"]])
+    if model["ssmax"]:
+        parts.append("SSMax")
+    return " + ".join(parts) if parts else "no positional encoding (NoPE)"
+
+
+def prior_words(spec) -> list[str]:
+    """``["GGD (BAM) + GOAT prior"]`` for the spec ``"ggd+goat(num_freqs=3)"`` (or its dict or list
+    form); nothing for ``"uniform"``; the spec itself for a prior not registered here."""
+    try:
+        names = _names(read_spec(spec))
+    except ValueError:
+        return [f"{spec} prior"]
+    words = [PRIOR_WORDS.get(name, registered(name).cls.__name__) for name in names if name != "uniform"]
+    return [" + ".join(words) + " prior"] if words else []
+
+
+def _names(data) -> list[str]:
+    return [n for part in data for n in _names(part)] if isinstance(data, list) else [data["name"]]
