@@ -65,6 +65,15 @@ def name_list(choices, kind: str) -> Callable[[str], list[str]]:
     return parse
 
 
+def prior_specs() -> str:
+    """The registered priors, for a --prior help."""
+    from .priors import names
+
+    return (
+        f"{', '.join(names())}, with options as goat(num_freqs=4, slope=false), or a sum such as alibi+goat"
+    )
+
+
 class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are the one-line error and a line pointing to ``--help``
     (as cargo's), not the whole usage first; subcommands' parsers are made of this class too."""
@@ -644,9 +653,7 @@ def add_hf_extend_parser(commands) -> None:
         ),
     )
     p.add_argument("--model", required=True, help="model directory or config.json (PATH_OR_CONFIG)")
-    p.add_argument(
-        "--prior", default="ggd", help="uniform, alibi, ggd, goat or a sum such as alibi+goat (ggd)"
-    )
+    p.add_argument("--prior", default="ggd", help=f"{prior_specs()} (ggd)")
     p.add_argument("--prior-init", choices=PRIOR_INITS, default="uniform", help="(uniform)")
     p.add_argument("--shared-prior", action="store_true", help="one prior for all layers (one per layer)")
     p.add_argument("--remove-rope", action="store_true", help="drop the model's RoPE: NoPE + prior")
@@ -880,7 +887,7 @@ def add_experiment_options(p: argparse.ArgumentParser, steps: int, seed_help: st
 
 
 def add_compare_parser(commands) -> None:
-    from .models.positions import MECHANISMS
+    from .models.positions import mechanisms
     from .studies.compare.study import DEFAULT_MODELS, CompareConfig
     from .studies.retrieval.study import ALL_MECHANISMS, DEFAULT_MECHANISMS
 
@@ -897,7 +904,7 @@ def add_compare_parser(commands) -> None:
     )
     p.add_argument(
         "--priors",
-        type=name_list(list(MECHANISMS), "prior"),
+        type=name_list(list(mechanisms()), "prior"),
         help=f"comma-separated mechanisms, e.g. {','.join(DEFAULT_MODELS)} (the default)",
     )
     p.add_argument("--data", help="text file, folder, glob or hf:PATH to train on (the embedded Shakespeare)")
@@ -964,7 +971,7 @@ def add_retrieval_parser(commands) -> None:
 
 
 def add_dna_parser(commands) -> None:
-    from .models.positions import MECHANISMS
+    from .models.positions import mechanisms
     from .studies.dna.config import DEFAULT_GENOME, DEFAULT_MODELS, DNAConfig
 
     p = commands.add_parser(
@@ -981,7 +988,7 @@ def add_dna_parser(commands) -> None:
     p.add_argument("--genome", default=DEFAULT_GENOME, help=f"a FASTA file or directory ({DEFAULT_GENOME})")
     p.add_argument(
         "--models",
-        type=name_list(list(MECHANISMS), "model"),
+        type=name_list(list(mechanisms()), "model"),
         help=f"comma-separated mechanisms, e.g. {','.join(DEFAULT_MODELS)} (the default)",
     )
     add_experiment_options(p, DNAConfig().steps)
@@ -1052,9 +1059,7 @@ def add_train_parser(commands) -> None:
     )
     model = p.add_argument_group("model")
     model.add_argument("--preset", choices=sorted(PRESETS), help="model size (tiny)")
-    model.add_argument(
-        "--prior", help="uniform, alibi, ggd, goat, or a sum such as alibi+goat (the preset's)"
-    )
+    model.add_argument("--prior", help=f"{prior_specs()} (the preset's)")
     model.add_argument("--encoding", choices=ENCODINGS, help="position encoding (the preset's: none)")
     model.add_argument("--window", type=int_at_least(1), help="sliding window (required by local_rope)")
     model.add_argument(
