@@ -138,11 +138,15 @@ def check_normalizer(normalizer: str | float | Regularizer, backend: str) -> Reg
 def _choose(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking) -> str:
     """Fastest exact route: a decode step's prior as SDPA's additive bias, else fold into SDPA where
     possible, else FlexAttention where it trains (CUDA) and can read the prior (a lag table),
-    otherwise the blockwise route."""
+    otherwise the blockwise route. On CUDA a fold with a slope goes to FlexAttention too: the
+    ``sdpa`` route splits a slope into runs of queries sized for the CPU kernel (26-62x flash SDPA on
+    an H200 at 16k-32k, docs/benchmarks.md), where ``score_mod`` adds ``-m (i - j)`` in one kernel."""
     if prior is None:
         return "sdpa"
     if is_decode_step(q, k):
         return DECODE_ROUTE
+    if flex_trains_on(q.device) and prior.can_fold(masking.causal) and prior.slope_bound() > 0:
+        return "flex"
     if prior.can_fold(masking.causal):
         largest = largest_slope(prior.fold_slope(), prior.slope_bound())
         span = slope_span(largest, slope_precision(fold_dtype(largest, q.dtype, masking), masking))

@@ -13,7 +13,7 @@ tested without a GPU; the CUDA runs of the route tests skip here.
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
 
 import torch
 from torch import Tensor
@@ -31,16 +31,48 @@ def flex_trains_on(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+#: FlexAttention's kernels take head widths of at least 16 (inductor: "NYI" below it, torch 2.11
+#: on CUDA); narrower q/k (a small head plus fold lanes) and v are padded with zero lanes, which add
+#: nothing to a score or an output.
+MIN_HEAD_DIM = 16
+
+
+def pad_width(x: Tensor, width: int) -> Tensor:
+    return x if x.shape[-1] >= width else torch.nn.functional.pad(x, (0, width - x.shape[-1]))
+
+
+def slope_gradient_as_key_bias(slope: Tensor, k_pos: Tensor, key_bias: Tensor | None):
+    """``(slope without its gradient, key bias that carries it)``, equal in value to ``(slope,
+    key_bias)``.
+
+    Under the softmax over keys ``-m (i - j) = -m i + m j``, and ``-m i`` is one constant per query
+    row, whose gradient sums to zero along the row; so a loss's gradient with respect to ``m`` is
+    exactly that of the key term ``m j``. FlexAttention computes the gradient of a tensor that
+    ``score_mod`` reads by atomic adds from every (query, key) pair into it: into ``H`` slopes they
+    serialize (GOAT with a learned slope ran 504x flash SDPA at 16k on an H200), into ``B x H x Lk``
+    key biases they spread. The added term is ``m j - m j``: zero in value, ``j`` in gradient."""
+    if not slope.requires_grad:
+        return slope, key_bias
+    term = slope[None, :, None] * k_pos[:, None, :].to(slope.dtype)  # (B, H, Lk)
+    zero = term - term.detach()
+    return slope.detach(), zero if key_bias is None else key_bias + zero
+
+
 @cache
 def compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
 def block_mask(masking: Masking, B: int):
-    """FlexAttention block mask for ``masking`` (None when nothing is masked)."""
+    """FlexAttention block mask for ``masking`` (None when nothing is masked). The plain causal mask
+    (training, prefill) is made from indices alone and kept per shape: making a block mask evaluates
+    ``mask_mod`` at every (query, key) pair, which at long lengths costs more than the attention."""
     if not masking.masks_anything:
         return None
     Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
+    if masking.plain_causal:  # dynamo does not trace into an lru_cache: a compiled graph makes its own
+        make = lower_right_causal.__wrapped__ if torch.compiler.is_compiling() else lower_right_causal
+        return make(Lq, Lk, str(masking.q_pos.device))
     q_pos, k_pos = masking.q_pos.expand(B, Lq), masking.k_pos.expand(B, Lk)
 
     def mask_mod(b, h, q_idx, kv_idx):
@@ -55,6 +87,17 @@ def block_mask(masking: Masking, B: int):
         return keep
 
     return create_block_mask(mask_mod, B, None, Lq, Lk, device=str(q_pos.device))
+
+
+@lru_cache(maxsize=16)
+def lower_right_causal(Lq: int, Lk: int, device: str):
+    """Key ``j`` visible to query ``i`` when ``j <= i + Lk - Lq``: the queries are the newest keys."""
+    shift = Lk - Lq
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx + shift >= kv_idx
+
+    return create_block_mask(causal, None, None, Lq, Lk, device=device)
 
 
 def flex_route(
@@ -85,9 +128,14 @@ def flex_route(
             f"backend='flex' needs a prior that folds or a relative prior on contiguous "
             f"positions; {type(prior).__name__} here is neither: use backend='memeff'"
         )
-    key_bias = None if inputs.key_bias is None else inputs.key_bias.expand(B, H, -1)
-    slope = inputs.slope
-    table = None if inputs.table is None else inputs.table.expand(H, -1)
+    # Tensors score_mod reads are made whole (no stride-0 views of a broadcast): inductor lowers
+    # their gradients by scattering into each one.
+    key_bias, slope = inputs.key_bias, inputs.slope
+    if slope is not None:
+        slope, key_bias = slope_gradient_as_key_bias(slope.contiguous(), k_pos, key_bias)
+    key_bias = None if key_bias is None else key_bias.expand(B, H, -1).contiguous()
+    table = None if inputs.table is None else inputs.table.expand(H, -1).contiguous()
+    q_pos, k_pos = q_pos.contiguous(), k_pos.contiguous()
     offset = k.shape[2] - 1  # the lag table holds lag (q0 + i) - (k0 + j) at index i - j + Lk - 1
 
     def score_mod(score, b, h, q_idx, kv_idx):
@@ -105,15 +153,19 @@ def flex_route(
     mask = block_mask(masking, B)
     # Inside a compiled graph flex_attention is compiled with it; called eagerly, it needs its own.
     attend = flex_attention if torch.compiler.is_compiling() else compiled_flex()
+    # On CUDA half-precision q, k, v go to the kernel as they are (it computes scores and the softmax
+    # in float32); the prior's terms above stay in float32.
+    kernel = q.dtype if flex_trains_on(q.device) else dtype
+    width = max(MIN_HEAD_DIM, inputs.q.shape[-1])
     out = attend(
-        inputs.q,
-        inputs.k,
-        v.to(dtype),
+        pad_width(inputs.q.to(kernel), width),
+        pad_width(inputs.k.to(kernel), width),
+        pad_width(v.to(kernel), MIN_HEAD_DIM),
         score_mod=score_mod,
         block_mask=mask,
         scale=1.0,
         enable_gqa=H != k.shape[1],
-    )
+    )[..., : v.shape[-1]]
     if masking.masks_anything and not masking.plain_causal:
         out = torch.where(masking.visible_keys()[:, None, :, None] > 0, out, 0.0)
     return out.to(v.dtype)
