@@ -1,6 +1,6 @@
 """The ``priorattn`` command line: one subcommand per job, each a small function of parsed args.
 
-One module per command group (:mod:`~priorattn.cli.train`, :mod:`~priorattn.cli.eval`,
+One module per command group (:mod:`~priorattn.cli.train`, :mod:`~priorattn.cli.evaluation`,
 :mod:`~priorattn.cli.analysis`, :mod:`~priorattn.cli.experiments`, :mod:`~priorattn.cli.hf`);
 :mod:`~priorattn.cli.configs` derives a command's flags from the config dataclasses, and
 :mod:`~priorattn.cli.parsing` holds what every parser shares (one-line errors, argument types).
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import analysis, eval, experiments, hf, train
+from . import analysis, evaluation, experiments, hf, train
 from .parsing import Parser, flag_names
 
 __all__ = ["build_parser", "flag_names", "main"]
@@ -27,9 +27,9 @@ def build_parser() -> Parser:
     analysis.add_plot_priors_parser(commands)
     train.add_train_parser(commands)
     train.add_sample_parser(commands)
-    eval.add_eval_parser(commands)
-    eval.add_compare_parser(commands)
-    eval.add_retrieval_parser(commands)
+    evaluation.add_eval_parser(commands)
+    evaluation.add_compare_parser(commands)
+    evaluation.add_retrieval_parser(commands)
     experiments.add_dna_parser(commands)
     experiments.add_scalar_exp_parser(commands)
     analysis.add_analyze_parser(commands)
