@@ -41,8 +41,10 @@ $(VENV)/.test-installed: $(VENV)/.demo-installed
 demo: $(VENV)/.demo-installed
 	$(PY) -m priorattn compare --out $(OUT) --budget $(BUDGET) $(if $(PRIORS),--priors $(PRIORS))
 
+# The import layers first (pyproject's [tool.importlinter], docs/architecture.md), then the suite.
 # PYTEST_ARGS passes options through, e.g. make test PYTEST_ARGS="--hypothesis-seed 7".
 test: $(VENV)/.test-installed
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.test-installed

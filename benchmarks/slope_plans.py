@@ -1,7 +1,7 @@
 """The `sdpa` route's call plans under a slope, side by side against plain causal SDPA.
 
 ALiBi and GOAT (`init="recency"`) fold their slope into a lane re-centred on every run of queries
-(`functional/sdpa.py`). How those runs are planned, three ways, each timed in one process against
+(`functional/sdpa/`). How those runs are planned, three ways, each timed in one process against
 plain SDPA (the `attention.py` op rows: B=1, H=4, head width 64 in all, causal, float32, fwd+bwd):
 
 - `alone`: each head takes the runs its own slope allows (the fourth session's plan);
@@ -29,12 +29,12 @@ import torch
 from attention import PLAIN, Case, build_op, make_prior, qk_width  # this script's directory is on sys.path
 
 import priorattn
-from priorattn.functional import sdpa
+from priorattn.functional.sdpa import planning, route
 
 PLANS = {
     "alone": (lambda batch, threads: 1, lambda *args: None),
-    "chunks": (sdpa.heads_per_thread_team, lambda *args: None),
-    "bands": (sdpa.heads_per_thread_team, sdpa.slope_bands),
+    "chunks": (planning.heads_per_thread_team, lambda *args: None),
+    "bands": (planning.heads_per_thread_team, planning.slope_bands),
 }
 
 
@@ -43,12 +43,12 @@ def planned(plan: str, run: Callable[[], None]) -> Callable[[], None]:
     team, bands = PLANS[plan]
 
     def planned_run() -> None:
-        saved = sdpa.heads_per_thread_team, sdpa.slope_bands
-        sdpa.heads_per_thread_team, sdpa.slope_bands = team, bands
+        saved = route.heads_per_thread_team, route.slope_bands
+        route.heads_per_thread_team, route.slope_bands = team, bands
         try:
             run()
         finally:
-            sdpa.heads_per_thread_team, sdpa.slope_bands = saved
+            route.heads_per_thread_team, route.slope_bands = saved
 
     return planned_run
 
@@ -57,19 +57,19 @@ def cell_share(prior_name: str, L: int, plan: str) -> float:
     """Cells of the route's calls over those of one causal call per head, for random inputs."""
     prior, shares = make_prior(prior_name), []
     q, k, v = (torch.randn(1, 4, L, width) for width in (qk_width(prior), qk_width(prior), 64))
-    head_plans = sdpa.head_plans
+    head_plans = route.head_plans
 
-    def spy(*args) -> sdpa.Plans:
+    def spy(*args) -> planning.Plans:
         plans = head_plans(*args)
-        shares.extend(sdpa.cells(calls) * (h.stop - h.start) for h, calls in plans)
+        shares.extend(planning.cells(calls) * (h.stop - h.start) for h, calls in plans)
         return plans
 
-    sdpa.head_plans = spy
+    route.head_plans = spy
     try:
         with torch.no_grad():
             planned(plan, lambda: priorattn.attention(q, k, v, prior=prior, causal=True, backend="sdpa"))()
     finally:
-        sdpa.head_plans = head_plans
+        route.head_plans = head_plans
     return sum(shares) / (4 * L * (L + 1) / 2)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from priorattn import cli
-from priorattn.functional import sdpa
+from priorattn.functional.sdpa import decode
 from priorattn.priors import GGD, GOAT, ALiBi, Prior, Sum, Uniform
 
 PRIOR_NAMES = ("uniform", "alibi", "ggd", "ggd_negative", "goat", "goat_noslope", "sum")
@@ -74,9 +74,9 @@ def flushes() -> bool:
 
 
 def recording_flash_takes(monkeypatch) -> list[bool]:
-    """Patch ``sdpa.flash_takes`` (whether a decode step runs the CPU flash kernel) to record each
+    """Patch ``sdpa.decode.flash_takes`` (whether a decode step runs the CPU flash kernel) to record each
     answer it gives."""
     took_flash = []
-    takes = sdpa.flash_takes
-    monkeypatch.setattr(sdpa, "flash_takes", lambda *a: took_flash.append(takes(*a)) or took_flash[-1])
+    takes = decode.flash_takes
+    monkeypatch.setattr(decode, "flash_takes", lambda *a: took_flash.append(takes(*a)) or took_flash[-1])
     return took_flash

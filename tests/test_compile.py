@@ -14,7 +14,8 @@ import torch._functorch.config
 from factories import DEVICES, PRIOR_NAMES, make_prior
 
 import priorattn
-from priorattn.functional import prior_inputs, sdpa
+from priorattn.functional import prior_inputs
+from priorattn.functional.sdpa import route
 from priorattn.models import GPT, GPTConfig
 from priorattn.priors import GGD, GOAT, ALiBi, Sum, Uniform
 
@@ -161,7 +162,7 @@ def test_slope_runs_through_the_public_kernels_compile_as_one_graph(monkeypatch)
     """Off the CPU, compiled folds run through public SDPA, every run of queries after the first
     bottom-right causal against its keys: here on the CPU with those kernels, in runs of 8 (eager
     reads the slopes, at most 1/4, and takes one run: float32 rounds the two differently)."""
-    monkeypatch.setattr(sdpa, "lower_right_kernel", lambda device: sdpa.public_lower_right_causal)
+    monkeypatch.setattr(route, "lower_right_kernel", lambda device: route.public_lower_right_causal)
     monkeypatch.setitem(prior_inputs.SLOPE_MAGNITUDE, torch.float32, 8.0)  # GOAT's cap of 1: 8 queries
     layer = priorattn.PriorMultiheadAttention(64, 4, num_kv_heads=2, **LAYERS["goat"]())
     x = torch.randn(2, 24, 64)

@@ -11,7 +11,8 @@ from factories import PRIOR_NAMES, make_prior, recording_flash_takes
 
 from priorattn import KVCache, PriorMultiheadAttention, SSMax
 from priorattn.encodings import RoPE, Sinusoidal
-from priorattn.functional import api, sdpa
+from priorattn.functional import api
+from priorattn.functional.sdpa import flash
 from priorattn.priors import GGD, GOAT, ALiBi, Uniform
 
 # Narrow heads keep these tests small, so folded priors often take most lanes: that warning is
@@ -275,14 +276,14 @@ def test_goat_head_keeps_its_width(monkeypatch):
     assert module.out_proj.in_features == 4 * head_dim
 
     widths = []
-    inputs = sdpa.flash_inputs  # what the CPU flash kernel is given
+    inputs = flash.flash_inputs  # what the CPU flash kernel is given
 
     def spy(*args):
         q, k, v = inputs(*args)
         widths.extend([q.shape[-1], k.shape[-1], v.shape[-1]])
         return q, k, v
 
-    monkeypatch.setattr(sdpa, "flash_inputs", spy)
+    monkeypatch.setattr(flash, "flash_inputs", spy)
     module(torch.randn(1, 5, 128))
     assert widths == [head_dim, head_dim, head_dim]
 

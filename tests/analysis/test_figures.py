@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from priorattn.analysis import plots, runs, views
-from priorattn.analysis.copy_mixture import CopyMixtureConfig, copy_mixture_job
 from priorattn.eval import plots as eval_plots
+from priorattn.studies.copy_mixture import CopyMixtureConfig, copy_mixture_job
 
 
 @pytest.fixture

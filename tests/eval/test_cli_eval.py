@@ -120,7 +120,7 @@ def test_bad_input_is_a_one_line_error(run_dir, tmp_path, capsys, args, message)
 
 
 def test_compare_trains_on_the_data_given(tmp_path, monkeypatch):
-    from priorattn.eval import compare as compare_module
+    from priorattn.studies.compare import study as compare_module
 
     given = []
     monkeypatch.setattr(compare_module, "compare", lambda config, out, progress: given.append(config))

@@ -1,6 +1,6 @@
 """A decode step as generation runs it, outside autograd: the priors' tiles come from their position
 tables, and the CPU flash kernel takes the tile as its mask wherever q, k and v share a width, with
-grouped query heads and hidden keys (``sdpa.sdpa_bias_attention``); all against the reference route."""
+grouped query heads and hidden keys (``sdpa.decode.sdpa_bias_attention``); all against the reference route."""
 
 from __future__ import annotations
 

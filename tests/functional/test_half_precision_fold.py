@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import priorattn
-from priorattn.functional import prior_inputs, sdpa
+from priorattn.functional import prior_inputs
 from priorattn.functional.masks import Masking
+from priorattn.functional.sdpa import flash
 from priorattn.priors import GOAT, ALiBi
 
 
@@ -15,14 +16,14 @@ def kernel_dtypes(monkeypatch) -> set[torch.dtype]:
     """The dtypes of the queries the SDPA route hands its CPU flash kernel (forward and backward),
     recorded while the test runs."""
     seen = set()
-    flash_inputs = sdpa.flash_inputs
+    flash_inputs = flash.flash_inputs
 
     def spy(*args):
         q2, k2, v2 = flash_inputs(*args)
         seen.add(q2.dtype)
         return q2, k2, v2
 
-    monkeypatch.setattr(sdpa, "flash_inputs", spy)
+    monkeypatch.setattr(flash, "flash_inputs", spy)
     return seen
 
 

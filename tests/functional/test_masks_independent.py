@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import priorattn
-from priorattn.functional import masks, memeff, prior_inputs, sdpa
+from priorattn.functional import masks, memeff, prior_inputs
+from priorattn.functional.sdpa import planning
 from priorattn.priors import ALiBi
 
 #: Every route that has a backward; flex is compared forward only (FlexAttention has no CPU backward).
@@ -266,7 +267,7 @@ def small_chunks(monkeypatch):
     """Chunk sizes small enough that short problems cross every threshold: several SDPA mask
     chunks (each with its own backward), several memeff blocks, several SSMax counting chunks, and
     slope runs of a few queries (each re-centred)."""
-    monkeypatch.setattr(sdpa, "MASK_CHUNK_CELLS", 150)
+    monkeypatch.setattr(planning, "MASK_CHUNK_CELLS", 150)
     monkeypatch.setattr(memeff, "MIN_ROWS", 5)
     monkeypatch.setattr(memeff, "MAX_ROWS", 5)
     monkeypatch.setattr(masks, "COUNT_CHUNK_CELLS", 100)

@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import priorattn
-from priorattn.functional import memeff, prior_inputs, sdpa
+from priorattn.functional import memeff, prior_inputs
+from priorattn.functional.sdpa import decode, flash, planning, route
 from priorattn.priors import GGD, ALiBi
 
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 2e-5, torch.bfloat16: 4e-2}
@@ -90,7 +91,7 @@ def run(backend, q, k, v, prior, ssmax, kwargs):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     s = None if ssmax is None else ssmax.detach().clone().requires_grad_()
     if backend == "sdpa_bias":
-        assert sdpa.is_decode_step(q, k)
+        assert decode.is_decode_step(q, k)
         backend = "auto"
     out = priorattn.attention(*leaves, prior=prior, ssmax=s, backend=backend, **kwargs)
     weights = torch.linspace(-1, 1, out.numel(), dtype=torch.float64, device=out.device).view_as(out)
@@ -220,7 +221,7 @@ def test_sdpa_route_in_small_key_blocks_and_slope_runs_matches_reference(dtype, 
     the forward and each with the kernel's own backward; shrunk here so that most calls have
     several blocks (and, with ``slope_runs``, slopes re-centred every few queries)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sdpa, "KEY_BLOCK", key_block)
+        patch.setattr(flash, "KEY_BLOCK", key_block)
         if slope_runs:
             for low in (torch.float64, torch.float32):  # runs of 2^3 / |slope| queries
                 patch.setitem(prior_inputs.SLOPE_MAGNITUDE, low, 2.0**3)
@@ -256,7 +257,7 @@ def test_auto_takes_the_bias_tile_route_only_for_a_prior_in_a_decode_step(monkey
     priorattn.attention(step, cache, cache, prior=ALiBi(2))
     priorattn.attention(step, cache, cache)  # no prior: no tile to add
     priorattn.attention(cache, cache, cache, prior=ALiBi(2))  # a full pass folds
-    many = torch.randn(1, 2, sdpa.DECODE_QUERIES + 1, 8)
+    many = torch.randn(1, 2, decode.DECODE_QUERIES + 1, 8)
     priorattn.attention(many, cache, cache, prior=GGD(2))
     assert chosen == [api.DECODE_ROUTE, api.DECODE_ROUTE, "sdpa", "sdpa", "memeff"]
 
@@ -432,8 +433,8 @@ LONG_CASES = {
 
 @pytest.fixture
 def low_thresholds(monkeypatch):
-    monkeypatch.setattr(sdpa, "MASK_CHUNK_CELLS", 1 << 12)
-    monkeypatch.setattr(sdpa, "KEY_BLOCK", 48)
+    monkeypatch.setattr(planning, "MASK_CHUNK_CELLS", 1 << 12)
+    monkeypatch.setattr(flash, "KEY_BLOCK", 48)
     monkeypatch.setattr(memeff, "MAX_ROWS", 64)
     for dtype in (torch.float64, torch.float32):  # slope runs of 2^6 / 0.5 = 128 queries
         monkeypatch.setitem(prior_inputs.SLOPE_MAGNITUDE, dtype, 2.0**6)
@@ -458,8 +459,8 @@ def test_sdpa_route_with_the_public_lower_right_kernel_matches_reference(
 ):
     """The kernel other devices use (public SDPA and torch's bottom-right causal bias, or a boolean
     mask where ``torch.compile`` traces it), run here."""
-    monkeypatch.setattr(sdpa, "lower_right_kernel", lambda device: sdpa.public_lower_right_causal)
-    monkeypatch.setattr(sdpa, "folded_calls_kernel", lambda device: sdpa.autograd_calls)
+    monkeypatch.setattr(route, "lower_right_kernel", lambda device: route.public_lower_right_causal)
+    monkeypatch.setattr(route, "folded_calls_kernel", lambda device: route.autograd_calls)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
     check_route("sdpa", {**LONG, **LONG_CASES[case], "prior": "goat"}, torch.float64)
 

@@ -10,9 +10,12 @@ import torch
 from factories import flushes, make_prior
 
 import priorattn
-from priorattn.functional import prior_inputs, sdpa
+from priorattn.functional import prior_inputs
 from priorattn.functional.masks import Masking
-from priorattn.functional.sdpa import LowerRightCausal, lower_right_kernel, public_lower_right_causal
+from priorattn.functional.sdpa import flash, planning, route
+from priorattn.functional.sdpa.flash import LowerRightCausal
+from priorattn.functional.sdpa.route import lower_right_kernel, public_lower_right_causal
+from priorattn.functional.spans import Kind
 from priorattn.priors import GOAT, ALiBi, FoldLanes, Prior
 
 
@@ -40,15 +43,15 @@ def test_the_cpu_flash_kernel_runs_only_on_the_cpu():
 
 
 def test_a_prior_takes_the_flash_kernel_and_its_backward_only_on_the_cpu():
-    assert sdpa.folded_calls_kernel(torch.device("cpu")) is sdpa.folded_calls
-    assert sdpa.folded_calls_kernel(torch.device("cuda")) is sdpa.autograd_calls
+    assert route.folded_calls_kernel(torch.device("cpu")) is flash.folded_calls
+    assert route.folded_calls_kernel(torch.device("cuda")) is route.autograd_calls
 
 
 def alibi_plans(L: int, chunk: int) -> list[tuple[slice, list[slice]]]:
     pos = torch.arange(L)[None]
     slope = ALiBi(4).fold(pos, pos).slope
     masking = Masking(True, pos, pos, starts=(0, 0))
-    plans = sdpa.head_plans(masking, None, slope, ALiBi(4).slope_bound(), torch.float32, 4, chunk)
+    plans = planning.head_plans(masking, None, slope, ALiBi(4).slope_bound(), torch.float32, 4, chunk)
     return [(heads, [call.rows for call in calls]) for heads, calls in plans]
 
 
@@ -71,7 +74,7 @@ def test_heads_whose_slopes_allow_longer_runs_take_fewer_calls():
 def test_heads_come_in_chunks_that_keep_every_thread_of_the_backward_busy(batch, threads, chunk):
     """The kernel's backward gives each (batch row, head) of a call to one thread: a chunk's calls
     have a multiple of ``threads`` of them."""
-    assert sdpa.heads_per_thread_team(batch, threads) == chunk
+    assert planning.heads_per_thread_team(batch, threads) == chunk
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3])
@@ -81,7 +84,7 @@ def test_heads_in_runs_of_their_own_match_the_reference(Hkv, chunk, monkeypatch)
     which the last is shorter), with the sink's key bias and grouped keys: output and every
     gradient against the float64 reference."""
     monkeypatch.setitem(prior_inputs.SLOPE_MAGNITUDE, torch.float64, 2.0**4)  # runs of 16 / |m|
-    monkeypatch.setattr(sdpa, "heads_per_thread_team", lambda batch, threads: chunk)
+    monkeypatch.setattr(route, "heads_per_thread_team", lambda batch, threads: chunk)
     prior = GOAT(4, 2, init="recency").double()
     with torch.no_grad():
         prior.slope.copy_(torch.tensor([0.5, 0.5, 0.01, 0.2]))  # runs of 32, 32, all, 80 queries
@@ -120,7 +123,7 @@ STEEP = {torch.float64: [30.0, 8.0, 0.05, -0.5], torch.float32: [4.0, 1.0, 0.05,
 def test_slope_bands_bound_the_weight_of_every_key_they_leave_out(dtype, monkeypatch):
     """Every key more than a head's band before a query's own key has a weight below
     ``sqrt(finfo.tiny)`` (the float64 reference's), and the steep heads' bands are short."""
-    monkeypatch.setattr(sdpa, "BAND_RUN", 64)
+    monkeypatch.setattr(planning, "BAND_RUN", 64)
     prior = steep_goat(STEEP[dtype])
     gen = torch.Generator().manual_seed(1)
     Lq, Lk = 150, 200
@@ -128,7 +131,7 @@ def test_slope_bands_bound_the_weight_of_every_key_they_leave_out(dtype, monkeyp
     pos = torch.arange(Lk)[None]
     masking = Masking(True, pos[:, Lk - Lq :], pos, starts=(Lk - Lq, 0))
     lanes = prior.fold(masking.q_pos, masking.k_pos)
-    bands = sdpa.slope_bands(q.to(dtype), k.to(dtype), lanes, 6**-0.5, masking)
+    bands = planning.slope_bands(q.to(dtype), k.to(dtype), lanes, 6**-0.5, masking)
     assert bands[0] < 40 and bands[1] < Lk and bands[2:] == [None, None]
     keys = torch.eye(Lk, dtype=torch.float64).expand(2, 4, Lk, Lk)  # values that return the weights
     weights = priorattn.attention(q, k, keys, prior=prior, causal=True, backend="reference")
@@ -145,27 +148,27 @@ def test_no_band_without_a_positive_slope_or_under_other_masks_or_in_one_run(mon
     q = k = torch.randn(1, 2, 300, 4)
     pos = torch.arange(300)[None]
     lanes = steep_goat([4.0, 4.0]).float().fold(pos, pos)
-    assert sdpa.slope_bands(q, k, lanes, 0.5, Masking(True, pos, pos, starts=(0, 0))) is None
-    monkeypatch.setattr(sdpa, "BAND_RUN", 64)
-    assert sdpa.slope_bands(q, k, lanes, 0.5, Masking(True, pos, pos, starts=(0, 0))) is not None
+    assert planning.slope_bands(q, k, lanes, 0.5, Masking(True, pos, pos, starts=(0, 0))) is None
+    monkeypatch.setattr(planning, "BAND_RUN", 64)
+    assert planning.slope_bands(q, k, lanes, 0.5, Masking(True, pos, pos, starts=(0, 0))) is not None
     for slopes in ([0.0, 0.0], [-1.0, -2.0]):
         flat = steep_goat(slopes).float().fold(pos, pos)
-        assert sdpa.slope_bands(q, k, flat, 0.5, Masking(True, pos, pos, starts=(0, 0))) is None
-    assert sdpa.slope_bands(q, k, lanes, 0.5, Masking(True, pos, pos, window=50, starts=(0, 0))) is None
-    assert sdpa.slope_bands(q, k, lanes, 0.5, Masking(False, pos, pos, starts=(0, 0))) is None
+        assert planning.slope_bands(q, k, flat, 0.5, Masking(True, pos, pos, starts=(0, 0))) is None
+    assert planning.slope_bands(q, k, lanes, 0.5, Masking(True, pos, pos, window=50, starts=(0, 0))) is None
+    assert planning.slope_bands(q, k, lanes, 0.5, Masking(False, pos, pos, starts=(0, 0))) is None
 
 
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
 def test_half_precision_takes_the_bands_of_float32(half, monkeypatch):
     """The kernel sums half-precision logits in float32: bands leave out weights below float32's
     ``sqrt(tiny)``, not float16's (2^-7, which would be an error)."""
-    monkeypatch.setattr(sdpa, "BAND_RUN", 64)
+    monkeypatch.setattr(planning, "BAND_RUN", 64)
     pos = torch.arange(300)[None]
     masking = Masking(True, pos, pos, starts=(0, 0))
     lanes = steep_goat([4.0, 1.0]).float().fold(pos, pos)
     q, k = (torch.randn(1, 2, 300, 8, generator=torch.Generator().manual_seed(i)) for i in range(2))
-    single = sdpa.slope_bands(q, k, lanes, 0.5, masking)
-    halved = sdpa.slope_bands(q.to(half), k.to(half), lanes, 0.5, masking)
+    single = planning.slope_bands(q, k, lanes, 0.5, masking)
+    halved = planning.slope_bands(q.to(half), k.to(half), lanes, 0.5, masking)
     assert all(abs(a - b) <= 1 for a, b in zip(single, halved, strict=True)), (single, halved)
 
 
@@ -178,12 +181,12 @@ def test_steep_heads_leave_out_the_keys_without_weight_and_match_the_reference(
     """Heads with bands take calls that start their keys a band before their first query (runs of
     64 queries, after a cached prefix), alone or in chunks: output and every gradient, of the
     prior's parameters too, against the float64 reference within the route tests' tolerances."""
-    monkeypatch.setattr(sdpa, "heads_per_thread_team", lambda batch, threads: chunk)
-    monkeypatch.setattr(sdpa, "BAND_RUN", 64)
+    monkeypatch.setattr(route, "heads_per_thread_team", lambda batch, threads: chunk)
+    monkeypatch.setattr(planning, "BAND_RUN", 64)
     starts = []
-    plan = sdpa.plan_calls
+    plan = planning.plan_calls
     monkeypatch.setattr(
-        sdpa, "plan_calls", lambda *a: starts.extend(c.cols.start for c in plan(*a)) or plan(*a)
+        planning, "plan_calls", lambda *a: starts.extend(c.cols.start for c in plan(*a)) or plan(*a)
     )
     prior = steep_goat(STEEP[dtype], seed=Hkv).to(dtype)  # the reference's: the same, in float64
     gen = torch.Generator().manual_seed(Hkv)
@@ -250,7 +253,7 @@ class NoLanes(Prior):
 def test_calls_on_k_v_themselves_leave_them_unchanged(monkeypatch):
     """A fold of no lanes hands the kernel k and v themselves; calls of 10 queries each write their
     query gradients into q' (scaled q), and nothing into k or v."""
-    monkeypatch.setattr(sdpa, "MASK_CHUNK_CELLS", 10 * 30)
+    monkeypatch.setattr(planning, "MASK_CHUNK_CELLS", 10 * 30)
     gen = torch.Generator().manual_seed(1)
     q, k, v = (
         torch.randn(1, 2, 30, 4, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(3)
@@ -269,7 +272,8 @@ def test_calls_on_k_v_themselves_leave_them_unchanged(monkeypatch):
 def test_one_call_keeps_its_graph_for_a_second_backward_and_runs_say_they_cannot(monkeypatch):
     """One call over every head and row leaves the saved q', k', v' as they were: a kept graph gives
     the same gradients again. Runs of heads write their gradients into the saved q' and k' (memory at
-    long lengths, :class:`~priorattn.functional.sdpa.FoldedCalls`), so autograd refuses a second pass."""
+    long lengths, :class:`~priorattn.functional.sdpa.flash.FoldedCalls`), so autograd refuses a
+    second pass."""
     prior = GOAT(2, 2, init="recency").double()
     q, k, v = (torch.randn(1, 2, 40, 6, dtype=torch.float64, requires_grad=True) for _ in range(3))
 
@@ -306,7 +310,7 @@ def test_a_slope_re_centred_on_every_run_of_queries_saves_only_o_of_l(prior, mon
     O(L^2 / run) in all (1.5x plain SDPA's peak memory at L = 16384). The route keeps one q', k', v'
     of every query and key, the output and its log-sum-exp, and re-centres the slope lane per run."""
     monkeypatch.setitem(prior_inputs.SLOPE_MAGNITUDE, torch.float32, 2.0**4)  # runs of 64 queries
-    monkeypatch.setattr(sdpa, "KEY_BLOCK", 256)
+    monkeypatch.setattr(flash, "KEY_BLOCK", 256)
     B, H, L, D = 1, 4, 2048, 16
     q, k, v = (torch.randn(B, H, L, D, requires_grad=True) for _ in range(3))
 
@@ -317,7 +321,7 @@ def test_a_slope_re_centred_on_every_run_of_queries_saves_only_o_of_l(prior, mon
     # q', k', v', the output (width lanes each) and the log-sum-exp: about 4 B H L width.
     assert saved_elements(run) <= 5 * B * H * L * width
     # Autograd through the runs keeps every run's k' and v': 2 x 16.5 L x width for 32 runs.
-    monkeypatch.setattr(sdpa, "folded_calls_kernel", lambda device: sdpa.autograd_calls)
+    monkeypatch.setattr(route, "folded_calls_kernel", lambda device: route.autograd_calls)
     assert saved_elements(run) > 30 * B * H * L * width
 
 
@@ -341,7 +345,7 @@ def test_the_cpu_route_flushes_subnormals_in_its_calls_and_leaves_the_callers_mo
         try:
             with pytest.MonkeyPatch.context() as patch:
                 for name in ("flash_call", "heads_backward"):  # the forward's calls, the backward's
-                    patch.setattr(sdpa, name, watched(getattr(sdpa, name)))
+                    patch.setattr(flash, name, watched(getattr(flash, name)))
                 out = priorattn.attention(q, k, v, prior=ALiBi(2), causal=True, backend="sdpa")
                 after.append(flushes())
                 out.sum().backward()
@@ -381,10 +385,10 @@ def test_a_single_query_takes_one_unmasked_call_and_matches_the_reference(prior,
     """A decode step (one query, causal, after a cache) sees every key of its call: the plan is one
     FULL call, not a causal split; output and gradients equal the reference's."""
     pos = torch.arange(40)[None]
-    calls = sdpa.plan_calls(Masking(True, pos[:, -1:], pos, starts=(39, 0)), None, None)
-    assert [(c.rows, c.cols, c.kind) for c in calls] == [(slice(0, 1), slice(0, 40), sdpa.Kind.FULL)]
-    two_rows = sdpa.plan_calls(Masking(True, pos[:, -2:], pos, starts=(38, 0)), None, None)
-    assert [c.kind for c in two_rows] == [sdpa.Kind.CAUSAL]
+    calls = planning.plan_calls(Masking(True, pos[:, -1:], pos, starts=(39, 0)), None, None)
+    assert [(c.rows, c.cols, c.kind) for c in calls] == [(slice(0, 1), slice(0, 40), Kind.FULL)]
+    two_rows = planning.plan_calls(Masking(True, pos[:, -2:], pos, starts=(38, 0)), None, None)
+    assert [c.kind for c in two_rows] == [Kind.CAUSAL]
     prior = None if prior is None else make_prior(prior, 2, seed=3)
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(2, 2, 1, 8, generator=gen, dtype=torch.float64, requires_grad=True)

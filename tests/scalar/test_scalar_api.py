@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import priorattn
-from priorattn.functional import sdpa
+from priorattn.functional.sdpa import flash
 from priorattn.priors import GOAT
 from priorattn.scalar import ScalarMultiheadAttention, Temperature, scalar_attention
 from priorattn.scalar.temperature import TAU_FLOOR
@@ -64,14 +64,14 @@ def test_bad_values_are_named_when_value_checks_are_on(change, message):
 def test_goat_and_the_scalar_term_run_as_one_sdpa_call(monkeypatch):
     """seed 002 experiment 6: GOAT's lanes and the scalar lanes in one unmodified SDPA call."""
     calls = []
-    real = sdpa.flash_inputs  # a prior's calls reach the CPU flash kernel through it
+    real = flash.flash_inputs  # a prior's calls reach the CPU flash kernel through it
 
     def counted(*args):
         q2, k2, v2 = real(*args)
         calls.append(q2.shape)
         return q2, k2, v2
 
-    monkeypatch.setattr(sdpa, "flash_inputs", counted)
+    monkeypatch.setattr(flash, "flash_inputs", counted)
     q_s, k_s, v = inputs(L=64, D=16)
     q, k = torch.randn(1, 4, 64, 8), torch.randn(1, 2, 64, 8)
     scalar_attention(q_s, k_s, v, 0.5, q=q, k=k, prior=GOAT(4, 3), backend="sdpa")

@@ -214,7 +214,7 @@ def test_a_buffer_merged_run_by_run_in_place_sorts_as_one_bulk_merge():
     pointers = set()
     for t in range(n, n + more):
         cache.append(k_s[t], v[t])
-        pointers.add(cache._keys.data_ptr())
+        pointers.add(cache._packed.keys.data_ptr())
     assert len(pointers) == 1  # the prefill's arrays, with room for 1.25 x 2048 entries
     bulk = SortedScalarCache(2, 2, 3, buffer_size=buffer_size, dtype=F64)
     bulk.append(k_s, v)

@@ -26,7 +26,7 @@ from priorattn.eot import (
     sink_margin,
     solve,
 )
-from priorattn.eot.regularizers import masked_softmax, neg_entropy
+from priorattn.functional.normalizers import masked_softmax, neg_entropy
 from priorattn.priors import GOAT, Uniform
 
 F64 = torch.float64

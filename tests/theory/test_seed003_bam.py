@@ -19,7 +19,7 @@ from maps import alibi, attention_weights, causal_visible, weight_on
 
 import priorattn
 from priorattn.eot import content_position_log_z, content_range
-from priorattn.eot.regularizers import masked_softmax
+from priorattn.functional.normalizers import masked_softmax
 from priorattn.priors import GGD, Uniform
 
 F64 = torch.float64

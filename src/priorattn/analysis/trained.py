@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..eot.regularizers import Regularizer, regularizer
+from ..functional.normalizers import Regularizer, regularizer
 from ..layers import PriorMultiheadAttention
 from ..priors import Prior, Uniform
 from ..train.runs import CONFIG_JSON

@@ -24,8 +24,8 @@ from ..files import prepare_out, write_json_atomic
 from ..priors import GGD, GOAT, ALiBi, Prior, Uniform
 from ..scalar.model import prior_heads
 from ..train import load_run
+from ..train.runs import run_label
 from . import plots
-from .runs import run_label
 from .trained import attention_weights, layer_prior, pick_indices, runs_in
 
 RESULTS_JSON = "results.json"

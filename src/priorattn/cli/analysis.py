@@ -29,7 +29,7 @@ def plot_priors(args: argparse.Namespace) -> int:
 
 def analyze_identities(args: argparse.Namespace) -> int:
     """Check seed 004's policy-gradient identities on a run's attention; print and save the residuals."""
-    from ..eot.identities import check_run
+    from ..analysis.identities import check_run
     from ..eval.jobs import RESULTS_JSON, prepare_out
     from ..files import write_json_atomic
 
@@ -48,7 +48,7 @@ def analyze_identities(args: argparse.Namespace) -> int:
 
 def analyze_copy_mixture(args: argparse.Namespace) -> int:
     """Train on seed 000's copy-mixture task, draw the learned GOAT prior, write DIR/results.json."""
-    from ..analysis.copy_mixture import FIGURE, RESULTS_JSON, CopyMixtureConfig, copy_mixture_job
+    from ..studies.copy_mixture import FIGURE, RESULTS_JSON, CopyMixtureConfig, copy_mixture_job
 
     options = ("vocab_size", "weights", "length", "model", "d_model", "heads", "steps", "batch_size", "seed")
     try:
@@ -211,7 +211,7 @@ def add_analyze_attention_parser(analyses) -> None:
 
 
 def add_copy_mixture_parser(analyses) -> None:
-    from ..analysis.copy_mixture import MODELS, CopyMixtureConfig
+    from ..studies.copy_mixture import MODELS, CopyMixtureConfig
 
     default = CopyMixtureConfig()
     text = (

@@ -38,8 +38,8 @@ def compare(args: argparse.Namespace) -> int:
     """Train every positional mechanism alike, evaluate them all, write DIR/report.html."""
     from dataclasses import replace
 
-    from ..eval.compare import CompareConfig
-    from ..eval.compare import compare as run
+    from ..studies.compare.study import CompareConfig
+    from ..studies.compare.study import compare as run
 
     try:
         config = CompareConfig.for_budget(args.budget, args.priors, args.retrieval_mechanisms)
@@ -55,8 +55,8 @@ def compare(args: argparse.Namespace) -> int:
 
 def retrieval(args: argparse.Namespace) -> int:
     """Train tiny models on synthetic retrieval per mechanism and seed; score them far beyond T."""
-    from ..eval.retrieval_report import run_retrieval_study
-    from ..eval.retrieval_study import RetrievalStudyConfig
+    from ..studies.retrieval.report import run_retrieval_study
+    from ..studies.retrieval.study import RetrievalStudyConfig
 
     fields = dict(
         mechanisms=args.mechanisms,
@@ -130,8 +130,9 @@ def add_eval_parser(commands) -> None:
 
 
 def add_compare_parser(commands) -> None:
-    from ..eval.compare import MODELS, CompareConfig
-    from ..eval.retrieval_study import ALL_MECHANISMS, DEFAULT_MECHANISMS
+    from ..models.positions import MECHANISMS
+    from ..studies.compare.study import DEFAULT_MODELS, CompareConfig
+    from ..studies.retrieval.study import ALL_MECHANISMS, DEFAULT_MECHANISMS
 
     p = commands.add_parser(
         "compare",
@@ -146,8 +147,8 @@ def add_compare_parser(commands) -> None:
     )
     p.add_argument(
         "--priors",
-        type=name_list(list(MODELS), "prior"),
-        help=f"comma-separated subset of {','.join(MODELS)} (all)",
+        type=name_list(list(MECHANISMS), "prior"),
+        help=f"comma-separated mechanisms, e.g. {','.join(DEFAULT_MODELS)} (the default)",
     )
     p.add_argument("--data", help="text file, folder, glob or hf:PATH to train on (the embedded Shakespeare)")
     p.add_argument("--text-encoding", default="utf-8", help="how --data's text files are decoded (utf-8)")
@@ -164,7 +165,7 @@ def add_compare_parser(commands) -> None:
 
 def add_retrieval_parser(commands) -> None:
     from ..data.synthetic import SYNTHETIC_TASKS
-    from ..eval.retrieval_study import ALL_MECHANISMS, DEFAULT_MECHANISMS, RetrievalStudyConfig
+    from ..studies.retrieval.study import ALL_MECHANISMS, DEFAULT_MECHANISMS, RetrievalStudyConfig
 
     defaults = RetrievalStudyConfig()
     p = commands.add_parser(

@@ -11,8 +11,8 @@ from .parsing import add_experiment_options, fail, name_list
 
 def dna(args: argparse.Namespace) -> int:
     """Train nucleotide-level models that differ in positional mechanism on a genome; measure them."""
-    from ..dna import DNAConfig
-    from ..dna import dna as run
+    from ..studies.dna import DNAConfig
+    from ..studies.dna import dna as run
 
     try:
         config = DNAConfig.for_budget(args.budget, args.models, genome=args.genome, seed=args.seed)
@@ -31,7 +31,7 @@ def dna(args: argparse.Namespace) -> int:
 
 def scalar_exp(args: argparse.Namespace) -> int:
     """Run one of seed 002's experiments; write DIR/results.json and its figures."""
-    from ..scalar.experiments import run_experiment
+    from ..studies.scalar import run_experiment
 
     try:
         results = run_experiment(args.number, args.out, args.budget, seed=args.seed, progress=not args.quiet)
@@ -44,7 +44,7 @@ def scalar_exp(args: argparse.Namespace) -> int:
 
 def vision(args: argparse.Namespace) -> int:
     """Train a ViT per 2D position mechanism on Fashion-MNIST, evaluate at larger resolutions."""
-    from ..vision.experiment import RESULTS_JSON, VisionConfig, run_vision
+    from ..studies.vision.experiment import RESULTS_JSON, VisionConfig, run_vision
 
     try:
         config = VisionConfig.for_budget(args.budget, args.models, seed=args.seed)
@@ -59,8 +59,8 @@ def vision(args: argparse.Namespace) -> int:
 
 
 def add_dna_parser(commands) -> None:
-    from ..dna.experiment import DEFAULT_GENOME, DEFAULT_MODELS, DNAConfig
-    from ..eval.compare import MODELS
+    from ..models.positions import MECHANISMS
+    from ..studies.dna.config import DEFAULT_GENOME, DEFAULT_MODELS, DNAConfig
 
     p = commands.add_parser(
         "dna",
@@ -76,16 +76,16 @@ def add_dna_parser(commands) -> None:
     p.add_argument("--genome", default=DEFAULT_GENOME, help=f"a FASTA file or directory ({DEFAULT_GENOME})")
     p.add_argument(
         "--models",
-        type=name_list(list(MODELS), "model"),
-        help=f"comma-separated, from {','.join(MODELS)} ({','.join(DEFAULT_MODELS)})",
+        type=name_list(list(MECHANISMS), "model"),
+        help=f"comma-separated mechanisms, e.g. {','.join(DEFAULT_MODELS)} (the default)",
     )
     add_experiment_options(p, DNAConfig().steps)
     p.set_defaults(func=dna, parser=p)
 
 
 def add_scalar_exp_parser(commands) -> None:
-    from ..scalar.experiments import EXPERIMENTS
-    from ..scalar.experiments.common import Settings
+    from ..studies.scalar import EXPERIMENTS
+    from ..studies.scalar.common import Settings
 
     listing = "; ".join(f"{n}: {e.description}" for n, e in sorted(EXPERIMENTS.items()))
     p = commands.add_parser(
@@ -102,8 +102,8 @@ def add_scalar_exp_parser(commands) -> None:
 
 
 def add_vision_parser(commands) -> None:
-    from ..vision.data import DEFAULT_DATA
-    from ..vision.experiment import DEFAULT_MODELS, MODELS, VisionConfig
+    from ..studies.vision.data import DEFAULT_DATA
+    from ..studies.vision.experiment import DEFAULT_MODELS, MODELS, VisionConfig
 
     p = commands.add_parser(
         "vision",

@@ -15,12 +15,13 @@ import hashlib
 import importlib.resources
 import itertools
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
 from ..files import check_text_encoding
+from .document import Document
+from .fasta import fasta_documents
 
 DEFAULT_CORPUS = "shakespeare"
 GLOB_CHARACTERS = "*?["
@@ -33,14 +34,6 @@ HF_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "pa
 # 10% validation split gets one), each at most PART_MAX_CHARS (so a book gives many parts).
 MIN_PARTS = 10
 PART_MAX_CHARS = 65536
-
-
-@dataclass(frozen=True)
-class Document:
-    """One document of a corpus: a stable, unique ``name`` and ``read()``, which loads its text."""
-
-    name: str
-    read: Callable[[], str]
 
 
 def load_corpus(source: str | None = None, text_encoding: str = "utf-8") -> list[Document]:
@@ -68,8 +61,6 @@ def load_corpus(source: str | None = None, text_encoding: str = "utf-8") -> list
         path, _, column = source.removeprefix(HF_PREFIX).partition(":")
         documents = load_hf_dataset(path, column or HF_DEFAULT_COLUMN)
     elif source.startswith(FASTA_PREFIX):
-        from .fasta import fasta_documents
-
         documents = fasta_documents(source.removeprefix(FASTA_PREFIX))
     elif any(c in source for c in GLOB_CHARACTERS):
         files = [Path(p) for p in glob.glob(source, recursive=True)]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache, partial
 from pathlib import Path
 
-from .corpus import Document
+from .document import Document
 
 #: Bases per document; a genome of 4.6 Mb gives 71 regions, long enough for long-context windows.
 REGION_BASES = 65536

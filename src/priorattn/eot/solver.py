@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from .regularizers import Regularizer
+from ..functional.normalizers import Regularizer
 
 Penalty = Callable[[Tensor], Tensor]
 

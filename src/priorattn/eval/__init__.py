@@ -5,10 +5,12 @@
 - :func:`evaluate_retrieval` (retrieval.py): accuracy per length and needle depth of any
   :class:`~priorattn.data.retrieval.RetrievalTask` (passkey or a RULER-style NIAH variant);
 - run-level jobs (jobs.py) behind ``priorattn eval``, writing ``results.json`` and plots;
+- exact-match scoring of the synthetic retrieval tasks (synthetic.py);
 - verdicts (verdicts.py): a measurement as a value with its 95% interval (Wilson, normal), whether
-  it is above or below a threshold or within noise, and a winner only beyond the noise;
-- :func:`compare` (compare.py) behind ``priorattn compare``: train models that differ only in the
-  positional mechanism, evaluate them all, and write one HTML report (report.py).
+  it is above or below a threshold or within noise, and a winner only beyond the noise.
+
+The studies that train and compare many models (``compare``, the retrieval study) live in
+:mod:`priorattn.studies`.
 
 Long inputs are scored with chunked prefill through the KV cache (scoring.py), so memory stays
 bounded by the chunk, never ``L x L``.

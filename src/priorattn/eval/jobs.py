@@ -21,13 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis.runs import run_label
 from ..data import load_corpus, run_documents
 from ..data.retrieval import NIAH_VARIANTS, RetrievalTask, default_filler
 from ..data.tokenizer import Tokenizer
 from ..files import prepare_out, read_json, sha256_of, write_json_atomic
 from ..train import load_run
 from ..train.checkpoint import CheckpointError, checkpoint_indexes
+from ..train.runs import run_label
 from .plots import TASK_TITLES, plot_accuracy_vs_length, plot_ppl, plot_retrieval_heatmaps
 from .ppl import check_lengths, evaluate_ppl
 from .retrieval import evaluate_retrieval, uniform_depths

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import NullLocator, ScalarFormatter
 
-from ..analysis.plots import captioned_figure, save
+from ..figures import captioned_figure, save
 
 
 def mark_train_len(ax, train_lens: set[int]) -> None:

@@ -8,12 +8,12 @@ import torch
 from torch import Tensor
 
 from ..checks import check_doc_ids, check_key_padding_mask, check_positions, value_checks_enabled
-from ..eot.regularizers import Regularizer, regularizer
 from ..priors import Prior, Uniform
 from ..ssmax import Scaling, SSMax
 from .flex import flex_route, flex_trains_on
 from .masks import Masking, values_are_free
 from .memeff import memeff_attention
+from .normalizers import Regularizer, regularizer
 from .prior_inputs import MIN_FOLD_SPAN, fold_dtype, largest_slope, slope_precision, slope_span, tabulates
 from .reference import reference_attention
 from .sdpa import is_decode_step, sdpa_attention, sdpa_bias_attention

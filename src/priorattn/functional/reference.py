@@ -14,11 +14,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..eot.regularizers import masked_softmax
 from ..priors import Prior
 from ..ssmax import Scaling
 from .grouped import grouped_scores, grouped_values
 from .masks import Masking
+from .normalizers import masked_softmax
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -24,7 +24,7 @@ import math
 
 from torch import nn
 
-from ..eot.regularizers import regularizer
+from ..functional.normalizers import regularizer
 from ..priors import Prior
 from ..token_shift import LayerCaches
 from .layers import MixedCache, MixedMultiheadAttention, ScalarMultiheadAttention

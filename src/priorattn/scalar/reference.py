@@ -13,9 +13,9 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..eot.regularizers import masked_softmax
 from ..functional.grouped import grouped_scores, grouped_values
 from ..functional.masks import Masking
+from ..functional.normalizers import masked_softmax
 from ..functional.reference import compute_dtype
 from ..priors import Prior
 

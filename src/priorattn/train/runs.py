@@ -144,3 +144,36 @@ def truncate_metrics(path: Path, step: int) -> None:
     if path.exists():
         kept = "".join(json.dumps(r) + "\n" for r in read_metrics(path) if r["step"] <= step)
         write_atomic(path, lambda tmp: tmp.write_text(kept))
+
+
+#: Legend words for the names a run's config uses.
+PRIOR_WORDS = {"alibi": "ALiBi", "ggd": "GGD (BAM)", "goat": "GOAT"}
+ENCODING_WORDS = {"rope": "RoPE", "sinusoidal": "sinusoidal encoding", "local_rope": "local RoPE"}
+
+
+def run_label(run_dir: Path) -> str:
+    """The run's positional mechanism in words, from its config ("GOAT prior", "RoPE + SSMax",
+    "no positional encoding (NoPE)", "llama + GGD (BAM) prior" for a model from ``hf-extend``);
+    the directory name if it has no config."""
+    path = run_dir / CONFIG_JSON
+    if not path.exists():
+        return run_dir.name
+    config = read_json(path)
+    if "model_type" in config:  # a transformers model
+        spec = config.get("priorattn") or {}
+        name = spec.get("prior") or "uniform"
+        parts = [config["model_type"], *prior_words(name)]
+        return " + ".join(parts) + (" without RoPE" if spec.get("remove_rope") else "")
+    model = config["model"]
+    parts = prior_words(model["prior"])
+    if model["encoding"] != "none":
+        parts.append(ENCODING_WORDS[model["encoding"]])
+    if model["ssmax"]:
+        parts.append("SSMax")
+    return " + ".join(parts) if parts else "no positional encoding (NoPE)"
+
+
+def prior_words(prior: str) -> list[str]:
+    """``["GGD (BAM) + GOAT prior"]`` for ``"ggd+goat"``; nothing for ``"uniform"``."""
+    priors = [PRIOR_WORDS.get(p, p) for p in prior.split("+") if p != "uniform"]
+    return [" + ".join(priors) + " prior"] if priors else []

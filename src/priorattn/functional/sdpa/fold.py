@@ -1,0 +1,80 @@
+"""The fold of a prior into SDPA's inputs (seed 000 Eq. 20-24): :class:`Fold` builds ``q'`` and ``k'``
+of one call from q, k and the prior's lanes; the helpers give the flash kernel one head width and as
+many key heads as query heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ...priors import FoldLanes
+from ..masks import Masking
+from ..prior_inputs import (
+    centred_keys,
+    content_queries,
+    query_lanes,
+)
+
+
+@dataclass(frozen=True)
+class Fold:
+    """What turns one call's q, k, v and lanes into SDPA's inputs of ``heads`` heads and ``width``
+    lanes (seed 000 Eq. 20-24): ``q' = [scale * q, q_lanes, 1, m_h]``, ``k' = [k, k_lanes, u_h(j),
+    k_pos[j] - centre]`` (the last two lanes for a key bias and a slope), ``v`` padded to ``width``."""
+
+    masking: Masking
+    scale: float
+    scale_prior: bool
+    heads: int
+    width: int
+
+    def queries(self, q: Tensor, lanes: FoldLanes, factor: Tensor | None) -> Tensor:
+        """``q'`` of one call: ``q``, ``lanes.q`` and ``factor`` hold its query rows."""
+        content = content_queries(q, self.scale, factor)
+        B, H, lq = q.shape[:3]
+        q_lanes = [lanes.q.expand(B, H, lq, lanes.q.shape[-1])]
+        if lanes.key_bias is not None:  # <1, u_h(j)>
+            q_lanes.append(lanes.q.new_ones(1, 1, 1, 1).expand(B, H, lq, 1))
+        if lanes.slope is not None:  # <m_h, k_pos[j] - centre>
+            q_lanes.append(lanes.slope[:, None, None].to(lanes.q.dtype).expand(B, H, lq, 1))
+        if len(q_lanes) == 1 and not lanes.q.shape[-1]:
+            return content
+        q_lanes = torch.cat(q_lanes, dim=-1)
+        return torch.cat([content, query_lanes(q, q_lanes, factor, self.scale_prior)], dim=-1)
+
+    def keys(self, k: Tensor, v: Tensor, lanes: FoldLanes, rows: slice, cols: slice) -> tuple[Tensor, Tensor]:
+        """``k'`` and the padded ``v`` of query ``rows`` against key ``cols``: ``k``, ``v``, ``lanes.k``
+        and ``lanes.key_bias`` hold those columns. A key bias is per head: the keys take every head."""
+        if lanes.key_bias is not None and k.shape[1] != self.heads:
+            group = self.heads // k.shape[1]
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        B, Hk, lk = k.shape[:3]
+        k_lanes = [lanes.k.to(k.dtype).expand(B, Hk, lk, lanes.k.shape[-1])]
+        if lanes.key_bias is not None:
+            k_lanes.append(lanes.key_bias[..., None].to(k.dtype).expand(B, Hk, lk, 1))
+        if lanes.slope is not None:
+            offset = centred_keys(self.masking, rows, cols, k.dtype)  # (B or 1, lk)
+            k_lanes.append(offset[:, None, :, None].expand(B, Hk, lk, 1))
+        if len(k_lanes) > 1 or lanes.k.shape[-1]:
+            k = torch.cat([k, *k_lanes], dim=-1)
+        return k, v if v.shape[-1] == self.width else F.pad(v, (0, self.width - v.shape[-1]))
+
+
+def to_width(t: Tensor, width: int) -> Tensor:
+    """``t`` with zero lanes up to ``width``: the flash kernel wants one head width for q, k, v."""
+    return t if t.shape[-1] == width else F.pad(t, (0, width - t.shape[-1]))
+
+
+def every_head(k: Tensor, heads: int) -> Tensor:
+    """Grouped keys or values repeated to ``heads`` heads: the flash kernel wants as many as q."""
+    return k if k.shape[1] == heads else k.repeat_interleave(heads // k.shape[1], 1)
+
+
+def lanes_of(lanes: FoldLanes, rows: slice, cols: slice) -> FoldLanes:
+    """The lanes of query ``rows`` and key ``cols`` (views)."""
+    key_bias = None if lanes.key_bias is None else lanes.key_bias[..., cols]
+    return FoldLanes(lanes.q[..., rows, :], lanes.k[..., cols, :], key_bias, lanes.slope)

@@ -1,0 +1,116 @@
+"""Figures of the retrieval study: exact match against length with intervals, length x depth
+heatmaps, and the log-priors the models learned. One colour per positional mechanism and one line
+style per SSMax setting, the same in every figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ...eval.plots import length_axis, mark_train_len, plot_retrieval_heatmaps
+from ...figures import captioned_figure, save
+from .study import POSITIONS, RetrievalStudyConfig, position_of
+
+# Tableau's colour-blind-safe ten, one per positional mechanism in POSITIONS' order.
+COLOURS = ("#4e79a7", "#e15759", "#59a14f", "#f28e2b", "#b07aa1", "#9c755f", "#ff9da7", "#76b7b2")
+TASK_TITLES = {
+    "passkey": "Passkey: the value after the needle marker",
+    "niah": "Multi-key NIAH: one key's value among distractors",
+    "mqar": "MQAR: every key's value",
+}
+
+
+def style(mechanism: str) -> dict:
+    """Colour by positional mechanism, dashed with SSMax."""
+    position, ssmax = position_of(mechanism)
+    return dict(color=COLOURS[list(POSITIONS).index(position)], linestyle="--" if ssmax else "-")
+
+
+def draw_study_figures(config: RetrievalStudyConfig, data: dict, out: Path) -> dict[str, Path]:
+    figures = dict(accuracy=plot_accuracy(config, data["summary"], out / "retrieval_accuracy.png"))
+    for task in config.tasks:
+        results = {
+            s["label"]: dict(
+                accuracy=s["tasks"][task]["heatmap"],
+                lengths=config.lengths(),
+                depths=s["tasks"][task]["depths"],
+            )
+            for s in data["summary"].values()
+        }
+        figures[f"heatmap_{task}"] = plot_retrieval_heatmaps(
+            results, out / f"retrieval_heatmap_{task}.png", title=TASK_TITLES[task]
+        )
+    curves = {m: runs[0]["prior_curve"] for m, runs in data["runs"].items() if runs[0]["prior_curve"]}
+    if curves:
+        figures["priors"] = plot_learned_priors(config, curves, data["summary"], out / "retrieval_priors.png")
+    return figures
+
+
+def plot_accuracy(config: RetrievalStudyConfig, summary: dict, path: Path) -> Path:
+    """Exact match against length, one panel per task, with the Wilson 95% band of each mechanism."""
+    caption = (
+        "Each line is one mechanism: the share of sequences whose whole answer the model predicts exactly, "
+        f"pooled over {len(config.seeds)} seeds, {config.depths} "
+        f"needle depths and {config.prompts} sequences "
+        "per cell (the seeds that retrieve at T), against the input length (log scale). The "
+        "band is the Wilson 95% interval. The dotted line "
+        "is the training length T: right of it every input is longer than any seen in training. Colour: the "
+        "positional mechanism; dashed: with SSMax."
+    )
+    n = len(config.tasks)
+    fig, panel = captioned_figure((6.2 * n + 2.2, 4.8), caption, fontsize=11)
+    axes = np.atleast_1d(panel.subplots(1, n, sharey=True))
+    lengths = config.lengths()
+    for ax, task in zip(axes, config.tasks):
+        for mechanism, s in summary.items():
+            t = s["tasks"][task]
+            ax.plot(
+                t["lengths"], t["accuracy"], marker="o", markersize=4, label=s["label"], **style(mechanism)
+            )
+            ax.fill_between(t["lengths"], t["low"], t["high"], color=style(mechanism)["color"], alpha=0.12)
+        length_axis(ax, lengths)
+        mark_train_len(ax, {config.train_len})
+        ax.set(ylim=(-0.03, 1.03), xlabel="input length (tokens)")
+        ax.set_title(TASK_TITLES[task], fontsize=12)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel("exact match (share of sequences)")
+    axes[-1].legend(fontsize=10, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    panel.suptitle("Retrieval beyond the training length", fontsize=13)
+    return save(fig, path)
+
+
+def plot_learned_priors(config: RetrievalStudyConfig, curves: dict, summary: dict, path: Path) -> Path:
+    """Seed 0's log-prior for the last query of the longest input against the key's distance, one
+    panel per mechanism with a prior, one line per (layer, head)."""
+    longest = config.lengths()[-1]
+    caption = (
+        f"What each learned prior tells attention (seed {config.seeds[0]}): the log-prior added to the "
+        f"score of a key d tokens before the last query of a {longest}-token input, against d (log scale), "
+        "one line per layer and head, each shifted so that its largest value is 0. A needle whose log-prior "
+        "lies far below the nearby keys' needs a content score that much larger to be found. The dotted "
+        "line is the training length."
+    )
+    n = len(curves)
+    cols = min(n, 4)
+    rows = -(-n // cols)
+    fig, panel = captioned_figure((4.4 * cols, 3.6 * rows), caption, fontsize=11)
+    axes = np.atleast_1d(panel.subplots(rows, cols, squeeze=False)).ravel()
+    for ax, (mechanism, curve) in zip(axes, curves.items()):
+        distance = np.asarray(curve["distance"]) + 1  # log axis: d + 1
+        for layer, heads in enumerate(curve["layers"]):
+            if heads is None:
+                continue
+            for head, values in enumerate(heads):
+                values = np.asarray(values)
+                ax.plot(distance, values - values.max(), linestyle="-" if layer == 0 else "--",
+                        label=f"layer {layer}, head {head}")  # fmt: skip
+        ax.axvline(config.train_len, color="0.5", linestyle=":", linewidth=1)
+        ax.set(xscale="log", xlabel="key distance d + 1 (tokens)", ylabel="log-prior (max = 0)")
+        ax.set_title(summary[mechanism]["label"], fontsize=12, color=style(mechanism)["color"])
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend(fontsize=9)
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    panel.suptitle("The log-priors the models learned", fontsize=13)
+    return save(fig, path)

@@ -1,0 +1,400 @@
+"""What the retrieval study shows: accuracies with intervals, the seeds' claims judged, figures, HTML.
+
+Counts are pooled over depths, prompts and the seeds that retrieve at ``T`` per (mechanism, task,
+length) (:func:`summarize`); the 95% interval is Wilson's on the pooled count
+(:func:`~priorattn.eval.verdicts.wilson_interval`). Each seed's own accuracy is kept beside it, so a
+spread between seeds wider than the interval is visible. A claim about a mechanism beyond ``T`` is
+judged only when it retrieves at ``T`` (pooled accuracy at least
+:data:`~priorattn.studies.retrieval.study.RETRIEVES_AT_T` on every task the claim is about); otherwise
+the report says so for that mechanism.
+"""
+
+from __future__ import annotations
+
+import html
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...eval.pages import STYLE, image, table
+from ...eval.verdicts import Estimate, compare_to, wilson_interval, winner
+from ...files import prepare_out, write_atomic, write_json_atomic
+from .study import (
+    POSITIONS,
+    RETRIEVES_AT_T,
+    SSMAX,
+    RetrievalStudyConfig,
+    label_of,
+    train_and_score,
+)
+
+KEEPS = 0.9  # "keeps near-perfect accuracy": the interval lies above this
+COLLAPSES = 0.5  # "collapses" / "fades" / "struggles": the interval lies below this
+TASK_NAMES = {"passkey": "passkey", "niah": "multi-key NIAH", "mqar": "MQAR"}
+
+
+def summarize(config: RetrievalStudyConfig, runs: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per mechanism: label, and per task ``lengths``, pooled ``correct`` / ``trials`` and
+    ``accuracy`` per length with its Wilson ``low`` / ``high``, the ``heatmap`` ``[length][depth]``,
+    ``at_train_len``, every seed's accuracies ``per_seed`` ``[seed][length]``, and which seeds were
+    pooled (``seeds_used``) or left out (``seeds_left_out``).
+
+    The question beyond ``T`` is whether a model that retrieves at ``T`` still does, so a task's
+    numbers pool the seeds that retrieve at ``T`` (accuracy at least :data:`RETRIEVES_AT_T`); a seed
+    that does not is left out of them and named. When no seed does, all are pooled, and the task
+    cannot be judged (``at_train_len`` below the threshold)."""
+    summary = {}
+    for mechanism, seeds in runs.items():
+        tasks = {}
+        for task in config.tasks:
+            scored = [run["tasks"][task] for run in seeds]
+            per_seed = [
+                (np.asarray(s["correct"]).sum(1) / (s["prompts"] * len(s["depths"]))).tolist() for s in scored
+            ]
+            used = [i for i, accuracy in enumerate(per_seed) if accuracy[0] >= RETRIEVES_AT_T]
+            used = used or list(range(len(scored)))
+            correct = np.sum([np.asarray(scored[i]["correct"]) for i in used], axis=0)  # (lengths, depths)
+            per_cell = scored[0]["prompts"] * len(used)
+            trials = per_cell * correct.shape[1]
+            intervals = [wilson_interval(int(c), trials) for c in correct.sum(1)]
+            tasks[task] = dict(
+                lengths=scored[0]["lengths"],
+                depths=scored[0]["depths"],
+                correct=correct.sum(1).tolist(),
+                trials=trials,
+                accuracy=[e.value for e in intervals],
+                low=[e.low for e in intervals],
+                high=[e.high for e in intervals],
+                per_seed=per_seed,
+                seeds_used=[seeds[i]["seed"] for i in used],
+                seeds_left_out=[run["seed"] for i, run in enumerate(seeds) if i not in used],
+                heatmap=(correct / per_cell).tolist(),
+                at_train_len=intervals[0].value,
+            )
+        summary[mechanism] = dict(
+            label=label_of(mechanism),
+            retrieves_at_train_len=all(t["at_train_len"] >= RETRIEVES_AT_T for t in tasks.values()),
+            tasks=tasks,
+            final_loss=[run["training"]["final_loss"] for run in seeds],
+            train_seconds=[run["training"]["seconds"] for run in seeds],
+            train_steps=[run["training"].get("steps") for run in seeds],
+        )
+    return summary
+
+
+def longest(summary: dict, mechanism: str, task: str) -> Estimate:
+    t = summary[mechanism]["tasks"][task]
+    return Estimate(t["accuracy"][-1], t["low"][-1], t["high"][-1])
+
+
+def reach(task_summary: dict) -> int | None:
+    """The longest length up to which every length's interval lies above :data:`KEEPS`."""
+    reached = None
+    for n, low in zip(task_summary["lengths"], task_summary["low"]):
+        if low < KEEPS:
+            break
+        reached = n
+    return reached
+
+
+def unjudged(summary: dict, mechanisms: list[str], tasks: list[str]) -> str | None:
+    """Why a claim about ``mechanisms`` on ``tasks`` cannot be judged, or None when it can."""
+    for mechanism in mechanisms:
+        for task in tasks:
+            at_t = summary[mechanism]["tasks"][task]["at_train_len"]
+            if at_t < RETRIEVES_AT_T:
+                return (
+                    f"cannot be judged: {label_of(mechanism)} reaches "
+                    f"only {at_t:.2f} on the {TASK_NAMES[task]} "
+                    f"at the training length (needs {RETRIEVES_AT_T})"
+                )
+    return None
+
+
+# (claim, source, position, expected: "keeps" | "collapses", tasks it is about (None: every task run))
+CLAIMS = (
+    (
+        "BAM + SSMax keeps passkey accuracy far beyond T",
+        "seed 003 Sec. 3.1, Fig. 2",
+        "bam+ssmax",
+        "keeps",
+        ("passkey",),
+    ),
+    ("BAM keeps passkey accuracy beyond T", "seed 003 Sec. 3.1, App. F.4", "bam", "keeps", ("passkey",)),
+    ("GOAT keeps near-perfect retrieval far beyond T", "seed 000 Fig. 3", "goat", "keeps", None),
+    ("RoPE collapses beyond T", "seed 000 Fig. 3; seed 003 Fig. 2", "rope", "collapses", None),
+    ("RoPE with position interpolation collapses beyond T", "seed 000 Fig. 3", "rope_pi", "collapses", None),
+    ("Sinusoidal collapses beyond T", "seed 000 Fig. 3; seed 003 Fig. 2", "sinusoidal", "collapses", None),
+    ("NoPE degrades to near-random beyond T", "seed 003 Fig. 2", "nope", "collapses", ("passkey",)),
+    (
+        "Even ALiBi struggles at very long contexts",
+        "seed 003 Sec. 3.1, Fig. 2",
+        "alibi",
+        "collapses",
+        ("passkey",),
+    ),
+)
+
+
+def seed_claims(config: RetrievalStudyConfig, summary: dict) -> list[dict]:
+    """Each seed claim whose mechanism was run, judged at the longest length: ``agrees`` True /
+    False, or None with the reason (``"within noise"``: the interval straddles the threshold;
+    or the mechanism does not retrieve at T)."""
+    longest_len = config.lengths()[-1]
+    found = []
+    for claim, source, mechanism, expected, about in CLAIMS:
+        if mechanism not in summary:
+            continue
+        tasks = [t for t in config.tasks if about is None or t in about]
+        if not tasks:
+            continue
+        threshold = KEEPS if expected == "keeps" else COLLAPSES
+        estimates = {t: longest(summary, mechanism, t) for t in tasks}
+        measured = "; ".join(
+            f"{TASK_NAMES[t]} {e.value:.2f} [{e.low:.2f}, {e.high:.2f}] at {longest_len} tokens "
+            f"({config.factors[-1]}x T), {summary[mechanism]['tasks'][t]['at_train_len']:.2f} at T"
+            for t, e in estimates.items()
+        )
+        reason = unjudged(summary, [mechanism], tasks)
+        agrees = None
+        if reason is None:
+            sides = {compare_to(e, threshold) for e in estimates.values()}
+            wanted = "above" if expected == "keeps" else "below"
+            if sides == {wanted}:
+                agrees = True
+            elif "within noise" in sides:
+                reason = f"within noise: the interval includes {threshold}"
+            else:
+                agrees = False
+        found.append(dict(claim=claim, source=source, measured=measured, agrees=agrees, reason=reason))
+    return found
+
+
+def ssmax_effects(config: RetrievalStudyConfig, summary: dict) -> list[dict]:
+    """For every position run with and without SSMax: which is better at the longest length, per
+    task (``winner``: a label, or None when the intervals do not separate them; ``judged``: None, or
+    why the pair cannot be judged), so a result can be told apart as the prior's or SSMax's (seed 003
+    compares BAM with BAM SSMax)."""
+    effects = []
+    for mechanism in summary:
+        with_ssmax = mechanism + SSMAX
+        if mechanism.endswith(SSMAX) or with_ssmax not in summary:
+            continue
+        for task in config.tasks:
+            pair = {m: longest(summary, m, task) for m in (mechanism, with_ssmax)}
+            best = winner(pair, higher_is_better=True)
+            effects.append(
+                dict(
+                    position=mechanism,
+                    task=task,
+                    without=asdict(pair[mechanism]),
+                    with_ssmax=asdict(pair[with_ssmax]),
+                    winner=None if best.best is None else label_of(best.best),
+                    judged=unjudged(summary, [mechanism, with_ssmax], [task]),
+                )
+            )
+    return effects
+
+
+def winners(config: RetrievalStudyConfig, summary: dict) -> list[dict]:
+    """Per task, the best mechanism at the longest length, or the tie of those not separated."""
+    found = []
+    for task in config.tasks:
+        judged = {
+            m: longest(summary, m, task)
+            for m in summary
+            if summary[m]["tasks"][task]["at_train_len"] >= RETRIEVES_AT_T
+        }
+        if not judged:
+            continue
+        best = winner(judged, higher_is_better=True)
+        found.append(
+            dict(
+                task=task,
+                winner=None if best.best is None else label_of(best.best),
+                tied=[label_of(m) for m in best.tied],
+            )
+        )
+    return found
+
+
+def run_retrieval_study(
+    config: RetrievalStudyConfig,
+    out: str | Path,
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    log=print,
+    report: bool = True,
+) -> dict:
+    """The retrieval study (:mod:`priorattn.studies.retrieval.study`) into ``out``: every (mechanism,
+    seed) trained and scored (:func:`~priorattn.studies.retrieval.study.train_and_score`; ``workers``
+    processes side by side, so call it under ``if __name__ == "__main__":`` in a script, as
+    ``multiprocessing`` requires), then ``results.json``, the figures and (``report=True``)
+    ``report.html``. Returns the results."""
+    out = prepare_out(out)
+    runs, workers = train_and_score(config, out, workers=workers, progress=progress, log=log)
+    return write_study(config, runs, out, workers=workers, standalone=report)
+
+
+def write_study(
+    config: RetrievalStudyConfig, runs: dict, out: Path, *, workers: int, standalone: bool
+) -> dict:
+    """``results.json`` and the figures into ``out`` (and ``report.html`` when ``standalone``);
+    returns the results, with ``figures`` naming the files."""
+    from .figures import draw_study_figures
+
+    summary = summarize(config, runs)
+    data = dict(
+        created=time.strftime("%Y-%m-%d %H:%M"),
+        config=asdict(config),
+        smoke=config.smoke,
+        environment=dict(
+            torch=torch.__version__, python=platform.python_version(), workers=workers, threads_per_worker=1
+        ),
+        summary=summary,
+        seed_claims=seed_claims(config, summary),
+        ssmax=ssmax_effects(config, summary),
+        winners=winners(config, summary),
+        runs=runs,
+    )
+    data["figures"] = {k: str(p) for k, p in draw_study_figures(config, data, out).items()}
+    write_json_atomic(out / "results.json", data)
+    if standalone:
+        page = "<!doctype html><html><head><meta charset='utf-8'><title>priorattn retrieval</title>"
+        page += f"<style>{STYLE}</style></head><body>{study_html(data, out, level=1)}</body></html>\n"
+        write_atomic(out / "report.html", lambda tmp: tmp.write_text(page, encoding="utf-8"))
+    return data
+
+
+VERDICTS = {
+    True: "<span class='agree'>agrees</span>",
+    False: "<span class='differ'>differs</span>",
+    None: "<span class='untested'>not judged</span>",
+}
+
+
+def study_html(data: dict, out: Path, level: int = 2) -> str:
+    """The study as HTML: what was run, the claims judged, the tables and the figures (embedded)."""
+    config = RetrievalStudyConfig(**data["config"])
+    h = f"h{level}"
+    sub = f"h{level + 1}"
+    summary = data["summary"]
+    lengths = config.lengths()
+    tasks = ", ".join(TASK_NAMES[t] for t in config.tasks)
+    parts = [f"<{h}>Retrieval beyond the training length (synthetic tasks)</{h}>"]
+    if data["smoke"]:
+        parts.append(
+            f"<p class='differ'>A smoke run (budget {config.budget:g}, {config.steps} steps): its numbers "
+            "judge nothing; run with the default budget for the study.</p>"
+        )
+    shift = " with a token shift" if config.token_shift else ""
+    parts.append(
+        f"<p>{len(summary)} mechanisms x {len(config.seeds)} seeds, each a {config.n_layers}-layer model of "
+        f"width {config.d_model} ({config.n_heads} heads){shift}, trained on {config.batch_size} sequences "
+        f"a step of {tasks} (answers only in the loss) at lengths up to T = {config.train_len} until it "
+        f"answered every check sequence at T exactly (at most {config.steps} steps), then scored on the "
+        f"same sequences at {lengths[0]} to {lengths[-1]} tokens ({config.depths} needle depths x "
+        f"{config.prompts} sequences per seed). Exact match: every answer token is the model's argmax "
+        "(teacher-forced, the same as greedy decoding). A task's numbers pool the seeds that retrieve "
+        f"at T (accuracy >= {RETRIEVES_AT_T}); intervals are Wilson 95% over their sequences. A claim is "
+        f"judged only where the mechanism retrieves at T; 'keeps' means the interval lies above {KEEPS}, "
+        f"'collapses' below {COLLAPSES}, and 'within noise' that it contains the threshold.</p>"
+    )
+    left_out = [
+        f"{s['label']} seed {seed} on the {TASK_NAMES[task]} "
+        f"({t['per_seed'][config.seeds.index(seed)][0]:.2f} at T)"
+        for s in summary.values()
+        for task, t in s["tasks"].items()
+        for seed in t["seeds_left_out"]
+    ]
+    if left_out:
+        parts.append(
+            "<p>Left out of the pooled numbers, as they do not retrieve at T: "
+            + html.escape("; ".join(left_out))
+            + ".</p>"
+        )
+    parts.append(f"<{sub}>Against the seeds' claims</{sub}><ul>")
+    for c in data["seed_claims"]:
+        why = f" ({html.escape(c['reason'])})" if c["reason"] else ""
+        parts.append(
+            f"<li>{html.escape(c['claim'])} ({html.escape(c['source'])}): {VERDICTS[c['agrees']]}{why}. "
+            f"Measured: {html.escape(c['measured'])}.</li>"
+        )
+    parts.append("</ul>")
+    if data["ssmax"]:
+        parts.append(f"<{sub}>Prior or SSMax?</{sub}><ul>")
+        for e in data["ssmax"]:
+            a, b = e["without"], e["with_ssmax"]
+            verdict = e["judged"] or (f"{e['winner']} is better" if e["winner"] else "a tie within noise")
+            parts.append(
+                f"<li>{html.escape(POSITIONS[e['position']][0])} on "
+                f"the {TASK_NAMES[e['task']]} at {lengths[-1]} "
+                f"tokens: without SSMax {a['value']:.2f} [{a['low']:.2f}, {a['high']:.2f}], with "
+                f"{b['value']:.2f} [{b['low']:.2f}, {b['high']:.2f}]: {html.escape(verdict)}.</li>"
+            )
+        parts.append("</ul>")
+    parts.append(f"<{sub}>Best at {lengths[-1]} tokens</{sub}><ul>")
+    for w in data["winners"]:
+        text = w["winner"] or "a tie within noise between " + ", ".join(w["tied"])
+        parts.append(f"<li>{TASK_NAMES[w['task']]}: <b>{html.escape(text)}</b></li>")
+    parts.append("</ul>")
+    figures = {k: Path(p) for k, p in data["figures"].items()}
+    parts.append(image(figures["accuracy"], "exact match against length"))
+    for task in config.tasks:
+        rows = []
+        for s in summary.values():
+            t = s["tasks"][task]
+            cells = [f"{a:.2f} [{lo:.2f}, {hi:.2f}]" for a, lo, hi in zip(t["accuracy"], t["low"], t["high"])]
+            r = reach(t)
+            rows.append([html.escape(s["label"]), *cells, "—" if r is None else str(r)])
+        parts.append(
+            table(
+                ["mechanism", *map(str, lengths), "holds >= 0.9 to"],
+                rows,
+                f"{TASK_NAMES[task]}: exact match per length, pooled "
+                "over seeds and depths, [Wilson 95%]; the "
+                "last column is the longest length up to which the whole interval stays above 0.9.",
+            )
+        )
+        parts.append(image(figures[f"heatmap_{task}"], f"{task} heatmaps"))
+    parts.append(f"<{sub}>What the priors learned</{sub}>")
+    if "priors" in figures:
+        parts.append(image(figures["priors"], "learned log-priors"))
+    parts.append(learned_table(data))
+    parts.append(
+        f"<p>Every number here is in <code>{html.escape(str(out / 'results.json'))}</code>; each model's "
+        "weights, training log and scores are in its directory under <code>models/</code>.</p>"
+    )
+    return "".join(parts)
+
+
+def learned_table(data: dict) -> str:
+    """Per mechanism with something learned, seed by seed: the parameters, layer by layer."""
+    rows = []
+    for mechanism, seeds in data["runs"].items():
+        for run in seeds:
+            for layer, found in enumerate(run["learned"]):
+                for kind, values in found.items():
+                    text = "; ".join(
+                        f"{name} {fmt(v)}"
+                        for name, v in values.items()
+                        if name != "sink_positions" and v is not None
+                    )
+                    rows.append([html.escape(label_of(mechanism)), str(run["seed"]), str(layer), kind, text])
+    if not rows:
+        return ""
+    return table(
+        ["mechanism", "seed", "layer", "part", "per head"],
+        rows,
+        "Learned parameters per head: GGD's alpha (scale), beta (shape), mu (location) as seed 003 App. C "
+        "defines them; GOAT's recency slope and its sink u(j) at j = 0, T, 4T, 64T (rows: heads); SSMax's s.",
+    )
+
+
+def fmt(values) -> str:
+    return np.array2string(np.asarray(values, dtype=float), precision=3, separator=", ", suppress_small=True)
