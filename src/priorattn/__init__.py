@@ -4,7 +4,7 @@ Attention logits = content score + a learnable log-prior over positions:
 ``softmax_j(scale <q_i, k_j> + K_h(i, j))``. See ``priorattn.attention`` and ``priorattn.priors``.
 """
 
-from . import encodings, eot, models, priors
+from . import encodings, eot, models, priors, scalar  # scalar registers its attention mechanisms
 from .checks import set_value_checks
 from .functional import attention
 from .layers import KVCache, PriorMultiheadAttention
@@ -19,6 +19,7 @@ __all__ = [
     "eot",
     "models",
     "priors",
+    "scalar",
     "set_value_checks",
 ]
 __version__ = "0.1.0"

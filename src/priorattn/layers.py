@@ -1,4 +1,7 @@
-"""``PriorMultiheadAttention``: drop-in self-attention with a prior, RoPE, SSMax and a KV cache."""
+"""``PriorMultiheadAttention``: drop-in self-attention with a prior, RoPE, SSMax and a KV cache.
+
+Registers the ``"standard"`` attention mechanism of a GPT (:mod:`priorattn.mechanisms`).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from .encodings import RoPE, Sinusoidal
 from .functional import attention
 from .functional.api import check_normalizer, check_options
 from .functional.sdpa import is_decode_step, to_width
+from .mechanisms import register_mechanism
 from .priors import Prior
 from .ssmax import SSMax
 
@@ -395,3 +399,25 @@ def _ssmax(ssmax: SSMax | bool | None, num_heads: int) -> SSMax | None:
     if ssmax.num_heads != num_heads:
         raise ValueError(f"ssmax has {ssmax.num_heads} heads but num_heads={num_heads}")
     return ssmax
+
+
+def standard_attention(config, prior: Prior | None) -> PriorMultiheadAttention:
+    """One block's attention for a ``GPTConfig`` with ``attention="standard"``: every head
+    dot-product, with the config's RoPE (``"local_rope"``'s window is ``config.window``), SSMax,
+    grouped key/value heads, window, route and normalizer."""
+    return PriorMultiheadAttention(
+        config.d_model,
+        config.n_heads,
+        prior=prior,
+        encoding="rope" if config.encoding in ("rope", "local_rope") else None,
+        rope_interpolation=config.rope_interpolation,
+        ssmax=config.ssmax,
+        num_kv_heads=config.n_kv_heads,
+        head_dim=config.head_dim,
+        window=config.window,
+        backend=config.backend,
+        normalizer=config.normalizer,
+    )
+
+
+register_mechanism("standard", standard_attention)

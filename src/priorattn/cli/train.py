@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 
 from ..data import KINDS as TOKENIZERS
+from ..mechanisms import mechanism_names
 from ..models.gpt import ENCODINGS, GPTConfig
 from ..models.presets import PRESETS
-from ..scalar.model import ATTENTIONS
 from ..scalar.temperature import TAU_KINDS
 from ..train.config import OPTIMIZERS, POSITIONS, TrainConfig
 from .configs import Flag, add_config_flags, given
@@ -59,7 +59,7 @@ MODEL_FLAGS = {
     ),
     "backend": Flag(help="attention route (auto)"),
     "normalizer": Flag(help="attention map: softmax, sparsemax, entmax15 or an entmax alpha > 1 (softmax)"),
-    "attention": Flag(group=SCALAR, choices=ATTENTIONS, help="head kind (standard)"),
+    "attention": Flag(group=SCALAR, help="head kind (standard)"),  # choices: the registry's, when built
     "scalar_heads": Flag(group=SCALAR, type=int_at_least(1), help="scalar heads of mixed layers (half)"),
     "scalar_groups": Flag(group=SCALAR, type=int_at_least(1), help="value groups of scalar heads (1 each)"),
     "scalar_tau": Flag(
@@ -222,7 +222,9 @@ def add_train_parser(commands) -> None:
         action="store_true",
         help="continue the run in --out with its arguments (those given must match; --steps may be raised)",
     )
-    add_config_flags(groups, GPTConfig, "model", MODEL_FLAGS, skip=SHARED, default="the preset's")
+    attention = dataclasses.replace(MODEL_FLAGS["attention"], choices=mechanism_names())
+    model_flags = MODEL_FLAGS | {"attention": attention}
+    add_config_flags(groups, GPTConfig, "model", model_flags, skip=SHARED, default="the preset's")
     add_config_flags(groups, TrainConfig, "optimization", TRAIN_FLAGS)
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=train, parser=p)

@@ -1,4 +1,4 @@
-"""A decoder-only language model whose every attention layer is a ``PriorMultiheadAttention``.
+"""A decoder-only language model whose attention layers come from the mechanism registry.
 
 Llama-shaped (seed 003 App. C): token embedding, ``n_layers`` pre-norm blocks
 ``x + attn(norm(x))``, ``x + SwiGLU(norm(x))``, a final RMSNorm and a linear head (optionally tied to
@@ -12,6 +12,7 @@ embeddings (``encoding="sinusoidal"``), or not at all (NoPE: ``prior="uniform", 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -23,16 +24,9 @@ from ..data.packing import IGNORE_INDEX
 from ..encodings import Sinusoidal
 from ..functional import BACKENDS
 from ..functional.api import check_normalizer
-from ..layers import KVCache, PriorMultiheadAttention
+from ..layers import KVCache
+from ..mechanisms import AuxLosses, aux_losses, check_attention_config, decoding_path, mechanism
 from ..priors import GGD, GOAT, ALiBi, Prior, Sum
-from ..scalar.model import (
-    attention_layer,
-    attention_parts,
-    check_attention_config,
-    prior_heads,
-    sorted_caches,
-)
-from ..scalar.sorted_decoding import SortedDecoding
 from ..token_shift import LayerCaches, TokenShift
 
 PRIORS = ("uniform", "alibi", "ggd", "goat")
@@ -78,8 +72,10 @@ class GPTConfig:
       on the reference route).
     - ``goat_*``: GOAT's frequencies ``R``, key-only sink ``u(j)`` (its MLP's sinusoidal inputs and
       hidden width) and key-linear slope; it folds into ``2R + sink + slope`` lanes of each head.
-    - ``attention``: ``"standard"``, ``"scalar"``, ``"hybrid"`` or ``"mixed"`` heads (seed 002), with
-      the ``scalar_*`` fields configuring the scalar heads (:mod:`priorattn.scalar.model`).
+    - ``attention``: the attention mechanism of every block, a name in the registry
+      (:mod:`priorattn.mechanisms`): ``"standard"``, or ``"scalar"``, ``"hybrid"`` or ``"mixed"``
+      heads (seed 002), with the ``scalar_*`` fields configuring the scalar heads
+      (:mod:`priorattn.scalar.model`).
     - ``token_shift``: each token embedding ``e_t`` becomes ``e_t + W e_{t-1}`` before anything else
       (sinusoids included), with ``W`` a learned ``d_model x d_model`` matrix starting at zero
       (:class:`~priorattn.token_shift.TokenShift`; RWKV's token shift, Olsson et al. 2022's smeared
@@ -240,22 +236,7 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig, prior: Prior | None):
         super().__init__()
         self.attn_norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
-        if config.attention != "standard":
-            self.attn = attention_layer(config, prior)
-        else:
-            self.attn = PriorMultiheadAttention(
-                config.d_model,
-                config.n_heads,
-                prior=prior,
-                encoding="rope" if config.encoding in ("rope", "local_rope") else None,
-                rope_interpolation=config.rope_interpolation,
-                ssmax=config.ssmax,
-                num_kv_heads=config.n_kv_heads,
-                head_dim=config.head_dim,
-                window=config.window,
-                backend=config.backend,
-                normalizer=config.normalizer,
-            )
+        self.attn = mechanism(config.attention).build(config, prior)
         self.attn_dropout = nn.Dropout(config.dropout)
         self.mlp_norm = nn.RMSNorm(config.d_model, eps=config.norm_eps)
         self.mlp = SwiGLU(config.d_model, config.mlp_hidden, config.dropout)
@@ -294,19 +275,28 @@ class GPT(nn.Module):
     def _init_weights(self) -> None:
         """nanoGPT's init: N(0, 0.02), residual projections scaled by ``1/sqrt(2 n_layers)``.
 
-        Priors and SSMax keep their own init (uniform prior, zero sink output, ``s = 1``), and so
-        does the token shift (``W = 0``).
+        The projections are those of every module inside a block's attention that has ``q_proj``,
+        ``k_proj``, ``v_proj`` and ``out_proj`` (a mixed layer's dot-product and scalar heads, in
+        that order). Priors and SSMax keep their own init (uniform prior, zero sink output,
+        ``s = 1``), and so does the token shift (``W = 0``).
         """
         std = 0.02
         nn.init.normal_(self.embed.weight, std=std)
         if not self.config.tie_embeddings:
             nn.init.normal_(self.head.weight, std=std)
         for block in self.blocks:
-            attns, mlp = attention_parts(block.attn), block.mlp
+            attns, mlp = [m for m in block.attn.modules() if _has_projections(m)], block.mlp
             for linear in (*(p for a in attns for p in (a.q_proj, a.k_proj, a.v_proj)), mlp.gate, mlp.up):
                 nn.init.normal_(linear.weight, std=std)
             for linear in (*(a.out_proj for a in attns), mlp.down):  # each adds to the residual stream
                 nn.init.normal_(linear.weight, std=std / math.sqrt(2 * self.config.n_layers))
+
+    def aux_losses(self, settings: Mapping[str, object]) -> AuxLosses:
+        """The auxiliary losses this model adds to its training loss, weighed and scheduled by the
+        training ``settings`` (:meth:`priorattn.train.TrainConfig.regularization`): those of every
+        package registered in :mod:`priorattn.mechanisms` (scalar heads' regularizers, seed 002).
+        A setting that asks for a loss this model's layers cannot give is a ``ValueError``."""
+        return aux_losses(self, settings)
 
     @property
     def reads_absolute_positions(self) -> bool:
@@ -392,7 +382,7 @@ class GPT(nn.Module):
         top_k: int | None = None,
         greedy: bool = False,
         generator: torch.Generator | None = None,
-        sorted_decoding: SortedDecoding | None = None,
+        sorted_decoding: object | None = None,
     ) -> Tensor:
         """Extend ``tokens: (B, L)`` by ``max_new_tokens``: ``(B, L + max_new_tokens)``.
 
@@ -401,10 +391,12 @@ class GPT(nn.Module):
         generations may run past the training length (how well the model extrapolates is the
         experiment, not a limit here). Call ``model.eval()`` first if ``dropout > 0``.
 
-        ``sorted_decoding``: after the prefill, scalar heads read a cache sorted by scalar key and
-        attend over the ``window`` keys nearest each query (seed 002 "Binary Search at Inference",
-        :func:`priorattn.scalar.model.sorted_caches`; one sequence, B = 1). Scalar heads whose tau is
-        length-scaled (``config.scalar_tau_length_scaling``, set by
+        ``sorted_decoding``: a decoding option registered by a mechanism package
+        (:func:`priorattn.mechanisms.register_decoding`), whose path replaces the caches after the
+        prefill. A :class:`priorattn.scalar.SortedDecoding`: scalar heads read a cache sorted by
+        scalar key and attend over the ``window`` keys nearest each query (seed 002 "Binary Search
+        at Inference", :func:`priorattn.scalar.model.sorted_caches`; one sequence, B = 1). Scalar
+        heads whose tau is length-scaled (``config.scalar_tau_length_scaling``, set by
         :func:`priorattn.scalar.model.set_tau_length_scaling`) apply it in both caches alike.
         """
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -413,11 +405,10 @@ class GPT(nn.Module):
             raise ValueError(f"temperature must be > 0 (or use greedy=True), got {temperature!r}")
         if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
-        if sorted_decoding is not None and not isinstance(sorted_decoding, SortedDecoding):
-            raise TypeError(f"sorted_decoding must be a SortedDecoding, got {type(sorted_decoding).__name__}")
+        decode = None if sorted_decoding is None else decoding_path("sorted_decoding", sorted_decoding)
         logits, _, caches = self(tokens)  # prefill: (B, L, V)
-        if sorted_decoding is not None:
-            caches = sorted_caches(self, caches, sorted_decoding)
+        if decode is not None:
+            caches = decode(self, caches, sorted_decoding)
         for step in range(max_new_tokens):
             if greedy:
                 next_token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
@@ -436,6 +427,15 @@ class GPT(nn.Module):
         """
         total = sum(p.numel() for p in self.parameters())
         return total if embedding else total - self.embed.weight.numel()
+
+
+def prior_heads(config: GPTConfig) -> int:
+    """How many heads of a layer its prior serves, as the config's attention mechanism says."""
+    return mechanism(config.attention).prior_heads(config)
+
+
+def _has_projections(module: nn.Module) -> bool:
+    return all(hasattr(module, name) for name in ("q_proj", "k_proj", "v_proj", "out_proj"))
 
 
 def token_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:

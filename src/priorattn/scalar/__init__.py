@@ -6,13 +6,19 @@
 - :class:`Temperature`: the learnable bandwidth (global, per head, per token; optional cap).
 - :class:`SortedScalarCache`: decoding that reads only the keys nearest each query's scalar;
   :class:`SortedDecoding` runs ``GPT.generate`` through it.
-- :mod:`.regularizers`: ``L_align``, ``L_spread``, ``L_tau`` and their schedule (:class:`Regularization`).
+- :mod:`.regularizers`: ``L_align``, ``L_spread``, ``L_tau`` and their schedule (:class:`Regularization`);
+  :class:`Regularizer` makes them a model's auxiliary training losses.
+
+Importing the package registers (:mod:`.model`, :mod:`priorattn.mechanisms`) the ``"scalar"``,
+``"hybrid"`` and ``"mixed"`` attention of a GPT, the check of its ``scalar_*`` fields, the
+regularizers and sorted-cache decoding.
 
 See ``docs/scalar.md``.
 """
 
 from .functional import scalar_attention
 from .layers import MixedCache, MixedMultiheadAttention, ScalarMultiheadAttention
+from .model import Regularizer
 from .regularizers import Regularization, align_from_moments, align_values, spread_loss, tau_loss
 from .sorted_cache import DecodeStep, DensityMerge, GeometricEviction, SortedScalarCache
 from .sorted_decoding import SortedDecoding, SortedLayerCache
@@ -26,6 +32,7 @@ __all__ = [
     "MixedCache",
     "MixedMultiheadAttention",
     "Regularization",
+    "Regularizer",
     "ScalarMultiheadAttention",
     "SortedDecoding",
     "SortedLayerCache",

@@ -1,4 +1,9 @@
-"""How a :class:`~priorattn.models.GPTConfig` selects scalar attention: its ``attention`` field.
+"""How a :class:`~priorattn.models.GPTConfig` selects scalar attention, and what this package
+registers for a GPT (:mod:`priorattn.mechanisms`): the mechanisms ``"scalar"``, ``"hybrid"`` and
+``"mixed"``, the check of the ``scalar_*`` fields, the regularizers as auxiliary losses, and
+sorted-cache decoding.
+
+The config's ``attention`` field:
 
 - ``"standard"``: every head dot-product (``PriorMultiheadAttention``), the default, and what a run
   saved before the field existed loads as.
@@ -21,23 +26,35 @@ dot-product heads of ``"mixed"`` layers.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import fields
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from ..functional.normalizers import regularizer
+from ..mechanisms import (
+    AuxLosses,
+    register_aux_losses,
+    register_config_check,
+    register_decoding,
+    register_mechanism,
+)
 from ..priors import Prior
 from ..token_shift import LayerCaches
 from .layers import MixedCache, MixedMultiheadAttention, ScalarMultiheadAttention
+from .regularizers import Regularization
 from .sorted_decoding import SortedDecoding, SortedLayerCache
 from .temperature import TAU_FLOOR, TAU_KINDS, check_train_length
 
-ATTENTIONS = ("standard", "scalar", "hybrid", "mixed")
+#: The mechanisms this package registers: the values of ``attention`` with scalar heads.
+KINDS = ("scalar", "hybrid", "mixed")
 
 
-def check_attention_config(config) -> None:
-    """Check (and resolve defaults of) a ``GPTConfig``'s attention fields, naming the field."""
-    if config.attention not in ATTENTIONS:
-        raise ValueError(f"attention must be one of {ATTENTIONS}, got {config.attention!r}")
+def check_scalar_config(config) -> None:
+    """Check (and resolve defaults of) a ``GPTConfig``'s ``scalar_*`` fields, naming the field: run
+    on every config (:func:`~priorattn.mechanisms.register_config_check`), since the fields that
+    shape scalar heads are refused for a mechanism without them."""
     if config.scalar_tau not in TAU_KINDS:
         raise ValueError(f"scalar_tau must be one of {TAU_KINDS}, got {config.scalar_tau!r}")
     init, cap = config.scalar_tau_init, config.scalar_tau_cap
@@ -47,7 +64,7 @@ def check_attention_config(config) -> None:
     if cap is not None and not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap > init):
         raise ValueError(f"scalar_tau_cap must be a finite number above scalar_tau_init={init}, got {cap!r}")
     check_train_length(config.scalar_tau_length_scaling, "scalar_tau_length_scaling")
-    if config.attention == "standard":
+    if config.attention not in KINDS:
         names = ("scalar_heads", "scalar_groups", "scalar_tau_length_scaling")
         given = [name for name in names if getattr(config, name) is not None]
         if given or config.scalar_sink:
@@ -91,7 +108,9 @@ def check_attention_config(config) -> None:
 
 def scalar_heads(config) -> int:
     """How many heads of a layer are scalar."""
-    return {"standard": 0, "mixed": config.scalar_heads}.get(config.attention, config.n_heads)
+    if config.attention not in KINDS:
+        return 0
+    return config.scalar_heads if config.attention == "mixed" else config.n_heads
 
 
 def prior_heads(config) -> int:
@@ -100,7 +119,7 @@ def prior_heads(config) -> int:
 
 
 def attention_layer(config, prior: Prior | None) -> nn.Module:
-    """The attention of one block for ``config.attention`` other than ``"standard"``."""
+    """The attention of one block for ``config.attention`` in :data:`KINDS`."""
     scalar = dict(
         value_groups=config.scalar_groups,
         tau=config.scalar_tau,
@@ -137,8 +156,10 @@ def set_tau_length_scaling(model, train_len: int | None) -> None:
     read it."""
     config = model.config
     attention = getattr(config, "attention", "standard")  # a transformers model (hf-extend) has none
-    if attention == "standard":
-        raise ValueError("tau length scaling changes scalar heads, and this model has attention='standard'")
+    if attention not in KINDS:
+        raise ValueError(
+            f"tau length scaling changes scalar heads, and this model has attention={attention!r}"
+        )
     check_train_length(train_len)
     config.scalar_tau_length_scaling = train_len
     for block in model.blocks:
@@ -163,9 +184,9 @@ def sorted_caches(model, caches: list, decoding: SortedDecoding) -> LayerCaches:
     (a mixed layer's dot-product heads keep their ``KVCache``), for sorted-cache generation; the
     token-shift state of ``caches`` (a :class:`LayerCaches`) goes with them."""
     config = model.config
-    if config.attention == "standard":
+    if config.attention not in KINDS:
         raise ValueError(
-            "sorted-cache decoding needs scalar heads, and this model has attention='standard' "
+            f"sorted-cache decoding needs scalar heads, and this model has attention={config.attention!r} "
             "(train with --attention scalar, hybrid or mixed)"
         )
     if config.prior != "uniform" and config.attention != "mixed":
@@ -185,3 +206,73 @@ def sorted_caches(model, caches: list, decoding: SortedDecoding) -> LayerCaches:
         else:
             sorted_.append(SortedLayerCache(block.attn, cache, decoding))
     return sorted_
+
+
+class Regularizer(AuxLosses):
+    """Applies a :class:`Regularization` to the scalar layers of a model during training: the
+    model's auxiliary losses (:meth:`priorattn.models.GPT.aux_losses`).
+
+    Each step, :meth:`start` tells every :class:`~priorattn.scalar.ScalarMultiheadAttention` which
+    terms to compute in its training forward passes (those with a weight at this step), and after each
+    forward pass :meth:`losses` returns ``weight_t * mean_over_layers(term_t)`` by term name: the mean
+    over layers keeps a weight's meaning independent of depth. :meth:`logged` gives the step's
+    unweighted terms (averaged over its forward passes) as ``reg_align``, ``reg_spread``,
+    ``reg_tau``, and the mean bandwidth as ``tau``.
+    """
+
+    def __init__(self, model: nn.Module, regularization: Regularization):
+        self.regularization = regularization
+        self.layers = [m for m in model.modules() if isinstance(m, ScalarMultiheadAttention)]
+        if regularization.active and not self.layers:
+            raise ValueError(
+                "the scalar regularizers (reg_align, reg_spread, reg_tau) need scalar heads: "
+                "train a model with attention='scalar', 'hybrid' or 'mixed'"
+            )
+        self.weights: dict[str, float] = {}
+        self.sums: dict[str, float] = {}
+        self.passes = 0
+
+    def start(self, step: int) -> None:
+        self.weights = {n: w for n, w in self.regularization.weights(step).items() if w > 0}
+        self.sums, self.passes = {}, 0
+        for layer in self.layers:
+            layer.track = tuple(self.weights)
+            layer.spread_range = self.regularization.spread_range
+
+    def losses(self) -> dict[str, Tensor]:
+        """The weighted terms of the last forward pass, by name (empty when no term is on)."""
+        if not self.weights:
+            return {}
+        losses = {}
+        for name, weight in self.weights.items():
+            term = torch.stack([layer.terms[name] for layer in self.layers]).mean()
+            self.sums[name] = self.sums.get(name, 0.0) + float(term.detach())
+            losses[name] = weight * term
+        for layer in self.layers:
+            layer.terms = {}
+        self.passes += 1
+        return losses
+
+    def logged(self) -> dict[str, float]:
+        """The step's unweighted terms, and ``tau``: the mean bandwidth over the scalar layers, heads
+        (and tokens) of the last forward pass (seed 002 experiment 3's "tau trajectory")."""
+        logged = {f"reg_{name}": value / max(self.passes, 1) for name, value in self.sums.items()}
+        seen = [layer.last_tau.mean() for layer in self.layers if layer.last_tau is not None]
+        if seen:
+            logged["tau"] = float(torch.stack(seen).mean())
+        return logged
+
+
+def regularizer_of(model: nn.Module, settings: Mapping[str, object]) -> Regularizer:
+    """The :class:`Regularizer` of ``model`` from the training ``settings`` named as the fields of
+    :class:`Regularization` (``align``, ``spread_start``, ``spread_range``...; an absent one takes
+    its default, and other packages' settings are left to them)."""
+    own = {f.name for f in fields(Regularization)}
+    return Regularizer(model, Regularization(**{k: v for k, v in settings.items() if k in own}))
+
+
+for _kind in KINDS:
+    register_mechanism(_kind, attention_layer, prior_heads=prior_heads)
+register_config_check(check_scalar_config)
+register_aux_losses(regularizer_of)
+register_decoding(SortedDecoding, sorted_caches)

@@ -12,6 +12,9 @@
   sequence and head, over a fixed range or the adaptive ``mean +- 3 std`` (a detached target); the
   gradient flows through the key values, not the sort order.
 - ``L_tau`` (Term 3): ``sum_heads log(1 + tau_h)`` (per-token tau: averaged over tokens).
+
+The layers compute the terms (:class:`~priorattn.scalar.ScalarMultiheadAttention`); a model's
+:class:`~priorattn.scalar.model.Regularizer` weighs them as its auxiliary training losses.
 """
 
 from __future__ import annotations
@@ -106,59 +109,3 @@ class Regularization:
     @property
     def active(self) -> bool:
         return any(getattr(self, name) > 0 for name in TERMS)
-
-
-class Regularizer:
-    """Applies a :class:`Regularization` to the scalar layers of a model during training.
-
-    Each step, :meth:`start` tells every :class:`~priorattn.scalar.ScalarMultiheadAttention` which
-    terms to compute in its training forward passes (those with a weight at this step), and after each
-    forward pass :meth:`loss` returns ``sum_t weight_t * mean_over_layers(term_t)``: the mean over
-    layers keeps a weight's meaning independent of depth. :meth:`logged` gives the step's unweighted
-    terms (averaged over its forward passes) as ``reg_align``, ``reg_spread``, ``reg_tau``, and the
-    mean bandwidth as ``tau``.
-    """
-
-    def __init__(self, model, regularization: Regularization):
-        from .layers import ScalarMultiheadAttention  # the layers import this module
-
-        self.regularization = regularization
-        self.layers = [m for m in model.modules() if isinstance(m, ScalarMultiheadAttention)]
-        if regularization.active and not self.layers:
-            raise ValueError(
-                "the scalar regularizers (reg_align, reg_spread, reg_tau) need scalar heads: "
-                "train a model with attention='scalar', 'hybrid' or 'mixed'"
-            )
-        self.weights: dict[str, float] = {}
-        self.sums: dict[str, float] = {}
-        self.passes = 0
-
-    def start(self, step: int) -> None:
-        self.weights = {n: w for n, w in self.regularization.weights(step).items() if w > 0}
-        self.sums, self.passes = {}, 0
-        for layer in self.layers:
-            layer.track = tuple(self.weights)
-            layer.spread_range = self.regularization.spread_range
-
-    def loss(self) -> Tensor | None:
-        """The weighted terms of the last forward pass (None when no term is on)."""
-        if not self.weights:
-            return None
-        total = None
-        for name, weight in self.weights.items():
-            term = torch.stack([layer.terms[name] for layer in self.layers]).mean()
-            self.sums[name] = self.sums.get(name, 0.0) + float(term.detach())
-            total = weight * term if total is None else total + weight * term
-        for layer in self.layers:
-            layer.terms = {}
-        self.passes += 1
-        return total
-
-    def logged(self) -> dict[str, float]:
-        """The step's unweighted terms, and ``tau``: the mean bandwidth over the scalar layers, heads
-        (and tokens) of the last forward pass (seed 002 experiment 3's "tau trajectory")."""
-        logged = {f"reg_{name}": value / max(self.passes, 1) for name, value in self.sums.items()}
-        seen = [layer.last_tau.mean() for layer in self.layers if layer.last_tau is not None]
-        if seen:
-            logged["tau"] = float(torch.stack(seen).mean())
-        return logged

@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass, fields
 from ..checks import check_int
 from ..data import KINDS as TOKENIZERS
 from ..files import check_text_encoding
-from ..scalar.regularizers import Regularization
 
 OPTIMIZERS = ("adamw", "radam")
+REG_TERMS = ("align", "spread", "tau")  # the scalar regularizers' terms (seed 002)
 POSITIONS = ("document", "window")
 
 #: Fields whose value in a config saved before the field existed is not today's default: that run
@@ -63,7 +63,8 @@ class TrainConfig:
       fresh), e.g. to continue training at a longer ``seq_len``.
     - ``reg_*``: the scalar heads' regularizers (seed 002 "Regularization for Efficient Inference"):
       weights of ``L_align``, ``L_spread``, ``L_tau``, the step each starts at, and the spread's
-      target range (``None``: adaptive); see :class:`priorattn.scalar.Regularization`.
+      target range ``(a, b)`` with ``a < b`` (``None``: adaptive). Plain data: the model makes
+      them its auxiliary losses (:meth:`regularization`, :class:`priorattn.scalar.Regularization`).
     """
 
     data: str | None = None
@@ -138,18 +139,28 @@ class TrainConfig:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
-        self.reg_spread_range = self.regularization().spread_range  # checked; a tuple again after JSON
+        for name in REG_TERMS:
+            weight = getattr(self, f"reg_{name}")
+            if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight >= 0:
+                raise ValueError(f"reg_{name} must be a number >= 0, got {weight!r}")
+            check_int(f"reg_{name}_start", getattr(self, f"reg_{name}_start"), low=0)
+        if self.reg_spread_range is not None:
+            spread_range = tuple(self.reg_spread_range)  # a list after a JSON round trip
+            if len(spread_range) != 2 or not all(isinstance(x, int | float) for x in spread_range):
+                raise ValueError(f"reg_spread_range must be two numbers (a, b) or None, got {spread_range!r}")
+            if not spread_range[0] < spread_range[1]:
+                raise ValueError(f"reg_spread_range must be (a, b) with a < b, got {spread_range!r}")
+            self.reg_spread_range = (float(spread_range[0]), float(spread_range[1]))
 
-    def regularization(self) -> Regularization:
-        return Regularization(
-            self.reg_align,
-            self.reg_spread,
-            self.reg_tau,
-            self.reg_align_start,
-            self.reg_spread_start,
-            self.reg_tau_start,
-            None if self.reg_spread_range is None else tuple(self.reg_spread_range),
-        )
+    def regularization(self) -> dict:
+        """The ``reg_*`` fields without their prefix (``align``, ``spread_start``, ``spread_range``...):
+        the training settings a model weighs its auxiliary losses with
+        (:meth:`priorattn.models.GPT.aux_losses`)."""
+        return {
+            f.name.removeprefix("reg_"): getattr(self, f.name)
+            for f in fields(self)
+            if f.name.startswith("reg_")
+        }
 
     def to_dict(self) -> dict:
         return asdict(self)

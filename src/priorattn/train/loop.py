@@ -28,9 +28,9 @@ from ..data import Batches, PackedSequences, document_positions, eval_batches, p
 from ..data.packing import IGNORE_INDEX
 from ..data.retrieval import RetrievalMix
 from ..files import write_json_atomic
+from ..mechanisms import AuxLosses
 from ..models import GPT, GPTConfig
 from ..models.gpt import token_cross_entropy
-from ..scalar.regularizers import Regularizer
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .distributed import Process, end_process, start_process
@@ -107,6 +107,7 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
             batches = RetrievalMix(batches, config.retrieval_mix, data.tokenizer, tokens, seed=config.seed)
         torch.manual_seed(config.seed)  # the same initial weights on every process
         model = GPT(model_config).to(process.device)
+        aux = model.aux_losses(config.regularization())
         if config.init_from is not None:
             _start_from(Path(config.init_from), model, data.tokenizer)
     except BaseException:
@@ -123,7 +124,6 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
         write_json_atomic(run_dir / CONFIG_JSON, run_configs(model_config, config))
         truncate_metrics(run_dir / METRICS_JSONL, step)
     wrapped = DistributedDataParallel(model) if process.distributed else model
-    regularizer = Regularizer(model, config.regularization())
 
     log = MetricsLog(run_dir, step, enabled=process.is_main)
     bar = tqdm(total=config.steps, initial=step, disable=not (progress and process.is_main), unit="step")
@@ -137,8 +137,8 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
             for i in range(config.grad_accum)
         ]
         lr = optimizer.param_groups[0]["lr"]
-        regularizer.start(step)
-        train_loss, grad_norm = train_step(wrapped, micro_batches, optimizer, config, process, regularizer)
+        aux.start(step)
+        train_loss, grad_norm = train_step(wrapped, micro_batches, optimizer, config, process, aux)
         scheduler.step()
         step += 1
         bar.update(1)
@@ -151,7 +151,7 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
             record = dict(
                 step=step, train_loss=train_loss, lr=lr, grad_norm=grad_norm, tokens_per_s=tokens_per_s
             )
-            record |= regularizer.logged()
+            record |= aux.logged()
         if (config.eval_every and step % config.eval_every == 0) or final:
             val_loss = evaluate(model, data.val, micro_batch, config, process)
             record = (record or dict(step=step, train_loss=train_loss)) | dict(val_loss=val_loss)
@@ -196,15 +196,15 @@ def train_step(
     optimizer,
     config: TrainConfig,
     process: Process,
-    regularizer: Regularizer | None = None,
+    aux: AuxLosses | None = None,
 ) -> tuple[float, float]:
     """One optimizer step over this process's micro-batches; ``(loss, grad norm)`` of the step.
 
     The loss is the cross-entropy summed over every target token of the step (all micro-batches on
     all processes) divided by their count, so the update is the same however the global batch is
-    split. DDP averages gradients over processes, hence the ``world_size`` factor. The scalar
-    regularizers (a mean per micro-batch) add their mean over micro-batches; the returned loss is the
-    cross-entropy alone.
+    split. DDP averages gradients over processes, hence the ``world_size`` factor. The model's
+    auxiliary losses ``aux`` (each a mean per micro-batch, e.g. the scalar regularizers) add the mean
+    over micro-batches of their sum; the returned loss is the cross-entropy alone.
     """
     counts = torch.tensor(float(sum(int((t != IGNORE_INDEX).sum()) for _, t, _ in micro_batches)))
     n_targets = process.all_reduce_sum(counts).clamp_min(1.0)
@@ -214,8 +214,8 @@ def train_step(
         with contextlib.nullcontext() if sync else model.no_sync():
             summed = _summed_loss(model, tokens, targets, doc_ids, config, process)
             objective = summed * (process.world_size / n_targets)
-            extra = None if regularizer is None else regularizer.loss()
-            (objective if extra is None else objective + extra / len(micro_batches)).backward()
+            extra = {} if aux is None else aux.losses()
+            (objective + sum(extra.values()) / len(micro_batches) if extra else objective).backward()
         loss_sum += summed.detach().cpu()
     grad_norm = clip_gradients(model, config.grad_clip)
     optimizer.step()
