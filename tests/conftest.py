@@ -17,6 +17,7 @@ from factories import PRIOR_NAMES, word_salad
 from hypothesis import HealthCheck, settings
 
 from priorattn.models import GPTConfig
+from priorattn.priors import with_defaults
 from priorattn.train import TrainConfig, train
 
 settings.register_profile(
@@ -96,9 +97,9 @@ def make_run(tmp_path_factory):
     runs = {}
 
     def make(**overrides):
-        model = GPTConfig(
-            **dict(vocab_size=256, seq_len=32, d_model=32, n_layers=2, n_heads=2, goat_freqs=2) | overrides
-        )
+        fields = dict(vocab_size=256, seq_len=32, d_model=32, n_layers=2, n_heads=2) | overrides
+        fields["prior"] = with_defaults(fields.get("prior", "uniform"), goat=dict(num_freqs=2))
+        model = GPTConfig(**fields)
         key = json.dumps(model.to_dict(), sort_keys=True)  # overrides at their defaults share a run
         if key not in runs:
             mp = pytest.MonkeyPatch()

@@ -17,7 +17,7 @@ import priorattn
 from priorattn.functional import prior_inputs
 from priorattn.functional.sdpa import route
 from priorattn.models import GPT, GPTConfig
-from priorattn.priors import GGD, GOAT, ALiBi, Sum, Uniform
+from priorattn.priors import GGD, GOAT, ALiBi, Sum, Uniform, with_defaults
 
 
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "memeff", "auto"])
@@ -181,9 +181,8 @@ def test_rope_layer_compiles_without_breaks_and_matches_eager():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("prior", ["uniform", "alibi", "ggd", "goat", "alibi+goat"])  # 3-5 s each
 def test_gpt_compiles_as_one_graph_and_matches_eager(prior, device):
-    config = GPTConfig(
-        vocab_size=64, seq_len=16, d_model=64, n_layers=2, n_heads=4, prior=prior, goat_freqs=2
-    )
+    prior = with_defaults(prior, goat=dict(num_freqs=2))
+    config = GPTConfig(vocab_size=64, seq_len=16, d_model=64, n_layers=2, n_heads=4, prior=prior)
     model = GPT(config).to(device)
     tokens = torch.randint(0, 64, (2, 16), device=device)
     doc_ids = (torch.arange(16) >= torch.tensor([[5], [16]])).long().to(device)  # packed rows, as in training

@@ -61,8 +61,7 @@ def test_a_sparsemax_model_with_a_prior_trains_and_reloads(corpus_dir, tmp_path)
         d_model=32,
         n_layers=2,
         n_heads=2,
-        prior="goat",
-        goat_freqs=2,
+        prior="goat(num_freqs=2)",
         normalizer="sparsemax",
     )
     options = TrainConfig(

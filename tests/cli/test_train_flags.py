@@ -34,8 +34,8 @@ def test_the_flags_that_had_none_reach_the_configs():
     model, config = configs("--betas", "0.8,0.99", "--min-lr-ratio", "0.2", "--d-model", "64")
     assert (config.betas, config.min_lr_ratio) == ((0.8, 0.99), 0.2)
     assert model == preset("tiny", d_model=64)
-    model, _ = configs("--no-tie-embeddings", "--goat-freqs", "2", "--ggd-trainable", "alpha,mu")
-    assert (model.tie_embeddings, model.goat_freqs, model.ggd_trainable) == (False, 2, ("alpha", "mu"))
+    model, _ = configs("--no-tie-embeddings", "--n-kv-heads", "2", "--prior", "goat(num_freqs=2)+alibi")
+    assert (model.tie_embeddings, model.n_kv_heads, model.prior) == (False, 2, "goat(num_freqs=2)+alibi")
 
 
 def test_a_renamed_flag_keeps_the_fields_name_as_an_alias():
@@ -103,8 +103,8 @@ def test_a_field_removed_from_a_config_loses_its_flag_with_no_edit_of_the_comman
         (["--min-lr-ratio", "2"], "--min-lr-ratio must be in [0, 1], got 2.0"),
         (["--d-model", "wide"], "argument --d-model: expected an integer, got 'wide'"),
         (["--dropout", "1"], "--dropout must be in [0, 1), got 1.0"),
-        (["--ggd-trainable", "alpha,gamma"], "--ggd-trainable must name parameters in"),
-        (["--goat-sink=yes"], "argument --goat-sink/--no-goat-sink: ignored explicit argument 'yes'"),
+        (["--prior", "goat(R=4)"], "prior 'goat' has no option 'R': its options are num_freqs, "),
+        (["--ssmax=yes"], "argument --ssmax/--no-ssmax: ignored explicit argument 'yes'"),
         (["--window", "none", "--encoding", "local_rope"], "sliding window: give --window"),
     ],
 )

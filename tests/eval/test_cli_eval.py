@@ -20,7 +20,7 @@ def run_dir(tmp_path_factory):
         tmp_path_factory.mktemp("eval-cli"), "double toil and trouble fire burn cauldron bubble", length=500
     )
     model = GPTConfig(
-        vocab_size=256, seq_len=128, d_model=32, n_layers=2, n_heads=2, prior="goat", goat_freqs=3
+        vocab_size=256, seq_len=128, d_model=32, n_layers=2, n_heads=2, prior="goat(num_freqs=3)"
     )
     mp = pytest.MonkeyPatch()
     mp.setenv("PRIORATTN_CACHE", str(root / "cache"))

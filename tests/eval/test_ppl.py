@@ -13,6 +13,7 @@ from priorattn.eval import evaluate_ppl
 from priorattn.eval.ppl import candidate_windows, pick_windows, position_bins
 from priorattn.eval.scoring import token_losses
 from priorattn.models import GPT, GPTConfig
+from priorattn.priors import with_defaults
 
 V, T = 16, 32
 CYCLE = [np.arange(5000) % V, np.arange(3, 2003) % V]  # token t is always followed by t + 1
@@ -100,8 +101,8 @@ def test_bad_input_is_a_one_line_error_naming_the_argument(options, message):
 def test_chunked_scoring_equals_one_pass(prior, encoding):
     """Chunked prefill through the KV cache scores every token as one pass over the window does."""
     torch.manual_seed(0)
-    sizes = dict(vocab_size=V, seq_len=16, d_model=32, n_layers=2, n_heads=2, goat_freqs=3)
-    config = GPTConfig(**sizes, prior=prior, encoding=encoding)
+    sizes = dict(vocab_size=V, seq_len=16, d_model=32, n_layers=2, n_heads=2)
+    config = GPTConfig(**sizes, prior=with_defaults(prior, goat=dict(num_freqs=3)), encoding=encoding)
     model = GPT(config).double().eval()
     tokens = torch.randint(0, V, (2, 97))
     with torch.no_grad():

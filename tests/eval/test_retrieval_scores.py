@@ -46,8 +46,8 @@ def test_score_answers_counts_whole_answers_and_tokens():
 def test_teacher_forcing_and_greedy_decoding_of_a_real_model_match_full_passes():
     """Both readings start from one prefill; each equals what full forward passes give."""
     torch.manual_seed(0)
-    sizes = dict(vocab_size=256, seq_len=64, d_model=32, n_layers=2, n_heads=2, goat_freqs=3)
-    model = GPT(GPTConfig(**sizes, prior="goat"))
+    sizes = dict(vocab_size=256, seq_len=64, d_model=32, n_layers=2, n_heads=2)
+    model = GPT(GPTConfig(**sizes, prior="goat(num_freqs=3)"))
     model = model.double().eval()
     prompts, answers = torch.randint(0, 256, (3, 50)), torch.randint(0, 256, (3, 4))
     teacher, greedy = answer_predictions(model, prompts, answers, chunk=16)

@@ -40,7 +40,8 @@ def test_hf_extend_from_a_config_trains_the_prior_and_saves_a_loadable_model(tmp
     result = json.loads((out / "results.json").read_text())
     assert result["val_loss_after"] < result["val_loss_before"]
     model = phf.from_pretrained(out)
-    assert model.config.priorattn["prior"] == "ggd" and model.config.priorattn["seq_len"] == 64
+    ggd = dict(name="ggd", init="uniform", trainable=["alpha", "beta"], eps=1e-5)
+    assert model.config.priorattn["prior"] == ggd and model.config.priorattn["seq_len"] == 64
     alphas = torch.stack([layer.prior.theta_alpha for layer in phf.attention_layers(model)])
     assert alphas.abs().min() > 0  # started at 0 (uniform), moved by training
     assert (out / "data.json").is_file()

@@ -198,13 +198,36 @@ def test_save_pretrained_and_reload_reproduce_logits_exactly(tmp_path, options):
     assert len(shared) == (1 if options.get("shared_prior") else 2)
 
 
-def test_a_prior_module_is_reloaded_into_the_same_module_given_again(tmp_path):
+@pytest.mark.parametrize(
+    "make",
+    [lambda: priorattn.priors.GOAT(4, 4), lambda: make_prior("ggd", 4, dtype=torch.float32)],
+    ids=["goat", "ggd"],
+)
+def test_a_prior_module_describes_itself_and_is_rebuilt_on_loading(tmp_path, make):
     model = build("llama")
-    phf.add_prior(model, make_prior("ggd", 4, dtype=torch.float32))
+    phf.add_prior(model, make())
+    with torch.no_grad():
+        for p in model.parameters():  # priors away from their init, so loading them matters
+            p.add_(0.01 * torch.randn_like(p))
     model.save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match="pass prior= a GGD"):
+    loaded = phf.from_pretrained(tmp_path)
+    assert loaded.config.priorattn["prior"] == make().spec()
+    tokens = torch.randint(0, 64, (1, 9))
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(tokens).logits, model.eval()(tokens).logits)
+
+
+class Unregistered(priorattn.priors.GGD):
+    """A prior class no file registered: it cannot describe itself."""
+
+
+def test_an_unregistered_prior_module_is_reloaded_into_the_same_module_given_again(tmp_path):
+    model = build("llama")
+    phf.add_prior(model, Unregistered(4, init="alibi"))
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="with a Unregistered module .* pass prior= a Unregistered"):
         phf.from_pretrained(tmp_path)
-    loaded = phf.from_pretrained(tmp_path, prior=priorattn.priors.GGD(4, trainable=("alpha", "beta", "mu")))
+    loaded = phf.from_pretrained(tmp_path, prior=Unregistered(4))
     tokens = torch.randint(0, 64, (1, 9))
     with torch.no_grad():
         assert torch.equal(loaded.eval()(tokens).logits, model.eval()(tokens).logits)
@@ -239,10 +262,16 @@ def test_a_prior_with_another_head_count_is_refused():
 
 
 def test_bad_names_and_options_are_refused():
-    with pytest.raises(ValueError, match="unknown prior 'bam'"):
+    with pytest.raises(ValueError, match="unknown prior 'bam': use one of alibi, .*ggd, goat"):
         phf.add_prior(build("llama"), "bam")
-    with pytest.raises(TypeError, match="unknown options \\['window'\\]"):
-        phf.add_prior(build("llama"), "ggd", window=4)
+    with pytest.raises(
+        ValueError, match="prior 'ggd' has no option 'window': its options are init, trainable"
+    ):
+        phf.add_prior(build("llama"), "ggd(window=4)")
+    with pytest.raises(ValueError, match=r"prior_init must be one of \('uniform', 'alibi'\), got 'recency'"):
+        phf.add_prior(build("llama"), "goat", prior_init="recency")
+    with pytest.raises(TypeError, match="a Prior module carries its own"):
+        phf.add_prior(build("llama"), priorattn.priors.GGD(4), prior_init="alibi")
     with pytest.raises(ValueError, match="no rotary embedding"):
         gpt2 = AutoModelForCausalLM.from_config(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=4))
         phf.add_prior(gpt2, "ggd", remove_rope=True)

@@ -12,27 +12,21 @@ import torch
 from priorattn.data import document_positions
 from priorattn.models import GPT, PRESETS, GPTConfig, preset
 from priorattn.models.gpt import ENCODINGS
-from priorattn.priors import GGD, GOAT, Sum
+from priorattn.priors import GGD, GOAT, Sum, with_defaults
 from priorattn.token_shift import LayerCaches, ShiftState
 from priorattn.train.optim import prior_parameters
 
 PRIORS = ["uniform", "alibi", "ggd", "goat", "alibi+goat"]
-TINY = dict(
-    vocab_size=50,
-    seq_len=16,
-    d_model=48,
-    n_layers=2,
-    n_heads=4,
-    goat_freqs=2,
-    goat_sink_freqs=2,
-    goat_sink_hidden=4,
-)
+TINY = dict(vocab_size=50, seq_len=16, d_model=48, n_layers=2, n_heads=4)
+TINY_GOAT = dict(num_freqs=2, sink_freqs=2, sink_hidden=4)  # any GOAT in a TINY model's prior
 
 
 def config(**overrides) -> GPTConfig:
     if overrides.get("encoding") == "local_rope":
         overrides.setdefault("window", 4)
-    return GPTConfig(**{**TINY, **overrides})
+    fields = {**TINY, **overrides}
+    fields["prior"] = with_defaults(fields.get("prior", "uniform"), goat=TINY_GOAT)
+    return GPTConfig(**fields)
 
 
 def model(seed=0, dtype=torch.float64, **overrides) -> GPT:
@@ -349,7 +343,8 @@ def test_config_round_trips_through_json():
         "bam-120m", prior="alibi+goat", encoding="local_rope", window=64, ssmax=True, rope_interpolation=2.5
     )
     again = GPTConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
-    assert again == cfg and again.ggd_trainable == ("alpha", "beta") and again.rope_interpolation == 2.5
+    assert again == cfg and again.prior == "alibi+goat"
+    assert again.rope_interpolation == 2.5
 
 
 def test_config_saved_before_rope_interpolation_loads_without_it():
@@ -408,7 +403,7 @@ def test_bam_presets_match_seed_003_table(name):
         row["ff"],
     )
     assert cfg.vocab_size == 32768 and cfg.seq_len == 512 and cfg.prior == "ggd"
-    assert cfg.prior_init == "uniform" and cfg.ggd_trainable == ("alpha", "beta")
+    assert cfg.prior_init == "uniform"
     # Counting needs the module, not its numbers: on the meta device no weight is allocated.
     with torch.device("meta"):
         gpt = GPT(cfg)
@@ -417,12 +412,13 @@ def test_bam_presets_match_seed_003_table(name):
     assert gpt.num_parameters(embedding=False) / 1e6 == pytest.approx(row["transformer"], rel=0.08)
     assert sum(p.numel() for p in prior_parameters(gpt)) == row["bam"] == 3 * cfg.n_heads * cfg.n_layers
     assert all(isinstance(block.attn.prior, GGD) for block in gpt.blocks)
+    assert all(p.requires_grad == (n != "theta_mu") for n, p in gpt.blocks[0].attn.prior.named_parameters())
 
 
 def test_goat_c4_preset_matches_seed_000_table():
     cfg = preset("goat-c4-125m")
     assert (cfg.n_layers, cfg.n_heads, cfg.d_model, cfg.seq_len) == (12, 12, 768, 2048)
-    assert cfg.vocab_size == 50257 and cfg.prior == "goat" and cfg.goat_sink
+    assert cfg.vocab_size == 50257 and cfg.prior == "goat(num_freqs=5)"
     with torch.device("meta"):
         gpt = GPT(cfg)
     attn = gpt.blocks[0].attn
@@ -433,7 +429,8 @@ def test_goat_c4_preset_matches_seed_000_table():
 
 def test_preset_overrides_and_unknown_names():
     cfg = preset("tiny", prior="alibi+goat", seq_len=1024)
-    assert cfg.prior == "alibi+goat" and cfg.seq_len == 1024 and cfg.d_model == 128
+    assert cfg.prior == "alibi+goat(num_freqs=3)" and cfg.seq_len == 1024 and cfg.d_model == 128
+    assert preset("tiny", prior="goat(num_freqs=8, slope=false)").prior == "goat(slope=false)"
     assert isinstance(GPT(preset("tiny", prior="alibi+goat")).blocks[0].attn.prior, Sum)
     with pytest.raises(ValueError, match=r"unknown preset 'huge'; choose from \['bam-1.1b'"):
         preset("huge")
@@ -445,8 +442,12 @@ def test_preset_overrides_and_unknown_names():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (dict(prior="rope"), r"unknown prior 'rope' in prior='rope': use one of \('uniform', 'alibi'"),
-        (dict(prior="alibi+bam"), r"unknown prior 'bam' in prior='alibi\+bam'"),
+        (dict(prior="rope"), r"prior='rope': unknown prior 'rope': use one of alibi, .*ggd, goat"),
+        (dict(prior="alibi+bam"), r"prior='alibi\+bam': unknown prior 'bam'"),
+        (
+            dict(prior="goat(R=3)"),
+            r"prior='goat\(R=3\)': prior 'goat' has no option 'R': its options are num_freqs",
+        ),
         (dict(encoding="local_rope", window=None), "local_rope' is RoPE with a sliding window: give window="),
         (dict(encoding="alibi"), "encoding must be one of"),
         (dict(d_model=50), "d_model=50 is not divisible by n_heads=4"),
@@ -454,7 +455,6 @@ def test_preset_overrides_and_unknown_names():
         (dict(n_layers=0), "n_layers must be a positive int, got 0"),
         (dict(window=0), "window must be a positive int, got 0"),
         (dict(prior_init="recency"), r"prior_init must be one of \('uniform', 'alibi'\)"),
-        (dict(ggd_trainable=("gamma",)), "ggd_trainable must name parameters in"),
         (dict(dropout=1.0), r"dropout must be in \[0, 1\)"),
         (dict(backend="cuda"), "backend must be one of"),
         (
@@ -473,7 +473,12 @@ def test_preset_overrides_and_unknown_names():
 )
 def test_bad_config_is_a_clear_error(overrides, message):
     with pytest.raises(ValueError, match=message):
-        config(**overrides)
+        GPTConfig(**{**TINY, **overrides})
+
+
+def test_a_prior_refusing_its_options_is_named_when_the_model_is_built():
+    with pytest.raises(ValueError, match=r"prior 'ggd': trainable names unknown parameters \['gamma'\]"):
+        GPT(config(prior="ggd(trainable=[gamma])"))
 
 
 def test_bad_call_is_a_clear_error():

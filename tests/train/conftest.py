@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from priorattn.models import GPTConfig
+from priorattn.priors import with_defaults
 
 WORDS = (
     "the quick brown fox jumps over the lazy dog while seven wizards quietly hex a jovial bard "
@@ -35,9 +36,10 @@ def token_cache(tmp_path_factory):
 
 
 def small_model(**overrides) -> GPTConfig:
-    return GPTConfig(
-        **{**dict(vocab_size=256, seq_len=32, d_model=32, n_layers=2, n_heads=2, goat_freqs=3), **overrides}
-    )
+    """A 2-layer model; a GOAT in its prior has 3 frequencies unless its spec says otherwise."""
+    fields = dict(vocab_size=256, seq_len=32, d_model=32, n_layers=2, n_heads=2) | overrides
+    fields["prior"] = with_defaults(fields.get("prior", "uniform"), goat=dict(num_freqs=3))
+    return GPTConfig(**fields)
 
 
 def train_until_killed(model, config, run_dir, monkeypatch, *, killed_in_step: int = 5) -> None:

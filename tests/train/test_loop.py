@@ -35,7 +35,7 @@ def test_run_directory_holds_config_metrics_and_checkpoint(corpus, tmp_path):
     result = train(small_model(prior="goat"), settings(corpus), tmp_path / "run", progress=False)
     run = tmp_path / "run"
     saved = json.loads((run / "config.json").read_text())
-    assert saved["model"]["prior"] == "goat" and saved["train"]["steps"] == 6
+    assert saved["model"]["prior"] == "goat(num_freqs=3)" and saved["train"]["steps"] == 6
     records = metrics(run)
     assert [r["step"] for r in records] == [2, 3, 4, 6]
     assert [r["step"] for r in records if "val_loss" in r] == [3, 6]

@@ -59,7 +59,7 @@ def test_a_module_without_priors_has_no_prior_group():
 
 
 def test_frozen_prior_parameters_are_not_optimized():
-    net = model(prior="ggd", ggd_trainable=("alpha",))
+    net = model(prior="ggd(trainable=[alpha])")
     prior = next(g for g in param_groups(net, TrainConfig()) if g["name"] == "prior")
     assert all(p.requires_grad for p in prior["params"])
     assert len(prior["params"]) == 2  # theta_alpha of each layer

@@ -130,7 +130,7 @@ def add_eval_parser(commands) -> None:
 
 
 def add_compare_parser(commands) -> None:
-    from ..models.positions import MECHANISMS
+    from ..models.positions import mechanisms
     from ..studies.compare.study import DEFAULT_MODELS, CompareConfig
     from ..studies.retrieval.study import ALL_MECHANISMS, DEFAULT_MECHANISMS
 
@@ -147,7 +147,7 @@ def add_compare_parser(commands) -> None:
     )
     p.add_argument(
         "--priors",
-        type=name_list(list(MECHANISMS), "prior"),
+        type=name_list(list(mechanisms()), "prior"),
         help=f"comma-separated mechanisms, e.g. {','.join(DEFAULT_MODELS)} (the default)",
     )
     p.add_argument("--data", help="text file, folder, glob or hf:PATH to train on (the embedded Shakespeare)")

@@ -59,7 +59,7 @@ def vision(args: argparse.Namespace) -> int:
 
 
 def add_dna_parser(commands) -> None:
-    from ..models.positions import MECHANISMS
+    from ..models.positions import mechanisms
     from ..studies.dna.config import DEFAULT_GENOME, DEFAULT_MODELS, DNAConfig
 
     p = commands.add_parser(
@@ -76,7 +76,7 @@ def add_dna_parser(commands) -> None:
     p.add_argument("--genome", default=DEFAULT_GENOME, help=f"a FASTA file or directory ({DEFAULT_GENOME})")
     p.add_argument(
         "--models",
-        type=name_list(list(MECHANISMS), "model"),
+        type=name_list(list(mechanisms()), "model"),
         help=f"comma-separated mechanisms, e.g. {','.join(DEFAULT_MODELS)} (the default)",
     )
     add_experiment_options(p, DNAConfig().steps)

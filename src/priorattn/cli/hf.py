@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .parsing import fail, int_at_least, positive_number
+from .parsing import fail, int_at_least, positive_number, prior_specs
 
 
 def hf_extend(args: argparse.Namespace) -> int:
@@ -55,9 +55,7 @@ def add_hf_extend_parser(commands) -> None:
         ),
     )
     p.add_argument("--model", required=True, help="model directory or config.json (PATH_OR_CONFIG)")
-    p.add_argument(
-        "--prior", default="ggd", help="uniform, alibi, ggd, goat or a sum such as alibi+goat (ggd)"
-    )
+    p.add_argument("--prior", default="ggd", help=f"{prior_specs()} (ggd)")
     p.add_argument("--prior-init", choices=PRIOR_INITS, default="uniform", help="(uniform)")
     p.add_argument("--shared-prior", action="store_true", help="one prior for all layers (one per layer)")
     p.add_argument("--remove-rope", action="store_true", help="drop the model's RoPE: NoPE + prior")

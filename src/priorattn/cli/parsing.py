@@ -110,6 +110,15 @@ def name_list(choices, kind: str) -> Callable[[str], list[str]]:
     return parse
 
 
+def prior_specs() -> str:
+    """The registered priors and how a spec writes them, for a ``--prior`` help."""
+    from ..priors import names
+
+    return (
+        f"{', '.join(names())}, with options as goat(num_freqs=4, slope=false), or a sum such as alibi+goat"
+    )
+
+
 def ints_at_least(low: int) -> Callable[[str], list[int]]:
     """An argparse ``type`` for comma-separated integers ``>= low``: ``"256,512,1024"``."""
     parse = int_at_least(low)

@@ -17,7 +17,7 @@ from ..models.presets import PRESETS
 from ..scalar.temperature import TAU_KINDS
 from ..train.config import OPTIMIZERS, POSITIONS, TrainConfig
 from .configs import Flag, add_config_flags, given
-from .parsing import fail, int_at_least, non_negative_number, positive_number
+from .parsing import fail, int_at_least, non_negative_number, positive_number, prior_specs
 
 SCALAR = "scalar attention (seed 002, docs/scalar.md)"
 
@@ -42,7 +42,6 @@ def grad_clip(text: str) -> float | None:
 
 
 MODEL_FLAGS = {
-    "prior": Flag(help="uniform, alibi, ggd, goat, or a sum such as alibi+goat (the preset's)"),
     "encoding": Flag(choices=ENCODINGS, help="position encoding (the preset's: none)"),
     "window": Flag(type=int_at_least(1), help="sliding window (required by local_rope)"),
     "rope_interpolation": Flag(
@@ -59,7 +58,6 @@ MODEL_FLAGS = {
     ),
     "backend": Flag(help="attention route (auto)"),
     "normalizer": Flag(help="attention map: softmax, sparsemax, entmax15 or an entmax alpha > 1 (softmax)"),
-    "attention": Flag(group=SCALAR, help="head kind (standard)"),  # choices: the registry's, when built
     "scalar_heads": Flag(group=SCALAR, type=int_at_least(1), help="scalar heads of mixed layers (half)"),
     "scalar_groups": Flag(group=SCALAR, type=int_at_least(1), help="value groups of scalar heads (1 each)"),
     "scalar_tau": Flag(
@@ -81,6 +79,16 @@ MODEL_FLAGS = {
         "--seq-len the model learns local attention (docs/scalar_experiments.md section 8) (none)",
     ),
 }
+
+
+def model_flags() -> dict[str, Flag]:
+    """:data:`MODEL_FLAGS` and the flags whose help or choices come from a registry, read when the
+    parser is built (so a prior or mechanism registered by then is named)."""
+    return MODEL_FLAGS | {
+        "prior": Flag(help=f"{prior_specs()} (the preset's)"),
+        "attention": Flag(group=SCALAR, choices=mechanism_names(), help="head kind (standard)"),
+    }
+
 
 TRAIN_FLAGS = {
     "data": Flag(group="data", help="text folder, glob, file or hf:PATH[:COLUMN] (embedded Shakespeare)"),
@@ -222,9 +230,7 @@ def add_train_parser(commands) -> None:
         action="store_true",
         help="continue the run in --out with its arguments (those given must match; --steps may be raised)",
     )
-    attention = dataclasses.replace(MODEL_FLAGS["attention"], choices=mechanism_names())
-    model_flags = MODEL_FLAGS | {"attention": attention}
-    add_config_flags(groups, GPTConfig, "model", model_flags, skip=SHARED, default="the preset's")
+    add_config_flags(groups, GPTConfig, "model", model_flags(), skip=SHARED, default="the preset's")
     add_config_flags(groups, TrainConfig, "optimization", TRAIN_FLAGS)
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=train, parser=p)

@@ -1,7 +1,8 @@
 """Priors inside Hugging Face ``transformers`` decoders (``pip install priorattn[hf]``, transformers 5).
 
-``add_prior(model, "ggd")`` attaches a prior to every attention layer of a loaded model and switches
-it to the ``"priorattn"`` attention registered here with ``transformers.AttentionInterface``;
+``add_prior(model, "ggd")`` (any prior spec or Prior module) attaches a prior to every attention
+layer of a loaded model and switches it to the ``"priorattn"`` attention registered here with
+``transformers.AttentionInterface``;
 ``from_pretrained(dir)`` loads what ``save_pretrained`` wrote, priors included; ``extend`` fine-tunes
 such a model at a longer length (``python -m priorattn hf-extend``). See docs/hf.md.
 """
@@ -14,14 +15,13 @@ except ModuleNotFoundError as error:  # pragma: no cover - the message is the po
     ) from error
 
 from .attention import NAME, key_mask, prior_attention, register
-from .model import PRIOR_OPTIONS, CachedLM, WithoutRotation, add_prior, attention_layers, from_pretrained
+from .model import CachedLM, WithoutRotation, add_prior, attention_layers, from_pretrained
 
 register()
 
 __all__ = [
     "CachedLM",
     "NAME",
-    "PRIOR_OPTIONS",
     "WithoutRotation",
     "add_prior",
     "attention_layers",

@@ -3,7 +3,8 @@
 The prior becomes a submodule of every attention layer (``model.layers.3.self_attn.prior`` in a
 Llama), so its parameters are ordinary model parameters: the model's optimizer trains them,
 ``save_pretrained`` writes them next to the weights, and what :func:`add_prior` did is recorded in
-``config.json`` under ``"priorattn"``, from which :func:`from_pretrained` re-attaches them.
+``config.json`` under ``"priorattn"`` (the prior as its spec), from which :func:`from_pretrained`
+re-attaches them.
 """
 
 from __future__ import annotations
@@ -17,21 +18,12 @@ from torch import Tensor, nn
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from ..functional.api import check_options
-from ..models.gpt import GPTConfig, build_prior
-from ..priors import Prior
+from ..models.gpt import PRIOR_INITS
+from ..models.legacy import LEGACY_PRIOR_FIELDS, legacy_spec
+from ..priors import Prior, Uniform, build_prior
+from ..priors.registry import UnregisteredPrior
 from .attention import NAME
 
-#: The GPTConfig fields that describe a prior beyond its name, as ``train`` takes them.
-PRIOR_OPTIONS = (
-    "shared_prior",
-    "prior_init",
-    "ggd_trainable",
-    "goat_freqs",
-    "goat_sink",
-    "goat_slope",
-    "goat_sink_freqs",
-    "goat_sink_hidden",
-)
 CONFIG_KEY = "priorattn"  # where config.json records what add_prior did
 
 
@@ -68,28 +60,32 @@ class CachedLM(nn.Module):
 
 def add_prior(
     model: PreTrainedModel,
-    prior: str | Prior = "ggd",
+    prior: str | dict | list | Prior = "ggd",
     *,
     remove_rope: bool = False,
     seq_len: int | None = None,
     backend: str = "auto",
-    **options,
+    shared_prior: bool = False,
+    prior_init: str | None = None,
 ) -> PreTrainedModel:
     """Attach a prior to every attention layer of ``model`` and switch it to the ``"priorattn"`` attention.
 
-    - ``prior``: a name as ``train --prior`` takes it (``"uniform"``, ``"alibi"``, ``"ggd"``,
-      ``"goat"`` or a sum such as ``"alibi+goat"``), built for the model's query heads, or a
-      :class:`~priorattn.priors.Prior` module (copied into each layer).
-    - ``options``: the prior's :class:`~priorattn.models.GPTConfig` fields (:data:`PRIOR_OPTIONS`):
-      ``shared_prior=True`` puts one prior (one set of parameters) in every layer instead of one per
-      layer; ``prior_init``, ``ggd_trainable`` and ``goat_*`` configure a named prior.
+    - ``prior``: a prior spec as ``train --prior`` takes it (:mod:`priorattn.priors.spec`:
+      ``"ggd"``, ``"goat(num_freqs=4)+alibi"``, or the dict or list form), built for the model's
+      query heads; or a :class:`~priorattn.priors.Prior` module (copied into each layer).
+    - ``shared_prior=True`` puts one prior (one set of parameters) in every layer instead of one per
+      layer.
+    - ``prior_init``: where a spec's learnable priors start, as ``GPTConfig.prior_init``:
+      ``"uniform"`` (the default: standard attention) or ``"alibi"``. A module carries its own.
     - ``remove_rope``: turn the model's rotary embedding into the identity (NoPE + prior); by default
       RoPE stays and the prior adds to it.
-    - ``seq_len``: the length the model is (fine-)tuned at, which GOAT's sink normalises key
-      positions by; default ``config.max_position_embeddings``.
+    - ``seq_len``: the length the model is (fine-)tuned at, the ``train_len`` a spec's priors take
+      (GOAT's sink normalises key positions by it); default ``config.max_position_embeddings``.
     - ``backend``: the route of :func:`priorattn.attention`.
 
-    Returns ``model`` itself, changed in place; ``model.save_pretrained`` then records all of this.
+    Returns ``model`` itself, changed in place; ``model.save_pretrained`` then records all of this in
+    ``config.json``, the prior as its ``spec()`` (every option), so :func:`from_pretrained` builds
+    it again, whether it was given as a spec or as a module of a registered prior.
     """
     layers = attention_layers(model)
     if any("prior" in vars(layer) or "prior" in layer._modules for layer in layers):
@@ -100,29 +96,26 @@ def add_prior(
     text_config = model.config.get_text_config()
     heads = text_config.num_attention_heads
     seq_len = text_config.max_position_embeddings if seq_len is None else seq_len
-    unknown = sorted(set(options) - set(PRIOR_OPTIONS))
-    if unknown:
-        raise TypeError(f"add_prior got unknown options {unknown}: the prior's options are {PRIOR_OPTIONS}")
-    if isinstance(prior, str):
-        config = GPTConfig(
-            vocab_size=text_config.vocab_size,
-            seq_len=seq_len,
-            d_model=text_config.hidden_size,
-            n_layers=len(layers),
-            n_heads=heads,
-            head_dim=text_config.hidden_size // heads,
-            prior=prior,
-            backend=backend,
-            **options,
-        )
-        priors = _layer_priors(lambda: build_prior(config), len(layers), config.shared_prior)
+    if isinstance(prior, Prior):
+        if prior_init is not None:
+            raise TypeError("prior_init starts a prior built from a spec; a Prior module carries its own")
+        priors = _layer_priors(lambda: copy.deepcopy(prior), len(layers), shared_prior)
     else:
-        if set(options) - {"shared_prior"}:
-            raise TypeError(
-                f"options {sorted(options)} configure a named prior; a Prior module carries its own"
-            )
-        check_options(prior, heads, None, backend, heads=f"the model has {heads} query heads per layer")
-        priors = _layer_priors(lambda: copy.deepcopy(prior), len(layers), options.get("shared_prior"))
+        if prior_init is not None and prior_init not in PRIOR_INITS:
+            raise ValueError(f"prior_init must be one of {PRIOR_INITS}, got {prior_init!r}")
+        init = prior_init or "uniform"
+        priors = _layer_priors(
+            lambda: build_prior(prior, heads, train_len=seq_len, init=init), len(layers), shared_prior
+        )
+    heads_are = f"the model has {heads} query heads per layer"
+    check_options(priors[0], heads, None, backend, heads=heads_are)
+    record = dict(prior=None, shared_prior=bool(shared_prior), remove_rope=remove_rope, seq_len=seq_len)
+    try:
+        record["prior"] = priors[0].spec()
+    except UnregisteredPrior:  # it cannot describe itself: from_pretrained needs one given again
+        record["prior_module"] = type(priors[0]).__name__
+    if not isinstance(prior, Prior):  # a spec's uniform prior is standard attention: no prior at all
+        priors = [None if isinstance(p, Uniform) else p for p in priors]
     rotary = _rotary_embeddings(model) if remove_rope else []
     device = next(model.parameters()).device
     for i, (layer, layer_prior) in enumerate(zip(layers, priors)):
@@ -136,15 +129,7 @@ def add_prior(
     for parent, name, child in rotary:
         setattr(parent, name, WithoutRotation(child))
     model.set_attn_implementation(NAME)
-    name = prior if isinstance(prior, str) else None
-    model.config.priorattn = dict(
-        prior=name,
-        prior_module=None if name else type(prior).__name__,
-        remove_rope=remove_rope,
-        seq_len=seq_len,
-        backend=backend,
-        **options,
-    )
+    model.config.priorattn = record | dict(backend=backend)
     return model
 
 
@@ -201,26 +186,34 @@ def from_pretrained(path: str | Path, prior: Prior | None = None, **kwargs) -> P
     """Load a model that :func:`add_prior` changed and ``save_pretrained`` wrote, priors included.
 
     ``kwargs`` go to ``AutoModelForCausalLM.from_pretrained`` (local files only: nothing downloads).
-    ``prior``: needed only if the model was given a Prior module rather than a name; pass one built
-    the same way (its parameters are then loaded from ``path``).
+    The prior is built again from the spec ``config.json`` records and its parameters loaded from
+    ``path``. ``prior``: a module to use instead, needed only where the model was given a module of
+    an unregistered class (one that cannot describe itself), or saved by a version that recorded
+    only the class of a module; pass one built the same way. ``config.json`` files written before
+    the prior registry (a name and flattened ``GPTConfig`` fields) load as well.
     """
     path = model_dir(path)
     config = AutoConfig.from_pretrained(path, local_files_only=True)
-    spec = dict(getattr(config, CONFIG_KEY, None) or {})
-    if not spec:
+    record = dict(getattr(config, CONFIG_KEY, None) or {})
+    if not record:
         raise ValueError(
             f"{path}/config.json has no {CONFIG_KEY!r} entry: it was not saved after priorattn.hf.add_prior "
             "(load it with transformers, then call add_prior)"
         )
     del config.priorattn  # add_prior records it again
-    name, module = spec.pop("prior"), spec.pop("prior_module")
-    if name is None and not isinstance(prior, Prior):
+    spec, module = record.pop("prior"), record.pop("prior_module", None)
+    if isinstance(spec, str):  # a name, its options flattened beside it (before the prior registry)
+        flattened = {key: record.pop(key) for key in LEGACY_PRIOR_FIELDS if key in record}
+        spec = legacy_spec(spec, flattened)
+    if prior is not None:
+        record.pop("prior_init", None)  # a module carries its own start
+    elif spec is None:
         raise ValueError(
-            f"{path} was saved with a {module} module given to add_prior: pass prior= a {module} built "
-            "the same way (its parameters are loaded from the checkpoint)"
+            f"{path} was saved with a {module} module given to add_prior, which cannot describe itself: "
+            f"pass prior= a {module} built the same way (its parameters are loaded from the checkpoint)"
         )
     model = AutoModelForCausalLM.from_pretrained(path, config=config, local_files_only=True, **kwargs)
-    add_prior(model, name or prior, **spec)
+    add_prior(model, spec if prior is None else prior, **record)
     _load_prior_tensors(model, path)
     return model
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .. import priors
 from ..checks import describe, is_integer_tensor
 from ..data.packing import IGNORE_INDEX
 from ..encodings import Sinusoidal
@@ -26,13 +27,12 @@ from ..functional import BACKENDS
 from ..functional.api import check_normalizer
 from ..layers import KVCache
 from ..mechanisms import AuxLosses, aux_losses, check_attention_config, decoding_path, mechanism
-from ..priors import GGD, GOAT, ALiBi, Prior, Sum
+from ..priors import Prior, Uniform
 from ..token_shift import LayerCaches, TokenShift
+from .legacy import LEGACY_PRIOR_FIELDS, upgraded
 
-PRIORS = ("uniform", "alibi", "ggd", "goat")
 ENCODINGS = ("none", "rope", "sinusoidal", "local_rope")
 PRIOR_INITS = ("uniform", "alibi")
-GGD_PARAMETERS = ("alpha", "beta", "mu")
 
 
 @dataclass
@@ -53,7 +53,13 @@ class GPTConfig:
       in training only.
     - ``mlp_hidden``: SwiGLU hidden width; ``None`` becomes Llama's ``8/3 d_model`` rounded up to a
       multiple of 64, resolved when the config is made (so a saved config records the width).
-    - ``prior``: one of ``PRIORS`` or a sum of them written ``"alibi+goat"``.
+    - ``prior``: a prior spec (:mod:`priorattn.priors.spec`): a registered prior's name
+      (``priorattn.priors.names()``), with options, or a sum: ``"goat(num_freqs=3, slope=false)+alibi"``,
+      or its dict or list form. Kept as its canonical string (only the options that differ from the
+      defaults), so equal priors give equal configs. A config saved with the flattened fields of
+      earlier versions (``goat_freqs``, ``goat_sink``, ``goat_slope``, ``goat_sink_freqs``,
+      ``goat_sink_hidden``, ``ggd_trainable``) loads with them as the options of its GOAT and GGD
+      (:meth:`from_dict`).
     - ``encoding``: one of ``ENCODINGS``; ``"local_rope"`` is RoPE with a sliding ``window``
       (required). ``window`` with another encoding is plain sliding-window attention.
     - ``rope_interpolation``: RoPE position interpolation (Chen et al., 2023; a baseline of seed 003):
@@ -66,12 +72,11 @@ class GPTConfig:
       App. C), and GOAT replaces each layer's attention (seed 000 Algorithm 1).
     - ``prior_init``: ``"uniform"`` starts every learnable prior as standard attention (BAM's best,
       seed 003 App. F.1); ``"alibi"`` starts GGD at ALiBi and GOAT at its ALiBi-equivalent recency.
-    - ``ggd_trainable``: which GGD parameters learn (seed 003 trains alpha and beta, App. F.2).
+      The model's choice for every part of ``prior`` (the ``init`` its priors take from the model,
+      :class:`~priorattn.priors.FromModel`); a spec's own ``init=`` overrides it for that prior.
     - ``normalizer``: the map from logits to attention weights in every layer: ``"softmax"``,
       ``"sparsemax"``, ``"entmax15"`` or an entmax ``alpha > 1`` (seed 004 Sec. 4; not softmax runs
       on the reference route).
-    - ``goat_*``: GOAT's frequencies ``R``, key-only sink ``u(j)`` (its MLP's sinusoidal inputs and
-      hidden width) and key-linear slope; it folds into ``2R + sink + slope`` lanes of each head.
     - ``attention``: the attention mechanism of every block, a name in the registry
       (:mod:`priorattn.mechanisms`): ``"standard"``, or ``"scalar"``, ``"hybrid"`` or ``"mixed"``
       heads (seed 002), with the ``scalar_*`` fields configuring the scalar heads
@@ -100,12 +105,6 @@ class GPTConfig:
     ssmax: bool = False
     shared_prior: bool | None = None
     prior_init: str = "uniform"
-    ggd_trainable: tuple[str, ...] = ("alpha", "beta")
-    goat_freqs: int = 8
-    goat_sink: bool = True
-    goat_slope: bool = True
-    goat_sink_freqs: int = 8
-    goat_sink_hidden: int = 16
     norm_eps: float = 1e-5
     dropout: float = 0.0
     backend: str = "auto"
@@ -133,13 +132,10 @@ class GPTConfig:
             )
         if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
-        names = self.prior.split("+") if isinstance(self.prior, str) else [self.prior]
-        unknown = [name for name in names if name not in PRIORS]
-        if unknown:
-            raise ValueError(
-                f"unknown prior {unknown[0]!r} in prior={self.prior!r}: use one of {PRIORS} "
-                "or a sum of them such as 'alibi+goat'"
-            )
+        try:
+            self.prior = priors.canonical_spec(self.prior)
+        except ValueError as error:
+            raise ValueError(f"prior={self.prior!r}: {error}") from None
         if self.encoding not in ENCODINGS:
             raise ValueError(f"encoding must be one of {ENCODINGS}, got {self.encoding!r}")
         if self.encoding == "local_rope" and self.window is None:
@@ -159,11 +155,6 @@ class GPTConfig:
             raise ValueError(f"sinusoidal encoding needs an even d_model, got {self.d_model}")
         if self.prior_init not in PRIOR_INITS:
             raise ValueError(f"prior_init must be one of {PRIOR_INITS}, got {self.prior_init!r}")
-        self.ggd_trainable = tuple(self.ggd_trainable)  # a list after a JSON round trip
-        if not set(self.ggd_trainable) <= set(GGD_PARAMETERS):
-            raise ValueError(
-                f"ggd_trainable must name parameters in {GGD_PARAMETERS}, got {self.ggd_trainable}"
-            )
         if not isinstance(self.token_shift, bool):
             raise ValueError(f"token_shift must be True or False, got {self.token_shift!r}")
         if not 0.0 <= self.dropout < 1.0:
@@ -183,37 +174,22 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> GPTConfig:
-        unknown = set(data) - {f.name for f in fields(cls)}
+        """The config :meth:`to_dict` gave, or one saved by an earlier version: fields added since
+        take their defaults, and the flattened prior fields become the options of ``prior``."""
+        unknown = set(data) - {f.name for f in fields(cls)} - set(LEGACY_PRIOR_FIELDS)
         if unknown:
             raise ValueError(f"unknown GPTConfig fields {sorted(unknown)}")
-        return cls(**data)
+        return cls(**upgraded(data))
 
 
 def build_prior(config: GPTConfig) -> Prior | None:
-    """One attention layer's prior from ``config.prior``; ``None`` for uniform (standard attention)."""
-    H, from_alibi = prior_heads(config), config.prior_init == "alibi"
-    parts = []
-    for name in config.prior.split("+"):
-        if name == "alibi":
-            parts.append(ALiBi(H))
-        elif name == "ggd":
-            init = "alibi" if from_alibi else "uniform"
-            parts.append(GGD(H, init=init, trainable=config.ggd_trainable))
-        elif name == "goat":
-            goat = GOAT(
-                H,
-                config.goat_freqs,
-                sink=config.goat_sink,
-                slope=config.goat_slope,
-                init="recency" if from_alibi else "uniform",
-                train_len=config.seq_len,
-                sink_freqs=config.goat_sink_freqs,
-                sink_hidden=config.goat_sink_hidden,
-            )
-            parts.append(goat)
-    if not parts:
-        return None
-    return parts[0] if len(parts) == 1 else Sum(*parts)
+    """One attention layer's prior: ``config.prior`` built for the layer's prior heads, with the
+    model's training length (``seq_len``) and start (``prior_init``) as its context
+    (:func:`priorattn.priors.build_prior`); ``None`` for uniform (standard attention)."""
+    prior = priors.build_prior(
+        config.prior, prior_heads(config), train_len=config.seq_len, init=config.prior_init
+    )
+    return None if isinstance(prior, Uniform) else prior
 
 
 class SwiGLU(nn.Module):

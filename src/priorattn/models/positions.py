@@ -1,12 +1,16 @@
 """The positional mechanisms the studies compare, in one vocabulary.
 
-A mechanism is a position name from :data:`POSITIONS`, optionally with SSMax (``"bam+ssmax"``), so a
-result can be told apart as coming from the prior or from SSMax. Every study (``compare``, the
-retrieval study, DNA) names its models this way, and :func:`mechanism_fields` turns a name into the
-:class:`~priorattn.models.GPTConfig` fields that differ from the defaults.
+A mechanism is a position name, optionally with SSMax (``"bam+ssmax"``), so a result can be told
+apart as coming from the prior or from SSMax. The positions are :data:`POSITIONS` and every prior
+registered by name (:func:`positions`: a new prior file is a position of every study that reads
+them). Every study (``compare``, the retrieval study, DNA) names its models this way, and
+:func:`mechanism_fields` turns a name into the :class:`~priorattn.models.GPTConfig` fields that differ
+from the defaults.
 """
 
 from __future__ import annotations
+
+from ..priors import names, registered
 
 #: name -> (label, GPTConfig fields): the positional mechanisms of seed 003 Fig. 2 / App. F.4 and
 #: seed 000 Fig. 3. ``local_rope`` needs a ``window``, which each study sets.
@@ -20,29 +24,43 @@ POSITIONS: dict[str, tuple[str, dict]] = {
     "local_rope": ("RoPE local", dict(encoding="local_rope")),
 }
 SSMAX = "+ssmax"
-#: Every mechanism name: each position with and without SSMax.
-MECHANISMS = tuple(m for p in POSITIONS for m in (p, p + SSMAX))
 
 
-def split_mechanism(mechanism: str, positions=POSITIONS) -> tuple[str, bool]:
+def positions() -> dict[str, tuple[str, dict]]:
+    """:data:`POSITIONS`, then every prior registered now (:func:`priorattn.priors.names`) under its
+    name, labelled by its class (``"GGD"``), as ``prior=name``."""
+    registry = {name: (registered(name).cls.__name__, dict(prior=name)) for name in names()}
+    return POSITIONS | {name: entry for name, entry in registry.items() if name not in POSITIONS}
+
+
+def mechanisms() -> tuple[str, ...]:
+    """Every mechanism name: each of :func:`positions` with and without SSMax."""
+    return tuple(m for p in positions() for m in (p, p + SSMAX))
+
+
+def split_mechanism(mechanism: str, table: dict | None = None) -> tuple[str, bool]:
     """``("bam", True)`` for ``"bam+ssmax"``; a ValueError naming the known positions otherwise.
-    ``positions`` is the table the name must come from (a study may add evaluation variants)."""
+    ``table`` is the positions the name must come from (a study may add evaluation variants; default
+    :func:`positions`)."""
+    table = positions() if table is None else table
     position, ssmax = (mechanism[: -len(SSMAX)], True) if mechanism.endswith(SSMAX) else (mechanism, False)
-    if position not in positions:
+    if position not in table:
         raise ValueError(
-            f"unknown mechanism {mechanism!r}: use one of {', '.join(positions)}, each optionally with "
+            f"unknown mechanism {mechanism!r}: use one of {', '.join(table)}, each optionally with "
             f"'{SSMAX}' (e.g. 'bam{SSMAX}')"
         )
     return position, ssmax
 
 
-def mechanism_label(mechanism: str, positions=POSITIONS) -> str:
+def mechanism_label(mechanism: str, table: dict | None = None) -> str:
     """``"BAM + SSMax"`` for ``"bam+ssmax"``."""
-    position, ssmax = split_mechanism(mechanism, positions)
-    return positions[position][0] + (" + SSMax" if ssmax else "")
+    table = positions() if table is None else table
+    position, ssmax = split_mechanism(mechanism, table)
+    return table[position][0] + (" + SSMax" if ssmax else "")
 
 
-def mechanism_fields(mechanism: str, positions=POSITIONS) -> dict:
+def mechanism_fields(mechanism: str, table: dict | None = None) -> dict:
     """The GPTConfig fields of ``mechanism``: its position's, plus ``ssmax=True`` with SSMax."""
-    position, ssmax = split_mechanism(mechanism, positions)
-    return dict(positions[position][1], **({"ssmax": True} if ssmax else {}))
+    table = positions() if table is None else table
+    position, ssmax = split_mechanism(mechanism, table)
+    return dict(table[position][1], **({"ssmax": True} if ssmax else {}))

@@ -1,20 +1,37 @@
-"""Priors: each a small Module with a dense ``log_prior`` and, where it can, a fold into q/k lanes."""
+"""Priors: each a small Module with a dense ``log_prior`` and, where it can, a fold into q/k lanes.
+
+Each prior's file registers it by name with its options (:mod:`.registry`), so a prior is a spec
+as plain data (:mod:`.spec`): ``build_prior("goat(num_freqs=4)+alibi", num_heads)``, ``prior.spec()``.
+"""
 
 from .alibi import ALiBi
 from .base import FoldLanes, Prior, alibi_slopes
 from .ggd import GGD
 from .goat import GOAT, GOATSink
+from .registry import CONTEXT, FromModel, Option, names, options, register, registered
+from .spec import build_prior, canonical_spec, read_spec, with_defaults
 from .sum import Sum
 from .uniform import Uniform
 
 __all__ = [
     "ALiBi",
+    "CONTEXT",
     "FoldLanes",
+    "FromModel",
     "GGD",
     "GOAT",
     "GOATSink",
+    "Option",
     "Prior",
     "Sum",
     "Uniform",
     "alibi_slopes",
+    "build_prior",
+    "canonical_spec",
+    "names",
+    "options",
+    "read_spec",
+    "register",
+    "registered",
+    "with_defaults",
 ]

@@ -7,6 +7,7 @@ from torch import Tensor
 
 from ..checks import check_int
 from .base import FoldLanes, PositionTable, Prior, alibi_slopes, per_head, relative_positions
+from .registry import register
 
 
 class ALiBi(Prior):
@@ -72,3 +73,6 @@ class ALiBi(Prior):
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}"
+
+
+register("alibi", ALiBi)  # its slopes are a buffer: a checkpoint holds them

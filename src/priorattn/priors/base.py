@@ -11,6 +11,8 @@ Attention routes ask it for what they need:
   ``can_fold(causal)`` true implement it.
 - ``is_relative``: whether the log-prior depends on ``q_pos - k_pos`` only, so a route may evaluate
   it once per lag.
+- ``spec()``: the prior as plain data (its registered name and options), from which
+  :func:`~priorattn.priors.build_prior` builds it again (:mod:`priorattn.priors.registry`).
 
 A prior never knows about routes, masks, caches or models.
 """
@@ -25,6 +27,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 from torch.amp.autocast_mode import is_autocast_available
+
+from .registry import spec_of
 
 
 class FoldLanes(NamedTuple):
@@ -56,6 +60,19 @@ class Prior(nn.Module):
 
     #: Number of heads the prior has parameters for; ``None`` means the same for every head.
     num_heads: int | None = None
+
+    def __new__(cls, *args, **kwargs):
+        prior = super().__new__(cls)
+        # The arguments it is made with, kept before __init__ runs: :meth:`spec` reads its options from these.
+        prior.__dict__["made_with"] = (args, kwargs)
+        return prior
+
+    def spec(self) -> dict | list:
+        """This prior as plain data: ``{"name": ..., option: value, ...}`` with every option of its
+        registration valued as it was made (a list of its parts' specs for a sum), so that
+        ``build_prior(prior.spec(), prior.num_heads)`` makes the same prior (its parameters then
+        come from a checkpoint). A TypeError for a class that is not registered."""
+        return spec_of(self)
 
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """Dense log-prior ``(..., H, Lq, Lk)`` for integer positions ``(..., Lq)`` and ``(..., Lk)``."""

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from ..checks import check_int
 from .base import PositionTable, Prior, alibi_slopes
+from .registry import FromModel, register
 
 PARAMETERS = ("alpha", "beta", "mu")
 
@@ -78,3 +79,12 @@ class GGD(Prior):
     def extra_repr(self) -> str:
         trainable = [n for n in PARAMETERS if getattr(self, f"theta_{n}").requires_grad]
         return f"num_heads={self.num_heads}, eps={self.eps:g}, trainable={tuple(trainable)}"
+
+
+register(
+    "ggd",
+    GGD,
+    init=FromModel("'uniform' (every parameter 0: standard attention) or 'alibi' (ALiBi up to eps)", "init"),
+    trainable="which of alpha, beta, mu learn (seed 003 trains alpha and beta, App. F.2)",
+    eps="added to |j - i - mu|, so a negative shape stays finite at j - i = mu",
+)

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from ..checks import check_int
 from .base import FoldLanes, PositionTable, Prior, alibi_slopes, in_own_dtype
+from .registry import FromModel, register
 
 
 def geometric_freqs(num_freqs: int, base: float) -> Tensor:
@@ -247,3 +248,26 @@ class GOAT(Prior):
             f"num_heads={self.num_heads}, num_freqs={self.alpha.shape[1]}, "
             f"sink={self.sink is not None}, slope={self.slope is not None}"
         )
+
+
+register(
+    "goat",
+    GOAT,
+    num_freqs="R, the relative part's geometric frequencies (2 lanes each when folded; 0: none)",
+    sink="add the key-only sink u_h(j) of GOATSink (1 lane)",
+    slope="add the recency term -m_h |i - j| (1 lane; folds under a causal mask only)",
+    init=FromModel(
+        "'uniform' (K = 0: standard attention) or 'recency' (ALiBi); a model starting at 'alibi' gives "
+        "'recency'",
+        "init",
+        {"uniform": "uniform", "alibi": "recency"},
+    ),
+    learnable_freqs="train the frequencies w_r too (the paper's open question 2)",
+    freq_base="the lowest frequency is 1 / freq_base radians per token (relative part and sink)",
+    train_len=FromModel(
+        "the length the sink's inputs are normalised by, and init='recency' fits", "train_len"
+    ),
+    sink_freqs="the sink MLP's sinusoidal input frequencies",
+    sink_hidden="the sink MLP's hidden width",
+    max_slope="m_h is clamped to [-max_slope, max_slope]",
+)

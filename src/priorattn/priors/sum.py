@@ -20,6 +20,10 @@ class Sum(Prior):
         self.num_heads = heads.pop() if heads else None
         self.parts = nn.ModuleList(priors)
 
+    def spec(self) -> list:
+        """The parts' specs, in order: a list spec builds this sum again."""
+        return [p.spec() for p in self.parts]
+
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         return sum(p.log_prior(q_pos, k_pos) for p in self.parts)
 

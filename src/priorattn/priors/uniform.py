@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from .base import FoldLanes, Prior
+from .registry import register
 
 
 class Uniform(Prior):
@@ -27,3 +28,6 @@ class Uniform(Prior):
         return FoldLanes(
             torch.zeros(1, q_pos.shape[-1], 0, **empty), torch.zeros(1, k_pos.shape[-1], 0, **empty)
         )
+
+
+register("uniform", Uniform)

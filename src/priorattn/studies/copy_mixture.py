@@ -145,9 +145,8 @@ def build_model(config: CopyMixtureConfig) -> nn.Module:
                 d_model=config.d_model,
                 n_layers=1,
                 n_heads=config.heads,
-                prior="goat",
-                goat_freqs=config.goat_freqs,
-                goat_slope=False,  # seed 000 Fig. 1 has a sink and a relative part only
+                # seed 000 Fig. 1 has a sink and a relative part only
+                prior=dict(name="goat", num_freqs=config.goat_freqs, slope=False),
             )
         )
     prior = GOAT(config.heads, config.goat_freqs, slope=False, train_len=config.length)

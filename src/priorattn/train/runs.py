@@ -15,6 +15,7 @@ from pathlib import Path
 from ..data import Tokenizer, load_tokenizer, read_data_record
 from ..files import as_saved, prepare_out, read_json, write_atomic
 from ..models import GPT, GPTConfig
+from ..priors import read_spec, registered
 from . import checkpoint as ckpt
 from .config import TrainConfig
 
@@ -147,7 +148,7 @@ def truncate_metrics(path: Path, step: int) -> None:
 
 
 #: Legend words for the names a run's config uses.
-PRIOR_WORDS = {"alibi": "ALiBi", "ggd": "GGD (BAM)", "goat": "GOAT"}
+PRIOR_WORDS = {"ggd": "GGD (BAM)"}  # legend words of the priors not called by their class's name
 ENCODING_WORDS = {"rope": "RoPE", "sinusoidal": "sinusoidal encoding", "local_rope": "local RoPE"}
 
 
@@ -160,10 +161,9 @@ def run_label(run_dir: Path) -> str:
         return run_dir.name
     config = read_json(path)
     if "model_type" in config:  # a transformers model
-        spec = config.get("priorattn") or {}
-        name = spec.get("prior") or "uniform"
-        parts = [config["model_type"], *prior_words(name)]
-        return " + ".join(parts) + (" without RoPE" if spec.get("remove_rope") else "")
+        record = config.get("priorattn") or {}
+        parts = [config["model_type"], *prior_words(record.get("prior") or "uniform")]
+        return " + ".join(parts) + (" without RoPE" if record.get("remove_rope") else "")
     model = config["model"]
     parts = prior_words(model["prior"])
     if model["encoding"] != "none":
@@ -173,7 +173,16 @@ def run_label(run_dir: Path) -> str:
     return " + ".join(parts) if parts else "no positional encoding (NoPE)"
 
 
-def prior_words(prior: str) -> list[str]:
-    """``["GGD (BAM) + GOAT prior"]`` for ``"ggd+goat"``; nothing for ``"uniform"``."""
-    priors = [PRIOR_WORDS.get(p, p) for p in prior.split("+") if p != "uniform"]
-    return [" + ".join(priors) + " prior"] if priors else []
+def prior_words(spec) -> list[str]:
+    """``["GGD (BAM) + GOAT prior"]`` for the spec ``"ggd+goat(num_freqs=3)"`` (or its dict or list
+    form); nothing for ``"uniform"``; the spec itself for a prior not registered here."""
+    try:
+        names = _names(read_spec(spec))
+    except ValueError:
+        return [f"{spec} prior"]
+    words = [PRIOR_WORDS.get(name, registered(name).cls.__name__) for name in names if name != "uniform"]
+    return [" + ".join(words) + " prior"] if words else []
+
+
+def _names(data) -> list[str]:
+    return [n for part in data for n in _names(part)] if isinstance(data, list) else [data["name"]]

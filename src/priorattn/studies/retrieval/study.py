@@ -45,7 +45,7 @@ from ...files import as_saved, prepare_out, read_json, sha256_of, write_atomic, 
 from ...models import GPT, GPTConfig
 from ...models.positions import POSITIONS as MODEL_POSITIONS
 from ...models.positions import SSMAX, mechanism_label, split_mechanism
-from ...priors import GGD, GOAT
+from ...priors import GGD, GOAT, with_defaults
 from ...ssmax import SSMax
 from ...train import TrainConfig
 from ...train.optim import build_optimizer, build_scheduler, clip_gradients
@@ -193,13 +193,13 @@ class RetrievalStudyConfig:
         fields = dict(POSITIONS[position][1])
         if fields.get("encoding") == "local_rope":
             fields["window"] = self.train_len
+        fields["prior"] = with_defaults(fields.get("prior", "uniform"), goat=dict(num_freqs=self.goat_freqs))
         return GPTConfig(
             vocab_size=SyntheticTask(self.tasks[0]).vocab_size,
             seq_len=self.train_len,
             d_model=self.d_model,
             n_layers=self.n_layers,
             n_heads=self.n_heads,
-            goat_freqs=self.goat_freqs,
             token_shift=self.token_shift,
             ssmax=ssmax,
             **fields,
@@ -395,7 +395,10 @@ def trained_model(config: RetrievalStudyConfig, mechanism: str, seed: int, model
     model = GPT(config.model_config(mechanism))
     if record_path.exists() and weights.exists():
         record = read_json(record_path)
-        if record.get("settings") == settings and record.get("weights_sha256") == sha256_of(weights):
+        recorded = record.get("settings") or {}
+        if "model" in recorded:  # as today's config writes it (a record may hold flattened prior fields)
+            recorded = recorded | dict(model=as_saved(GPTConfig.from_dict(recorded["model"]).to_dict()))
+        if recorded == settings and record.get("weights_sha256") == sha256_of(weights):
             load_model(model, str(weights))
             return model.eval(), record, True
     model, training = train_synthetic(config, mechanism, seed, progress)

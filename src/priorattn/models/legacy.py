@@ -1,0 +1,41 @@
+"""Configs saved before the prior registry, read today.
+
+Up to commit a7edaba a ``GPTConfig`` (and what ``priorattn.hf.add_prior`` recorded) named its prior
+(``"goat"``, ``"alibi+ggd"``) and held GOAT's and GGD's options as flattened fields of its own
+(:data:`LEGACY_PRIOR_FIELDS`). They are now options of the prior spec; :func:`legacy_spec` moves
+them there, so such a config builds the same model (same parameter names, same outputs:
+``tests/models/test_legacy_configs.py``).
+"""
+
+from __future__ import annotations
+
+from ..priors import with_defaults
+
+#: Flattened field -> (the prior it configured, its option there).
+LEGACY_PRIOR_FIELDS = {
+    "goat_freqs": ("goat", "num_freqs"),
+    "goat_sink": ("goat", "sink"),
+    "goat_slope": ("goat", "slope"),
+    "goat_sink_freqs": ("goat", "sink_freqs"),
+    "goat_sink_hidden": ("goat", "sink_hidden"),
+    "ggd_trainable": ("ggd", "trainable"),
+}
+
+
+def legacy_spec(prior: str, flattened: dict) -> dict | list:
+    """``prior`` (a name or names joined by ``+``, as saved then) with the ``flattened`` fields'
+    values as the options of the priors they configured (those it does not hold are dropped)."""
+    by_prior: dict[str, dict] = {}
+    for field, value in flattened.items():
+        name, option = LEGACY_PRIOR_FIELDS[field]
+        by_prior.setdefault(name, {})[option] = value
+    return with_defaults(prior, **by_prior)
+
+
+def upgraded(data: dict) -> dict:
+    """A saved ``GPTConfig`` dict with its flattened prior fields, if any, moved into ``prior``."""
+    flattened = {key: data[key] for key in LEGACY_PRIOR_FIELDS if key in data}
+    if not flattened:
+        return data
+    kept = {key: value for key, value in data.items() if key not in LEGACY_PRIOR_FIELDS}
+    return kept | dict(prior=legacy_spec(data.get("prior", "uniform"), flattened))

@@ -1,0 +1,56 @@
+"""transformers models saved by ``add_prior`` before the prior registry load and give the logits they
+gave then: fixtures in ``fixtures/legacy`` (see its README)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import priorattn.hf as phf
+from priorattn.priors import GGD, GOAT, Sum
+
+FIXTURES = Path(__file__).parent / "fixtures" / "legacy"
+
+
+def expected(name: str) -> dict:
+    return load_file(str(FIXTURES / name / "expected.safetensors"))
+
+
+@pytest.mark.parametrize(
+    "name, shared",
+    [("goat_shared", True), ("alibi_ggd", False)],
+)
+def test_a_legacy_checkpoint_of_a_named_prior_loads_with_its_options(name, shared):
+    model = phf.from_pretrained(FIXTURES / name).eval()
+    with torch.no_grad():
+        logits = model(expected(name)["tokens"]).logits
+    torch.testing.assert_close(logits, expected(name)["logits"], rtol=0, atol=0)
+    priors = [layer.prior for layer in phf.attention_layers(model)]
+    assert (priors[0] is priors[1]) == shared
+    assert model.config.priorattn["shared_prior"] == shared
+
+
+def test_legacy_options_become_the_priors_options():
+    goat = phf.attention_layers(phf.from_pretrained(FIXTURES / "goat_shared"))[0].prior
+    assert isinstance(goat, GOAT)
+    assert (
+        goat.spec() | dict(init="recency")
+        == GOAT(2, 2, init="recency", train_len=16, sink_freqs=2, sink_hidden=3).spec()
+    )
+    alibi_ggd = phf.attention_layers(phf.from_pretrained(FIXTURES / "alibi_ggd"))[1].prior
+    assert isinstance(alibi_ggd, Sum)
+    assert alibi_ggd.spec()[1]["trainable"] == ["alpha", "beta", "mu"]
+    assert all(p.requires_grad for p in alibi_ggd.parts[1].parameters())
+
+
+def test_a_legacy_checkpoint_of_a_module_loads_with_the_module_given_again():
+    path = FIXTURES / "ggd_module"
+    with pytest.raises(ValueError, match="with a GGD module .* pass prior= a GGD built the same way"):
+        phf.from_pretrained(path)
+    model = phf.from_pretrained(path, prior=GGD(2, trainable=("alpha", "beta", "mu"))).eval()
+    with torch.no_grad():
+        logits = model(expected("ggd_module")["tokens"]).logits
+    torch.testing.assert_close(logits, expected("ggd_module")["logits"], rtol=0, atol=0)

@@ -1,0 +1,76 @@
+"""Runs saved with the flattened prior fields (``goat_freqs``, ``ggd_trainable``, ...) of priorattn at
+commit a7edaba build the same model today: fixtures in ``fixtures/legacy_runs`` (see its README)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from priorattn.models import GPT, GPTConfig
+from priorattn.train.runs import saved_configs
+
+FIXTURES = Path(__file__).parent / "fixtures" / "legacy_runs"
+RUNS = sorted(path.name for path in FIXTURES.iterdir() if path.is_dir())
+#: What each saved run's prior reads as today.
+SPECS = {
+    "alibi_ggd_goat": "alibi+ggd(trainable=[alpha, mu])+goat(num_freqs=1, sink=false)",
+    "ggd": "ggd",
+    "goat": "goat(num_freqs=2, slope=false, sink_freqs=3, sink_hidden=5)",
+}
+
+
+def saved(name: str) -> tuple[dict, dict, dict]:
+    run = FIXTURES / name
+    configs = json.loads((run / "config.json").read_text())
+    return (
+        configs,
+        load_file(str(run / "tensors.safetensors")),
+        json.loads((run / "parameters.json").read_text()),
+    )
+
+
+def test_every_fixture_is_checked():
+    assert RUNS == sorted(SPECS)
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_a_legacy_config_reads_its_flattened_fields_as_prior_options(name):
+    configs, _, _ = saved(name)
+    config = GPTConfig.from_dict(configs["model"])
+    assert config.prior == SPECS[name]
+    assert config.prior_init == configs["model"]["prior_init"]
+    assert GPTConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_a_legacy_run_builds_the_same_parameters_init_and_outputs(name):
+    configs, tensors, parameters = saved(name)
+    torch.manual_seed(0)  # as the fixture's model was built
+    model = GPT(GPTConfig.from_dict(configs["model"]))
+    init = {key.removeprefix("init."): value for key, value in tensors.items() if key.startswith("init.")}
+    state = model.state_dict()
+    assert init and all(torch.equal(state[key], value) for key, value in init.items())
+    weights = {
+        key.removeprefix("model."): value for key, value in tensors.items() if key.startswith("model.")
+    }
+    assert sorted(state) == sorted(weights)
+    model.load_state_dict(weights, strict=True)
+    trainable = sorted(n for n, p in model.named_parameters() if p.requires_grad and ".prior." in n)
+    assert trainable == parameters["trainable_prior"]
+    assert sorted(n for n, p in model.named_parameters() if not p.requires_grad) == parameters["frozen"]
+    with torch.no_grad():
+        logits = model(tensors["tokens"])[0]
+    torch.testing.assert_close(logits, tensors["logits"], rtol=0, atol=0)
+
+
+def test_a_legacy_run_resumes_with_todays_config_of_the_same_model():
+    configs, _, _ = saved("goat")
+    today = GPTConfig(
+        **{key: value for key, value in configs["model"].items() if not key.startswith(("goat_", "ggd_"))}
+        | dict(prior=SPECS["goat"])
+    )
+    assert saved_configs(configs)["model"] == today.to_dict()
