@@ -40,6 +40,8 @@ def legacy_spec(prior: str, flattened: dict) -> dict | list:
         by_prior.setdefault(name, {})[option] = (
             LEGACY_VALUES[field][value] if field in LEGACY_VALUES else value
         )
+    if "goat" in prior.split("+"):  # GOAT's sink then, where the fields left it at its default
+        by_prior.setdefault("goat", {}).setdefault("sink", "per_head")
     return with_defaults(prior, **by_prior)
 
 

@@ -218,8 +218,12 @@ class GOAT(Prior):
     ):
         super().__init__()
         # Before issue 28 sink and slope were true or false.
-        sink = {True: "shared", False: "none", "true": "shared", "false": "none"}.get(sink, sink)
-        slope = {True: "learned", False: "none", "true": "learned", "false": "none"}.get(slope, slope)
+        if isinstance(sink, bool | str):
+            sink = {"True": "shared", "False": "none", "true": "shared", "false": "none"}.get(str(sink), sink)
+        if isinstance(slope, bool | str):
+            slope = {"True": "learned", "False": "none", "true": "learned", "false": "none"}.get(
+                str(slope), slope
+            )
         args, kwargs = self.made_with
         self.__dict__["made_with"] = (args, {**kwargs, "sink": sink, "slope": slope})
         if not isinstance(num_heads, int) or num_heads < 1:
