@@ -12,7 +12,14 @@ from priorattn import cli
 from priorattn.functional.sdpa import decode
 from priorattn.priors import GGD, GOAT, ALiBi, Prior, Sum, Uniform
 
-PRIOR_NAMES = ("uniform", "alibi", "ggd", "ggd_negative", "goat", "goat_noslope", "sum")
+#: GOAT's variants among the priors, by name: the options of each.
+GOATS = {
+    "goat": dict(),  # the shared sink and a learned slope
+    "goat_noslope": dict(slope="none", sink="per_head"),
+    "goat_fixed": dict(slope="fixed", sink="none"),
+    "goat_gate": dict(gate=True),
+}
+PRIOR_NAMES = ("uniform", "alibi", "ggd", "ggd_negative", *GOATS, "sum")
 #: Devices the route comparisons run on: the CPU, and CUDA where there is one.
 DEVICES = [
     "cpu",
@@ -40,8 +47,8 @@ def make_prior(name: str, heads: int, seed: int = 0, dtype=torch.float64) -> Pri
             beta = rand(heads, scale=0.5) + (-0.6 if name == "ggd_negative" else 1.0)
             prior.theta_beta.copy_(beta)
             prior.theta_mu.copy_(rand(heads, scale=0.5))
-    elif name in ("goat", "goat_noslope"):
-        prior = GOAT(heads, 3, slope=name == "goat", train_len=64, sink_freqs=2, sink_hidden=4)
+    elif name in GOATS:
+        prior = GOAT(heads, 3, **GOATS[name], train_len=64, sink_freqs=2, sink_hidden=4)
         with torch.no_grad():
             for p in prior.parameters():
                 p.copy_(rand(*p.shape, scale=0.5))

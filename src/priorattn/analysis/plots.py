@@ -92,7 +92,9 @@ def illustrative_goat(num_heads: int, length: int, sink: bool = True) -> GOAT:
     alone (seed 000 Eq. 12); the sink spike ``u_h(0) = m_h length / 4`` outweighs that recency for
     the first quarter of the queries, so both behaviours show.
     """
-    prior = GOAT(num_heads, init="recency", slope=False, sink=sink, train_len=length)
+    prior = GOAT(
+        num_heads, init="recency", slope="none", sink="per_head" if sink else "none", train_len=length
+    )
     if sink:
         spike_sink(prior.sink, alibi_slopes(num_heads).to(prior.alpha.dtype) * length / 4)
     return prior

@@ -22,7 +22,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from ..priors import Prior
 from ..ssmax import Scaling
 from .masks import Masking
-from .prior_inputs import split_prior
+from .prior_inputs import prior_factor, split_prior
 from .reference import compute_dtype
 
 
@@ -120,9 +120,10 @@ def flex_route(
     B, H, Lq, _ = q.shape
     dtype = compute_dtype(q.dtype)
     factor = None if ssmax is None else ssmax.factor(masking.visible_keys()).to(dtype).expand(B, H, Lq, 1)
-    scale_prior = ssmax is not None and ssmax.scale_prior
+    row_factor = prior_factor(q, prior, factor, ssmax is not None and ssmax.scale_prior)
+    row_factor = None if row_factor is None else row_factor.to(dtype).expand(B, H, Lq, 1)
     q_pos, k_pos = masking.q_pos.expand(B, Lq), masking.k_pos.expand(B, -1)
-    inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, scale_prior)
+    inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, row_factor)
     if inputs.dense is not None:
         raise ValueError(
             f"backend='flex' needs a prior that folds or a relative prior on contiguous "
@@ -146,8 +147,8 @@ def flex_route(
             bias = bias - slope[h] * (q_pos[b, q_idx] - k_pos[b, kv_idx]).to(score.dtype)
         if table is not None:
             bias = bias + table[h, q_idx - kv_idx + offset]
-        if factor is not None and scale_prior:
-            bias = bias * factor[b, h, q_idx, 0]
+        if row_factor is not None:  # SSMax's factor, a query gate
+            bias = bias * row_factor[b, h, q_idx, 0]
         return score + bias
 
     mask = block_mask(masking, B)

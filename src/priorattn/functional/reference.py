@@ -27,13 +27,22 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def prior_logits(
-    q: Tensor, k: Tensor, log_prior: Tensor | None, scale: float, ssmax: Scaling | None, visible: Tensor
+    q: Tensor,
+    k: Tensor,
+    log_prior: Tensor | None,
+    scale: float,
+    ssmax: Scaling | None,
+    visible: Tensor,
+    gate: Tensor | None = None,
 ) -> Tensor:
-    """Logits ``(B, H, lq, lk)`` of (already sliced) queries against keys, plus their log-prior tile."""
+    """Logits ``(B, H, lq, lk)`` of (already sliced) queries against keys, plus their log-prior tile
+    times the prior's query ``gate`` ``(B, H, lq, 1)`` where it has one."""
     dtype = compute_dtype(q.dtype)
     content = scale * grouped_scores(q.to(dtype), k.to(dtype))
     if log_prior is not None:
         log_prior = log_prior.to(dtype)
+        if gate is not None:
+            log_prior = log_prior * gate.to(dtype)
     if ssmax is not None:
         factor = ssmax.factor(visible.sum(-1)[:, 0]).to(dtype)
         content = content * factor
@@ -59,6 +68,7 @@ def reference_attention(
     """
     visible = masking.visible()
     log_prior = None if prior is None else prior.log_prior(masking.q_pos, masking.k_pos)
-    logits = prior_logits(q, k, log_prior, scale, ssmax, visible)
+    gate = None if prior is None else prior.query_gate(q)
+    logits = prior_logits(q, k, log_prior, scale, ssmax, visible, gate)
     probs = normalize(logits, visible)
     return grouped_values(probs, v.to(probs.dtype)).to(v.dtype)
