@@ -11,6 +11,7 @@ from .goat import GOAT, GOATSink
 from .registry import CONTEXT, FromModel, Option, names, options, register, registered
 from .spec import build_prior, canonical_spec, read_spec, with_defaults
 from .sum import Sum
+from .t5 import T5Bias
 from .uniform import Uniform
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "Option",
     "Prior",
     "Sum",
+    "T5Bias",
     "Uniform",
     "alibi_slopes",
     "build_prior",
