@@ -10,7 +10,7 @@ import torch
 
 from priorattn import cli
 from priorattn.functional.sdpa import decode
-from priorattn.priors import GGD, GOAT, ALiBi, Prior, Sum, T5Bias, Uniform
+from priorattn.priors import GGD, GOAT, KERPLE, ALiBi, Prior, Sum, T5Bias, Uniform
 
 PRIOR_NAMES = (
     "uniform",
@@ -22,6 +22,8 @@ PRIOR_NAMES = (
     "sum",
     "t5",
     "t5_bidirectional",
+    "kerple_log",
+    "kerple_power",
 )
 #: Devices the route comparisons run on: the CPU, and CUDA where there is one.
 DEVICES = [
@@ -60,6 +62,11 @@ def make_prior(name: str, heads: int, seed: int = 0, dtype=torch.float64) -> Pri
         prior = T5Bias(heads, num_buckets=8, max_distance=12, bidirectional=name == "t5_bidirectional")
         with torch.no_grad():
             prior.bias.copy_(rand(*prior.bias.shape))
+    elif name in ("kerple_log", "kerple_power"):
+        prior = KERPLE(heads, variant=name.removeprefix("kerple_"))
+        with torch.no_grad():
+            for p in prior.parameters():
+                p.copy_(rand(*p.shape))
     elif name == "sum":
         return Sum(make_prior("alibi", heads, seed, dtype), make_prior("goat", heads, seed + 1, dtype))
     else:

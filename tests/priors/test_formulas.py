@@ -7,10 +7,11 @@ import math
 import pytest
 import torch
 from factories import make_prior
+from test_kerple import kerple_by_hand
 from test_t5 import t5_bucket_by_hand
 
 import priorattn
-from priorattn.priors import GGD, GOAT, ALiBi, Sum, T5Bias, Uniform, alibi_slopes
+from priorattn.priors import GGD, GOAT, KERPLE, ALiBi, Sum, T5Bias, Uniform, alibi_slopes
 from priorattn.priors.base import module_tensors
 
 
@@ -314,6 +315,8 @@ def log_prior_by_hand(prior, h, i, j):
     if isinstance(prior, T5Bias):
         options = (prior.bidirectional, prior.num_buckets, prior.max_distance)
         return prior.bias[h, t5_bucket_by_hand(i, j, *options)].item()
+    if isinstance(prior, KERPLE):
+        return kerple_by_hand(prior.variant, prior.r1[h].item(), prior.r2[h].item(), i, j)
     if isinstance(prior, Sum):
         return sum(log_prior_by_hand(part, h, i, j) for part in prior.parts)
     raise TypeError(prior)

@@ -8,6 +8,7 @@ from .alibi import ALiBi
 from .base import FoldLanes, Prior, alibi_slopes
 from .ggd import GGD
 from .goat import GOAT, GOATSink
+from .kerple import KERPLE
 from .registry import CONTEXT, FromModel, Option, names, options, register, registered
 from .spec import build_prior, canonical_spec, read_spec, with_defaults
 from .sum import Sum
@@ -22,6 +23,7 @@ __all__ = [
     "GGD",
     "GOAT",
     "GOATSink",
+    "KERPLE",
     "Option",
     "Prior",
     "Sum",
