@@ -10,7 +10,7 @@ import torch
 
 from priorattn import cli
 from priorattn.functional.sdpa import decode
-from priorattn.priors import GGD, GOAT, KERPLE, ALiBi, Prior, Sum, T5Bias, Uniform
+from priorattn.priors import GGD, GOAT, KERPLE, ALiBi, Prior, Sandwich, Sum, T5Bias, Uniform
 
 PRIOR_NAMES = (
     "uniform",
@@ -24,6 +24,8 @@ PRIOR_NAMES = (
     "t5_bidirectional",
     "kerple_log",
     "kerple_power",
+    "sandwich",
+    "sandwich_table",
 )
 #: Devices the route comparisons run on: the CPU, and CUDA where there is one.
 DEVICES = [
@@ -67,6 +69,10 @@ def make_prior(name: str, heads: int, seed: int = 0, dtype=torch.float64) -> Pri
         with torch.no_grad():
             for p in prior.parameters():
                 p.copy_(rand(*p.shape))
+    elif name == "sandwich":  # folded: 4 lanes
+        prior = Sandwich(heads, dim=4, fold=True)
+    elif name == "sandwich_table":
+        prior = Sandwich(heads, dim=16)
     elif name == "sum":
         return Sum(make_prior("alibi", heads, seed, dtype), make_prior("goat", heads, seed + 1, dtype))
     else:

@@ -8,10 +8,11 @@ import pytest
 import torch
 from factories import make_prior
 from test_kerple import kerple_by_hand
+from test_sandwich import sandwich_by_hand
 from test_t5 import t5_bucket_by_hand
 
 import priorattn
-from priorattn.priors import GGD, GOAT, KERPLE, ALiBi, Sum, T5Bias, Uniform, alibi_slopes
+from priorattn.priors import GGD, GOAT, KERPLE, ALiBi, Sandwich, Sum, T5Bias, Uniform, alibi_slopes
 from priorattn.priors.base import module_tensors
 
 
@@ -317,6 +318,8 @@ def log_prior_by_hand(prior, h, i, j):
         return prior.bias[h, t5_bucket_by_hand(i, j, *options)].item()
     if isinstance(prior, KERPLE):
         return kerple_by_hand(prior.variant, prior.r1[h].item(), prior.r2[h].item(), i, j)
+    if isinstance(prior, Sandwich):
+        return sandwich_by_hand(h, prior.num_heads, prior.dim, i, j)
     if isinstance(prior, Sum):
         return sum(log_prior_by_hand(part, h, i, j) for part in prior.parts)
     raise TypeError(prior)

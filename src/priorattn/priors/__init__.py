@@ -10,6 +10,7 @@ from .ggd import GGD
 from .goat import GOAT, GOATSink
 from .kerple import KERPLE
 from .registry import CONTEXT, FromModel, Option, names, options, register, registered
+from .sandwich import Sandwich
 from .spec import build_prior, canonical_spec, read_spec, with_defaults
 from .sum import Sum
 from .t5 import T5Bias
@@ -26,6 +27,7 @@ __all__ = [
     "KERPLE",
     "Option",
     "Prior",
+    "Sandwich",
     "Sum",
     "T5Bias",
     "Uniform",
