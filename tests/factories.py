@@ -10,7 +10,7 @@ import torch
 
 from priorattn import cli
 from priorattn.functional.sdpa import decode
-from priorattn.priors import GGD, GOAT, KERPLE, ALiBi, Prior, Sandwich, Sum, T5Bias, Uniform
+from priorattn.priors import FIRE, GGD, GOAT, KERPLE, ALiBi, Prior, Sandwich, Sum, T5Bias, Uniform
 
 PRIOR_NAMES = (
     "uniform",
@@ -26,6 +26,7 @@ PRIOR_NAMES = (
     "kerple_power",
     "sandwich",
     "sandwich_table",
+    "fire",
 )
 #: Devices the route comparisons run on: the CPU, and CUDA where there is one.
 DEVICES = [
@@ -73,6 +74,12 @@ def make_prior(name: str, heads: int, seed: int = 0, dtype=torch.float64) -> Pri
         prior = Sandwich(heads, dim=4, fold=True)
     elif name == "sandwich_table":
         prior = Sandwich(heads, dim=16)
+    elif name == "fire":
+        prior = FIRE(heads, hidden=4, threshold=6.0)
+        with torch.no_grad():
+            for p in prior.parameters():
+                p.copy_(rand(p.numel()).view_as(p))  # c and L are scalars
+            prior.theta_L.fill_(6.0)  # L = 6: queries on both sides of the threshold
     elif name == "sum":
         return Sum(make_prior("alibi", heads, seed, dtype), make_prior("goat", heads, seed + 1, dtype))
     else:

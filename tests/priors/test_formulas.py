@@ -7,12 +7,13 @@ import math
 import pytest
 import torch
 from factories import make_prior
+from test_fire import fire_by_hand
 from test_kerple import kerple_by_hand
 from test_sandwich import sandwich_by_hand
 from test_t5 import t5_bucket_by_hand
 
 import priorattn
-from priorattn.priors import GGD, GOAT, KERPLE, ALiBi, Sandwich, Sum, T5Bias, Uniform, alibi_slopes
+from priorattn.priors import FIRE, GGD, GOAT, KERPLE, ALiBi, Sandwich, Sum, T5Bias, Uniform, alibi_slopes
 from priorattn.priors.base import module_tensors
 
 
@@ -320,6 +321,8 @@ def log_prior_by_hand(prior, h, i, j):
         return kerple_by_hand(prior.variant, prior.r1[h].item(), prior.r2[h].item(), i, j)
     if isinstance(prior, Sandwich):
         return sandwich_by_hand(h, prior.num_heads, prior.dim, i, j)
+    if isinstance(prior, FIRE):
+        return fire_by_hand(prior, h, i, j)
     if isinstance(prior, Sum):
         return sum(log_prior_by_hand(part, h, i, j) for part in prior.parts)
     raise TypeError(prior)

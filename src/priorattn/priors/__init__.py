@@ -6,6 +6,7 @@ as plain data (:mod:`.spec`): ``build_prior("goat(num_freqs=4)+alibi", num_heads
 
 from .alibi import ALiBi
 from .base import FoldLanes, Prior, alibi_slopes
+from .fire import FIRE
 from .ggd import GGD
 from .goat import GOAT, GOATSink
 from .kerple import KERPLE
@@ -19,6 +20,7 @@ from .uniform import Uniform
 __all__ = [
     "ALiBi",
     "CONTEXT",
+    "FIRE",
     "FoldLanes",
     "FromModel",
     "GGD",
