@@ -23,7 +23,8 @@ def test_a_legacy_goat_with_a_negative_slope_is_refused_with_the_reason():
     """The fixture's GOAT learned slopes 0.09 and -0.024: the second rewards distance, which GOAT's
     slope (softplus, issue 28) cannot represent, so it cannot give the logits it gave then."""
     with pytest.raises(
-        ValueError, match=r"recency slopes \[0.0914, -0.0239\]: a negative one rewards distance \(anti-recency"
+        ValueError,
+        match=r"recency slopes \[0.0914, -0.0239\]: a negative one rewards distance \(anti-recency",
     ):
         phf.from_pretrained(FIXTURES / "goat_shared")
 

@@ -7,9 +7,25 @@ import math
 import pytest
 import torch
 from factories import make_prior
+from test_fire import fire_by_hand
+from test_kerple import kerple_by_hand
+from test_sandwich import sandwich_by_hand
+from test_t5 import t5_bucket_by_hand
 
 import priorattn
-from priorattn.priors import GGD, GOAT, ALiBi, GOATSink, Sum, Uniform, alibi_slopes
+from priorattn.priors import (
+    FIRE,
+    GGD,
+    GOAT,
+    KERPLE,
+    ALiBi,
+    GOATSink,
+    Sandwich,
+    Sum,
+    T5Bias,
+    Uniform,
+    alibi_slopes,
+)
 from priorattn.priors.base import module_tensors
 from priorattn.priors.goat import inverse_softplus
 
@@ -328,6 +344,15 @@ def log_prior_by_hand(prior, h, i, j):
         )
     if isinstance(prior, GOAT):
         return goat_by_hand(prior, i, j, h)
+    if isinstance(prior, T5Bias):
+        options = (prior.bidirectional, prior.num_buckets, prior.max_distance)
+        return prior.bias[h, t5_bucket_by_hand(i, j, *options)].item()
+    if isinstance(prior, KERPLE):
+        return kerple_by_hand(prior.variant, prior.r1[h].item(), prior.r2[h].item(), i, j)
+    if isinstance(prior, Sandwich):
+        return sandwich_by_hand(h, prior.num_heads, prior.dim, i, j)
+    if isinstance(prior, FIRE):
+        return fire_by_hand(prior, h, i, j)
     if isinstance(prior, Sum):
         return sum(log_prior_by_hand(part, h, i, j) for part in prior.parts)
     raise TypeError(prior)
