@@ -34,6 +34,9 @@ PRIOR_NAMES = (
     "sandwich_table",
     "fire",
 )
+#: Priors whose log-prior depends on the query (GOAT's query-norm gate, issue 28): the seeds'
+#: identities for a prior of positions alone (seed 000 Prop. 3.1, Thm 5.1, 5.4) do not apply to them.
+GATED = ("goat_gate",)
 #: Devices the route comparisons run on: the CPU, and CUDA where there is one.
 DEVICES = [
     "cpu",

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from factories import make_prior
+from factories import GATED, make_prior
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -25,6 +25,8 @@ def dense_logits(q, k, log_prior, scale):
 
 @pytest.mark.parametrize("spec", SPECS, ids=str)
 def test_reference_route_applies_the_map_to_the_prior_logits(spec, prior_name):
+    if prior_name in GATED:
+        pytest.skip("a gated prior depends on q; the map here is of a prior of positions alone")
     B, H, Hkv, L, D = 2, 4, 2, 11, 8
     q = torch.randn(B, H, L, D, dtype=torch.float64)
     k, v = (torch.randn(B, Hkv, L, D, dtype=torch.float64) for _ in range(2))

@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from factories import make_prior
+from factories import GATED, make_prior
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -95,6 +95,8 @@ def test_kl_is_zero_exactly_at_the_prior():
 def test_library_prior_as_kl_regularizer_is_prior_attention(prior_name):
     """seed 000 Prop. 3.1 / Eq. 11: softmax(s / tau + log pi) with s = <q, k> and tau = sqrt(D) is
     the attention op with the prior."""
+    if prior_name in GATED:
+        pytest.skip("a gated prior depends on q; the map here is of a prior of positions alone")
     B, H, L, D = 2, 4, 9, 8
     q, k, v = (torch.randn(B, H, L, D, dtype=torch.float64) for _ in range(3))
     prior = make_prior(prior_name, H)

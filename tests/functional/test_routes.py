@@ -146,7 +146,12 @@ def bf16_scales(o, q, k, v, prior, ssmax, kwargs):
         jacobian = torch.func.jacfwd(lambda ps: torch.func.functional_call(evaluate, ps, (q_pos, k_pos)))(
             params
         )
-        floors += [boost * jacobian[n].abs().max().item() for n in params]
+        # The query gate g(q_i) = sigmoid(b - softplus(s) ||q_i||) multiplies the whole log-prior and
+        # is no part of it: d logit / d b <= |K| / 4, d logit / d s <= |K| ||q|| / 4.
+        gate = log_prior * max(1.0, q.double().norm(dim=-1).max().item()) / 4
+        floors += [
+            boost * (gate if n.startswith("prior.gate_") else jacobian[n].abs().max().item()) for n in params
+        ]
     if ssmax is not None:
         floors.append(math.log(Lk) * (content + log_prior))
     return 1.0 + logit, floors

@@ -13,7 +13,7 @@ d_model 768, pre-norm, "Goat d_pos = 12 (Pos Rank 2, Abs Rank 8), Key Bias enabl
   R = 5 frequencies (10 lanes), the key bias (sink ``u(j)``, 1 lane), and the lane Algorithm 1
   pads with zero, which here carries GOAT's key-linear slope (App. F.3), starting at 0, so the
   prior starts as standard attention either way. Content keeps ``64 - 12 = 52`` lanes, as
-  ``d_c = d_h - d_p``. ``prior="goat(slope=false)"`` gives the literal zero lane (the library builds no
+  ``d_c = d_h - d_p``. ``prior="goat(slope=none)"`` gives the literal zero lane (the library builds no
   padding lanes, so content then keeps 53). "Pos Rank 2, Abs Rank 8" has no counterpart in this
   GOAT; ``2 x 2 + 8 = 12`` suggests 2 frequencies plus 8 absolute lanes, but the paper defines no
   rank-8 absolute term, so it is not guessed at. The sink MLP keeps its 8 sinusoidal inputs.
@@ -68,7 +68,7 @@ PRESETS: dict[str, dict] = {
 PRIOR_DEFAULTS: dict[str, dict[str, dict]] = {
     "tiny": dict(goat=dict(num_freqs=3)),  # 3 frequencies fold into 8 of 32 lanes
     "small": dict(goat=dict(num_freqs=5)),
-    "goat-c4-125m": dict(goat=dict(num_freqs=5, sink=True, slope=True, sink_freqs=8)),
+    "goat-c4-125m": dict(goat=dict(num_freqs=5, sink_freqs=8)),
 }
 
 
