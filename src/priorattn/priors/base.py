@@ -192,6 +192,25 @@ def alibi_slopes(num_heads: int) -> Tensor:
     return torch.tensor(slopes, dtype=torch.float64)
 
 
+class LagPrior(Prior):
+    """A relative prior given by its value at each lag ``i - j`` (:meth:`of_lag`, ``(H, ...)``): a
+    subclass sets ``self.by_lag = PositionTable(self, self.of_lag)``, and the dense log-prior and the
+    runs' Toeplitz tiles are read from that table."""
+
+    @property
+    def is_relative(self) -> bool:
+        return True
+
+    def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        lag = q_pos[..., :, None] - k_pos[..., None, :]  # (..., Lq, Lk)
+        return self.by_lag(lag).movedim(0, -3)  # (..., H, Lq, Lk)
+
+    def log_prior_of_runs(
+        self, q_start: int, Lq: int, k_start: int, Lk: int, device: torch.device, dtype: torch.dtype
+    ) -> Tensor:
+        return self.by_lag.toeplitz(q_start, Lq, k_start, Lk, device, dtype)
+
+
 def cat_lanes(lanes: list[Tensor]) -> Tensor:
     """``lanes`` side by side along the last dimension, broadcast over the others."""
     shape = torch.broadcast_shapes(*(t.shape[:-1] for t in lanes))

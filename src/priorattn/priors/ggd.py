@@ -8,13 +8,13 @@ import torch
 from torch import Tensor, nn
 
 from ..checks import check_int
-from .base import PositionTable, Prior, alibi_slopes
+from .base import LagPrior, PositionTable, alibi_slopes
 from .registry import FromModel, register
 
 PARAMETERS = ("alpha", "beta", "mu")
 
 
-class GGD(Prior):
+class GGD(LagPrior):
     """``b_ij = -exp(theta_alpha) * (|(j - i) - (exp(theta_mu) - exp(-theta_mu))| + eps) ** theta_beta``.
 
     Seed 003 App. C: scale ``alpha = exp(-theta_alpha / theta_beta)``, shape ``beta = theta_beta``,
@@ -55,19 +55,6 @@ class GGD(Prior):
         self.theta_beta = nn.Parameter(beta.to(dtype), requires_grad="beta" in trainable)
         self.theta_mu = nn.Parameter(torch.zeros(num_heads, dtype=dtype), requires_grad="mu" in trainable)
         self.by_lag = PositionTable(self, self.of_lag)
-
-    @property
-    def is_relative(self) -> bool:
-        return True
-
-    def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        lag = q_pos[..., :, None] - k_pos[..., None, :]  # (..., Lq, Lk)
-        return self.by_lag(lag).movedim(0, -3)  # (..., H, Lq, Lk)
-
-    def log_prior_of_runs(
-        self, q_start: int, Lq: int, k_start: int, Lk: int, device: torch.device, dtype: torch.dtype
-    ) -> Tensor:
-        return self.by_lag.toeplitz(q_start, Lq, k_start, Lk, device, dtype)
 
     def of_lag(self, lag: Tensor) -> Tensor:
         """``b`` at lags ``d = i - j`` ``(n,)``, ``(H, n)``."""

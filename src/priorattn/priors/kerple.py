@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_int
-from .base import PositionTable, Prior
+from .base import LagPrior, PositionTable
 from .registry import register
 
 VARIANTS = ("log", "power")
@@ -18,7 +18,7 @@ def inverse_softplus(x: Tensor) -> Tensor:
     return x + torch.log(-torch.expm1(-x))
 
 
-class KERPLE(Prior):
+class KERPLE(LagPrior):
     """``K_h(i, j) = -r1_h log(1 + r2_h |i - j|)`` (``variant="log"``) or ``-r1_h |i - j|^r2_h``
     (``variant="power"``), with learnable ``r1_h, r2_h > 0`` per head and ``r2_h <= 2`` for the power.
 
@@ -61,19 +61,6 @@ class KERPLE(Prior):
     def r2(self) -> Tensor:
         """``(H,)``, positive; at most 2 for the power variant."""
         return F.softplus(self.theta_r2) if self.variant == "log" else 2 * torch.sigmoid(self.theta_r2)
-
-    @property
-    def is_relative(self) -> bool:
-        return True
-
-    def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        lag = q_pos[..., :, None] - k_pos[..., None, :]  # (..., Lq, Lk)
-        return self.by_lag(lag).movedim(0, -3)  # (..., H, Lq, Lk)
-
-    def log_prior_of_runs(
-        self, q_start: int, Lq: int, k_start: int, Lk: int, device: torch.device, dtype: torch.dtype
-    ) -> Tensor:
-        return self.by_lag.toeplitz(q_start, Lq, k_start, Lk, device, dtype)
 
     def of_lag(self, lag: Tensor) -> Tensor:
         """``K`` at lags ``d = i - j`` ``(n,)``, ``(H, n)``."""

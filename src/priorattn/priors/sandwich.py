@@ -6,12 +6,12 @@ import torch
 from torch import Tensor
 
 from ..checks import check_int
-from .base import FoldLanes, PositionTable, Prior
+from .base import FoldLanes, LagPrior, PositionTable
 from .goat import phases
 from .registry import register
 
 
-class Sandwich(Prior):
+class Sandwich(LagPrior):
     """``K_h(i, j) = (1 / r_h) sum_{k=0}^{d/2 - 1} cos((i - j) / 10000^(2k / d))``, no parameters.
 
     Chi, Fan, Rudnicky and Ramadge (ACL 2023), "Dissecting Transformer Length Extrapolation via the
@@ -46,19 +46,6 @@ class Sandwich(Prior):
     def freqs(self, device: torch.device) -> Tensor:
         """``w_k = 10000^(-2k / d)``, ``(d/2,)`` float64: not a buffer, so no cast can round them."""
         return 10_000.0 ** (-torch.arange(0, self.dim, 2, dtype=torch.float64, device=device) / self.dim)
-
-    @property
-    def is_relative(self) -> bool:
-        return True
-
-    def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        lag = q_pos[..., :, None] - k_pos[..., None, :]  # (..., Lq, Lk)
-        return self.by_lag(lag).movedim(0, -3)  # (..., H, Lq, Lk)
-
-    def log_prior_of_runs(
-        self, q_start: int, Lq: int, k_start: int, Lk: int, device: torch.device, dtype: torch.dtype
-    ) -> Tensor:
-        return self.by_lag.toeplitz(q_start, Lq, k_start, Lk, device, dtype)
 
     def of_lag(self, lag: Tensor) -> Tensor:
         """``K`` at lags ``d`` ``(n,)``, ``(H, n)``; the angles in float64."""
