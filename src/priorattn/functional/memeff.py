@@ -21,7 +21,8 @@ In the general blocks, logits are ``<q2_i, k2_j> + bias_ij`` where ``q2``/``k2``
 cheapest first:
 
 - a prior that folds: its key-only terms ``u_h(j) + m_h (k_pos[j] - centre)``, one row per block
-  (the slope re-centred on the block's queries, see ``prior_inputs.py``);
+  (the slope re-centred on the block's queries, the key terms on its keys, see ``prior_inputs.py``),
+  and the op's ``key_bias``, which joins ``u_h(j)`` beside any prior;
 - a relative prior (``K`` depends on ``i - j`` only) on contiguous positions: the prior is evaluated
   once on the ``Lq + Lk - 1`` possible lags, and each block's bias is read from that table: a
   Toeplitz block read with its keys in reverse order is a strided (Hankel) view of it, and one flip
@@ -47,7 +48,16 @@ from ..ssmax import Scaling
 from .grouped import grouped, grouped_scores, grouped_values
 from .lag_flash import anti_diagonal_sums, keys_reversed, lag_flash_applies, lag_flash_attention
 from .masks import Masking
-from .prior_inputs import centred_keys, lag_table, largest_slope, slope_span, split_prior
+from .prior_inputs import (
+    centred_key_bias,
+    centred_keys,
+    key_bias_drift,
+    key_rates,
+    lag_table,
+    largest_slope,
+    slope_span,
+    split_prior,
+)
 from .reference import compute_dtype
 from .spans import cut, key_spans, visible_counts
 from .subnormals import flushing_subnormals
@@ -113,8 +123,8 @@ class Plan:
     ) -> Tensor | None:
         """The block's bias ``(B or 1, H or 1, lq or 1, lk)`` from its differentiable sources."""
         terms = []
-        if key_bias is not None:  # GOAT's sink u_h(j), seed 000 Eq. 19
-            terms.append(key_bias[..., None, cols])
+        if key_bias is not None:  # GOAT's sink u_h(j) (seed 000 Eq. 19) and the op's key bias
+            terms.append(centred_key_bias(key_bias, cols, self.dtype)[..., None, :])
         if slope is not None:  # m_h (k_pos[j] - centre), seed 000 Prop. F.6
             offset = centred_keys(self.masking, rows, cols, slope.dtype)
             terms.append(slope[:, None, None] * offset[:, None, None, :])
@@ -333,23 +343,28 @@ def memeff_attention(
     masking: Masking,
     scale: float,
     ssmax: Scaling | None,
+    key_bias: Tensor | None = None,
 ) -> Tensor:
-    """Blockwise prior attention: ``(B, H, Lq, Dv)``; attention memory O(BLOCK_CELLS), not O(Lq Lk)."""
+    """Blockwise prior attention: ``(B, H, Lq, Dv)``; attention memory O(BLOCK_CELLS), not O(Lq Lk).
+    ``key_bias`` ``(B or 1, H or 1, Lk)`` is a row of each block's bias, centred on the block's keys
+    (:func:`~.prior_inputs.centred_key_bias`)."""
     dtype = compute_dtype(q.dtype)
     spans = key_spans(masking) if masking.masks_anything and not masking.plain_causal else None
     factor = None if ssmax is None else ssmax.factor(visible_counts(masking, spans)).to(dtype)
     scale_prior = ssmax is not None and ssmax.scale_prior
-    if lag_flash_applies(prior, masking, q, v, scale_prior):
+    if key_bias is None and lag_flash_applies(prior, masking, q, v, scale_prior):
         # q, k, v keep their dtype: the kernel takes half precision with the float32 table as its
         # mask and sums in float32, as SDPA does for the same inputs (bfloat16: 1.8x faster).
         content = split_prior(q, k, None, masking, scale, factor, scale_prior)
         table = None if prior is None else lag_table(prior, masking).to(dtype)
         blocks = functools.partial(key_blocks, masking, spans)
         return lag_flash_attention(content.q.to(q.dtype), k, v, table, masking, blocks, dtype)
-    inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, scale_prior)
+    inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, scale_prior, key_bias)
     span = None
-    if inputs.slope is not None:
-        span = slope_span(largest_slope(inputs.slope, prior.slope_bound()), dtype)
+    rates = key_rates(inputs.slope, key_bias_drift(key_bias))
+    if rates is not None:
+        bound = 0.0 if inputs.slope is None else prior.slope_bound()
+        span = slope_span(largest_slope(rates, bound), dtype)
     plan = Plan(
         masking=masking,
         prior=inputs.dense,

@@ -14,6 +14,7 @@ from torch import Tensor
 from ...priors import FoldLanes
 from ..masks import Masking
 from ..prior_inputs import (
+    centred_key_bias,
     centred_keys,
     content_queries,
     query_lanes,
@@ -24,7 +25,9 @@ from ..prior_inputs import (
 class Fold:
     """What turns one call's q, k, v and lanes into SDPA's inputs of ``heads`` heads and ``width``
     lanes (seed 000 Eq. 20-24): ``q' = [scale * q, q_lanes, 1, m_h]``, ``k' = [k, k_lanes, u_h(j),
-    k_pos[j] - centre]`` (the last two lanes for a key bias and a slope), ``v`` padded to ``width``."""
+    k_pos[j] - centre]`` (the last two lanes for a key bias and a slope), ``v`` padded to ``width``.
+    The key bias lane is centred on the call's keys (:func:`~..prior_inputs.centred_key_bias`), the
+    slope lane on its queries."""
 
     masking: Masking
     scale: float
@@ -54,8 +57,9 @@ class Fold:
             k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
         B, Hk, lk = k.shape[:3]
         k_lanes = [lanes.k.to(k.dtype).expand(B, Hk, lk, lanes.k.shape[-1])]
-        if lanes.key_bias is not None:
-            k_lanes.append(lanes.key_bias[..., None].to(k.dtype).expand(B, Hk, lk, 1))
+        if lanes.key_bias is not None:  # centred on these keys: a constant per query of the call
+            key_bias = centred_key_bias(lanes.key_bias, slice(None), k.dtype)
+            k_lanes.append(key_bias[..., None].expand(B, Hk, lk, 1))
         if lanes.slope is not None:
             offset = centred_keys(self.masking, rows, cols, k.dtype)  # (B or 1, lk)
             k_lanes.append(offset[:, None, :, None].expand(B, Hk, lk, 1))
