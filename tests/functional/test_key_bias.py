@@ -126,3 +126,17 @@ def test_far_drifting_key_bias_stays_precise_in_float32(backend):
         q.float(), k.float(), v.float(), key_bias=key_bias.float(), backend="reference"
     )
     assert (uncentred.double() - ref).abs().max() > 10 * (out.double() - ref).abs().max()
+
+
+def test_fox_at_16k_with_strong_forgetting_stays_precise_via_sdpa():
+    """``-F_j`` of 16384 strongly forgetting gates reaches ~3e4. sdpa in float32 against the float64
+    blockwise route (the dense float64 reference would hold 2 GB of logits; ``memeff`` is tested
+    against it in ``test_routes.py``)."""
+    gen = torch.Generator().manual_seed(0)
+    L = 16384
+    q, k, v = (torch.randn(1, 1, L, 16, generator=gen, dtype=torch.float64) for _ in range(3))
+    key_bias = drift(1, 1, L, 2.0, gen)
+    assert key_bias.max() > 2e4
+    ref = priorattn.attention(q, k, v, key_bias=key_bias, backend="memeff")
+    out = priorattn.attention(q.float(), k.float(), v.float(), key_bias=key_bias, backend="sdpa")
+    assert_close(out, ref, TOLERANCE[torch.float32], "sdpa at L = 16384")

@@ -89,7 +89,7 @@ def attention(
             ``"reference"`` computes maps other than softmax; ``"auto"`` picks it for them.
         key_bias: ``u``, a per-key additive term ``(B, H, Lk)`` or broadcastable to it (``(Lk,)``,
             ``(H, Lk)``, ``(B, 1, Lk)``, ...), finite, any floating dtype, data-dependent and
-            differentiable (FoX's ``-F_j``, Lin et al. 2025). It is part of the
+            differentiable (FoX's ``-F_j``: :class:`~priorattn.layers.ForgetGate`). It is part of the
             log-prior (a bare SSMax tensor scales it too) and is exact on every route: a fold lane on
             ``"sdpa"``, a tile term on ``"memeff"`` and in a decode step, a ``score_mod`` term on
             ``"flex"``. Routes add it re-centred on the keys each run of queries sees, in its own
