@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from priorattn.analysis import plots, runs, views
+from priorattn.analysis import learned_plots, plots, runs, views
 from priorattn.eval import plots as eval_plots
 from priorattn.studies.copy_mixture import CopyMixtureConfig, copy_mixture_job
 
@@ -17,7 +17,7 @@ from priorattn.studies.copy_mixture import CopyMixtureConfig, copy_mixture_job
 def caught(monkeypatch):
     """The figures the plot functions save, in order (nothing is written)."""
     figures = []
-    for module in (plots, runs, eval_plots):
+    for module in (plots, learned_plots, runs, eval_plots):
         monkeypatch.setattr(module, "save", lambda fig, path: figures.append(fig) or path)
     return figures
 

@@ -25,7 +25,7 @@ from ..priors import GGD, GOAT, ALiBi, Prior, Uniform
 from ..scalar.model import prior_heads
 from ..train import load_run
 from ..train.runs import run_label
-from . import plots
+from . import learned_plots, plots
 from .trained import attention_weights, layer_prior, pick_indices, runs_in
 
 RESULTS_JSON = "results.json"
@@ -107,7 +107,7 @@ def analyze_priors(
         raise ValueError(
             f"{run_dir} has no prior to draw (prior={config.prior!r}): its attention is standard"
         )
-    positions = plots.sink_positions(extrapolate * config.seq_len)
+    positions = learned_plots.sink_positions(extrapolate * config.seq_len)
     results, curves, rows, sinks, decompositions = [], [], [], [], []
     for layer, prior in priors.items():
         params = {head: head_parameters(prior, head) for head in heads}
@@ -117,7 +117,7 @@ def analyze_priors(
         rows += [(f"layer {layer}, head {head}", prior, head) for head in heads]
         goat = goat_with_sink(prior)
         if goat is not None:
-            u = plots.sink_values(goat, torch.from_numpy(positions))[heads]  # (heads, N)
+            u = learned_plots.sink_values(goat, torch.from_numpy(positions))[heads]  # (heads, N)
             sinks.append((f"layer {layer}", u, labels))
             entry["sink"] = u.tolist()
         if isinstance(prior, GOAT):  # a sum's parts do not split into one sink and one relative part
@@ -129,12 +129,12 @@ def analyze_priors(
         results.append(entry)
     out = prepare_out(out)
     figures = [
-        plots.plot_learned_curves(out, curves, length),
-        plots.plot_mask_renormalization(out, rows, length),
+        learned_plots.plot_learned_curves(out, curves, length),
+        learned_plots.plot_mask_renormalization(out, rows, length),
     ]
     figures += [draw_learned_decomposition(out, layer, head, parts) for layer, head, parts in decompositions]
     if sinks:
-        figures.append(plots.plot_learned_sink(out, sinks, positions, config.seq_len))
+        figures.append(learned_plots.plot_learned_sink(out, sinks, positions, config.seq_len))
     result = dict(
         run=str(run_dir),
         step=run.step,
@@ -257,7 +257,7 @@ def analyze_sink_mass(
     out = prepare_out(out)
     curves = [(r["label"], *(np.array(r[k]) for k in ("mean", "lowest", "highest"))) for r in results]
     shares = {r["length"]: r["uniform_share"] for r in results}
-    figure = plots.plot_sink_mass(out, np.array(omegas), curves, shares)
+    figure = learned_plots.plot_sink_mass(out, np.array(omegas), curves, shares)
     result = dict(
         protocol=sink_mass.__doc__.split("\n\n")[1].strip(),
         omegas=omegas,
@@ -288,7 +288,7 @@ def analyze_attention(run_dir: str | Path, out: str | Path, *, prompt: str, laye
     params = head_parameters(layer_prior(model, layer), head)
     note = f"This head's prior ({run_label(Path(run_dir))}): {head_label(head, params)}."
     title = f"Attention of layer {layer}, head {head} on a {len(ids)}-token prompt"
-    figure = plots.plot_attention_map(out, weights.numpy(), pieces, title, note)
+    figure = learned_plots.plot_attention_map(out, weights.numpy(), pieces, title, note)
     result = dict(
         run=str(run_dir),
         step=run.step,
