@@ -89,9 +89,10 @@ def flex_route(
             f"backend='flex' needs a prior that folds or a relative prior on contiguous "
             f"positions; {type(prior).__name__} here is neither: use backend='memeff'"
         )
-    key_bias = inputs.key_bias
-    if key_bias is not None:
-        key_bias = centred_key_bias(key_bias, slice(None), dtype).expand(B, H, -1)
+    if inputs.key_bias is not None:  # the op's key bias drifts: centred; a prior's own key terms as they are
+        centre = key_bias is not None
+        key_bias = centred_key_bias(inputs.key_bias, slice(None), dtype) if centre else inputs.key_bias
+        key_bias = key_bias.expand(B, H, -1)
     slope = inputs.slope
     table = None if inputs.table is None else inputs.table.expand(H, -1)
     offset = k.shape[2] - 1  # the lag table holds lag (q0 + i) - (k0 + j) at index i - j + Lk - 1

@@ -111,6 +111,7 @@ class Plan:
     scale_prior: bool  # SSMax multiplies the bias by the row factor
     blocks: tuple[tuple[slice, slice], ...]  # query rows and the key columns they can see (key_blocks)
     dtype: torch.dtype  # of the logits
+    centred_bias: bool = False  # the key terms hold the op's key bias: centre them per block
 
     def bias(
         self,
@@ -124,7 +125,8 @@ class Plan:
         """The block's bias ``(B or 1, H or 1, lq or 1, lk)`` from its differentiable sources."""
         terms = []
         if key_bias is not None:  # GOAT's sink u_h(j) (seed 000 Eq. 19) and the op's key bias
-            terms.append(centred_key_bias(key_bias, cols, self.dtype)[..., None, :])
+            row = centred_key_bias(key_bias, cols, self.dtype) if self.centred_bias else key_bias[..., cols]
+            terms.append(row[..., None, :])
         if slope is not None:  # m_h (k_pos[j] - centre), seed 000 Prop. F.6
             offset = centred_keys(self.masking, rows, cols, slope.dtype)
             terms.append(slope[:, None, None] * offset[:, None, None, :])
@@ -371,6 +373,7 @@ def memeff_attention(
         scale_prior=scale_prior,
         blocks=key_blocks(masking, spans, min(block_rows(*q.shape[:2], k.shape[2]), span or q.shape[2])),
         dtype=dtype,
+        centred_bias=key_bias is not None,
     )
     row_scale = factor if scale_prior else None
     params = [] if inputs.dense is None else [p for p in inputs.dense.parameters() if p.requires_grad]

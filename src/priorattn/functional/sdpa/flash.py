@@ -163,7 +163,7 @@ def folded_calls(
 ) -> Tensor:
     """:class:`FoldedCalls` on the inputs of :func:`flash_inputs`, which autograd builds and carries back."""
     q2, k2, v2 = flash_inputs(fold, q, k, v, lanes, factor)
-    return FoldedCalls.apply(fold, plans, Layout.of(k, v, lanes, k2, v2), q2, k2, v2)
+    return FoldedCalls.apply(fold, plans, Layout.of(fold, k, v, lanes, k2, v2), q2, k2, v2)
 
 
 def flash_inputs(
@@ -183,7 +183,7 @@ def recentre(fold: Fold, k2: Tensor, layout: Layout, call: Call, heads: slice) -
     if layout.slope_lane is not None:
         offsets = centred_keys(fold.masking, call.rows, call.cols, k2.dtype)[:, None, :]
         k2[..., call.cols, layout.slope_lane] = offsets
-    if layout.bias_lane is not None:
+    if layout.key_bias is not None:
         key_bias = layout.key_bias if layout.key_bias.shape[-2] == 1 else layout.key_bias[..., heads, :]
         k2[..., call.cols, layout.bias_lane] = centred_key_bias(key_bias, call.cols, k2.dtype)
 
@@ -191,10 +191,10 @@ def recentre(fold: Fold, k2: Tensor, layout: Layout, call: Call, heads: slice) -
 @dataclass(frozen=True)
 class Layout:
     """What :class:`FoldedCalls` needs to know of :func:`flash_inputs`' results: the index of the
-    slope lane in ``k'`` (None: no slope), of the key bias lane and the key bias ``(.., H or 1,
-    Lk)`` it re-centres per call (detached: autograd carries its gradient from ``k'``), the values'
-    own width, and whether ``k'`` and ``v'`` are ``k`` and ``v`` themselves (no lane to add or pad),
-    which the backward must not write into."""
+    slope lane in ``k'`` (None: no slope), of the key bias lane, and the key bias ``(.., H or 1, Lk)``
+    it re-centres per call (None where the lane holds no op ``key_bias``; detached: autograd carries
+    its gradient from ``k'``), the values' own width, and whether ``k'`` and ``v'`` are ``k`` and
+    ``v`` themselves (no lane to add or pad), which the backward must not write into."""
 
     slope_lane: int | None
     values: int
@@ -203,12 +203,13 @@ class Layout:
     key_bias: Tensor | None = None
 
     @classmethod
-    def of(cls, k: Tensor, v: Tensor, lanes: FoldLanes, k2: Tensor, v2: Tensor) -> Layout:
-        """The layout of ``k2``, ``v2``: :func:`flash_inputs` of ``k``, ``v`` and ``lanes``."""
+    def of(cls, fold: Fold, k: Tensor, v: Tensor, lanes: FoldLanes, k2: Tensor, v2: Tensor) -> Layout:
+        """The layout of ``k2``, ``v2``: :func:`flash_inputs` of ``k``, ``v`` and ``lanes``; the key
+        bias is kept where ``fold`` centres it."""
         first = k.shape[-1] + lanes.k.shape[-1]  # the lane after the content and the fold's lanes
         has_bias = lanes.key_bias is not None
         slope_lane = None if lanes.slope is None else first + has_bias
-        key_bias = lanes.key_bias.detach() if has_bias else None
+        key_bias = lanes.key_bias.detach() if has_bias and fold.centred_bias else None
         return cls(slope_lane, v.shape[-1], (k2 is k, v2 is v), first if has_bias else None, key_bias)
 
 

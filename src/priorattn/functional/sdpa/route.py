@@ -98,7 +98,8 @@ def folded_attention(
         compute = fold_dtype(largest_slope(rates, bound), dtype, masking, key_bias)
         q, k, v = q.to(compute), k.to(compute), v.to(compute)
     width = max(q.shape[-1] + lanes.width, v.shape[-1])
-    fold = Fold(masking, scale, ssmax is not None and ssmax.scale_prior, q.shape[1], width)
+    scale_prior = ssmax is not None and ssmax.scale_prior
+    fold = Fold(masking, scale, scale_prior, q.shape[1], width, centred_bias=key_bias is not None)
     # No prior: the calls take q, k, v as they are, and autograd saves no copies.
     run_calls = autograd_calls if prior is None and key_bias is None else folded_calls_kernel(q.device)
     precision = slope_precision(q.dtype, masking, key_bias)
