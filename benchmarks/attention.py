@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 import priorattn
-from priorattn.priors import GGD, GOAT, ALiBi, Prior, Uniform
+from priorattn.priors import GGD, GOAT, KERPLE, ALiBi, Prior, T5Bias, Uniform
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH, HEADS, HEAD_WIDTH = 1, 4, 64
@@ -103,6 +103,10 @@ def make_prior(name: str) -> Prior:
         return GGD(HEADS, init="uniform")
     if name == "GOAT":
         return GOAT(HEADS, num_freqs=GOAT_FREQS, init="recency")
+    if name == "T5":  # the defaults: 32 causal buckets up to distance 128
+        return T5Bias(HEADS)
+    if name == "KERPLE":  # the logarithmic variant, at the authors' random start
+        return KERPLE(HEADS, variant="log")
     raise ValueError(f"unknown prior {name!r}")
 
 
@@ -114,7 +118,7 @@ def qk_width(prior: Prior) -> int:
 def op_cases() -> list[Case]:
     """Every prior through every backend it supports (sdpa only where the prior folds)."""
     cases = []
-    for name in ("Uniform", "ALiBi", "GGD", "GGD-flat", "GOAT"):
+    for name in ("Uniform", "ALiBi", "GGD", "GGD-flat", "GOAT", "T5", "KERPLE"):
         backends = ["sdpa"] if make_prior(name).can_fold(True) else []
         cases += [Case(name, b) for b in (*backends, "memeff", "reference")]
     return cases

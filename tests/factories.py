@@ -10,9 +10,30 @@ import torch
 
 from priorattn import cli
 from priorattn.functional.sdpa import decode
-from priorattn.priors import GGD, GOAT, ALiBi, Prior, Sum, Uniform
+from priorattn.priors import FIRE, GGD, GOAT, KERPLE, ALiBi, Prior, Sandwich, Sum, T5Bias, Uniform
 
-PRIOR_NAMES = ("uniform", "alibi", "ggd", "ggd_negative", "goat", "goat_noslope", "sum")
+#: GOAT's variants among the priors, by name: the options of each.
+GOATS = {
+    "goat": dict(),  # the shared sink and a learned slope
+    "goat_noslope": dict(slope="none", sink="per_head"),
+    "goat_fixed": dict(slope="fixed", sink="none"),
+    "goat_gate": dict(gate=True),
+}
+PRIOR_NAMES = (
+    "uniform",
+    "alibi",
+    "ggd",
+    "ggd_negative",
+    *GOATS,
+    "sum",
+    "t5",
+    "t5_bidirectional",
+    "kerple_log",
+    "kerple_power",
+    "sandwich",
+    "sandwich_table",
+    "fire",
+)
 #: Devices the route comparisons run on: the CPU, and CUDA where there is one.
 DEVICES = [
     "cpu",
@@ -40,11 +61,31 @@ def make_prior(name: str, heads: int, seed: int = 0, dtype=torch.float64) -> Pri
             beta = rand(heads, scale=0.5) + (-0.6 if name == "ggd_negative" else 1.0)
             prior.theta_beta.copy_(beta)
             prior.theta_mu.copy_(rand(heads, scale=0.5))
-    elif name in ("goat", "goat_noslope"):
-        prior = GOAT(heads, 3, slope=name == "goat", train_len=64, sink_freqs=2, sink_hidden=4)
+    elif name in GOATS:
+        prior = GOAT(heads, 3, **GOATS[name], train_len=64, sink_freqs=2, sink_hidden=4)
         with torch.no_grad():
             for p in prior.parameters():
                 p.copy_(rand(*p.shape, scale=0.5))
+    elif name in ("t5", "t5_bidirectional"):
+        # few, narrow buckets, so that lags of a short test reach the log-spaced and the last ones
+        prior = T5Bias(heads, num_buckets=8, max_distance=12, bidirectional=name == "t5_bidirectional")
+        with torch.no_grad():
+            prior.bias.copy_(rand(*prior.bias.shape))
+    elif name in ("kerple_log", "kerple_power"):
+        prior = KERPLE(heads, variant=name.removeprefix("kerple_"))
+        with torch.no_grad():
+            for p in prior.parameters():
+                p.copy_(rand(*p.shape))
+    elif name == "sandwich":  # folded: 4 lanes
+        prior = Sandwich(heads, dim=4, fold=True)
+    elif name == "sandwich_table":
+        prior = Sandwich(heads, dim=16)
+    elif name == "fire":
+        prior = FIRE(heads, hidden=4, threshold=6.0)
+        with torch.no_grad():
+            for p in prior.parameters():
+                p.copy_(rand(p.numel()).view_as(p))  # c and L are scalars
+            prior.theta_L.fill_(6.0)  # L = 6: queries on both sides of the threshold
     elif name == "sum":
         return Sum(make_prior("alibi", heads, seed, dtype), make_prior("goat", heads, seed + 1, dtype))
     else:
@@ -80,3 +121,23 @@ def recording_flash_takes(monkeypatch) -> list[bool]:
     takes = decode.flash_takes
     monkeypatch.setattr(decode, "flash_takes", lambda *a: took_flash.append(takes(*a)) or took_flash[-1])
     return took_flash
+
+
+#: Fixed problems (the options of ``functional/test_routes.check_route``) on which each prior of
+#: ``tests/priors`` is run on every route that takes it, beside the random ones of the route tests:
+#: documents and grouped heads far from position 0, a bidirectional window with padding and per-row
+#: positions, and a prefill with SSMax.
+ROUTE_CASES = {
+    "docs-gqa-far": dict(B=2, H=4, Hkv=2, Lq=37, Lk=37, causal=True, offset=1000, docs=True),
+    "bidirectional-window-padding": dict(
+        B=2, H=2, Hkv=2, Lq=30, Lk=30, causal=False, window=5, padding=True, batched_pos=True
+    ),
+    "prefill-ssmax": dict(B=1, H=2, Hkv=1, Lq=20, Lk=33, causal=True, offset=3, ssmax=True),
+    "decode-docs": dict(B=2, H=4, Hkv=1, Lq=3, Lk=40, causal=True, offset=500, docs=True),
+}
+
+
+def route_case(name: str, prior: str, seed: int = 0) -> dict:
+    """The options of ``ROUTE_CASES[name]`` for ``prior``, the rest at their plain values."""
+    o = dict(Dk=8, Dv=8, offset=0, seed=seed, window=None, docs=False, padding=False, ssmax=False)
+    return {**o, "batched_pos": False, **ROUTE_CASES[name], "prior": prior}

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import random
 import sys
+import warnings
 
 import pytest
 
 from priorattn.data import load_corpus, split_documents
-from priorattn.data.corpus import cut_single_document
+from priorattn.data.corpus import cut_few_documents
 
 # The split of the default corpus is part of every experiment's setup: a change must be noticed.
 SHAKESPEARE_VAL = [
@@ -105,13 +106,13 @@ def test_a_single_file_is_cut_into_parts_at_paragraph_breaks(tmp_path):
 
 def test_a_single_file_without_blank_lines_is_cut_at_line_breaks_or_mid_line(documents):
     lines = documents(log="\n".join(f"line {i}" for i in range(300)))
-    assert all(doc.read().endswith("\n") for doc in cut_single_document(lines)[:-1])
-    parts = cut_single_document(documents(blob="x" * 1000))
+    assert all(doc.read().endswith("\n") for doc in cut_few_documents(lines)[:-1])
+    parts = cut_few_documents(documents(blob="x" * 1000))
     assert [len(doc.read()) for doc in parts] == [100] * 10
 
 
 def test_large_single_files_give_parts_of_at_most_64k_characters(documents):
-    parts = cut_single_document(documents(big=("y" * 99 + "\n") * 20000))
+    parts = cut_few_documents(documents(big=("y" * 99 + "\n") * 20000))
     assert len(parts) == 31 and max(len(doc.read()) for doc in parts) <= 65536
 
 
@@ -216,9 +217,40 @@ def test_split_puts_each_document_on_exactly_one_side(documents):
 
 def test_split_keeps_a_document_on_each_side(documents):
     docs = documents(a="1", b="2")
-    for fraction in (0.01, 0.99):
-        train, val = split_documents(docs, fraction)
-        assert (len(train), len(val)) == (1, 1)
+    with pytest.warns(UserWarning, match="validation holds 50% of the corpus's characters, not 1%"):
+        train, val = split_documents(docs, 0.01)
+    assert (len(train), len(val)) == (1, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 50% is within half of 99%
+        train, val = split_documents(docs, 0.99)
+    assert (len(train), len(val)) == (1, 1)
+
+
+def test_a_corpus_of_few_files_is_cut_into_parts_so_validation_gets_its_share(documents):
+    """Three files split whole put a whole file, a third of the corpus, into validation; cut into
+    parts of one size first, validation gets about its 10%."""
+    rng = random.Random(1)
+    texts = {
+        name: "\n".join(" ".join("word" for _ in range(rng.randint(3, 12))) for _ in range(lines))
+        for name, lines in (("a.txt", 9000), ("b.txt", 7000), ("c.txt", 500))
+    }
+    docs = documents(**texts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the share is met: no warning
+        train, val = split_documents(docs)
+    parts = train + val
+    assert all("#" in name for name in names(parts)) and len(parts) >= 10
+    share = sum(len(doc.read()) for doc in val) / sum(len(doc.read()) for doc in parts)
+    assert 0.05 < share < 0.15
+    for name, text in texts.items():  # every file's parts, in order, are the file
+        own = sorted((doc for doc in parts if doc.name.startswith(name + "#")), key=lambda doc: doc.name)
+        assert "".join(doc.read() for doc in own) == text
+    assert not set(names(train)) & set(names(val))
+
+
+def test_ten_files_or_more_are_split_whole(documents):
+    docs = documents(**{f"doc{i}": "x" * (1 + 1000 * (i == 0)) for i in range(10)})
+    assert cut_few_documents(docs) == docs
 
 
 @pytest.mark.parametrize("fraction", [0, 1, -0.1, 1.5])

@@ -119,3 +119,16 @@ def test_a_single_latin1_file_is_a_corpus_and_its_run_finds_its_parts_again(tmp_
     val = run_documents(run, "val")
     assert [doc.name for doc in val] == record["val_documents"]
     assert all(doc.name.startswith("livre.txt#") and "café" in doc.read() for doc in val)
+
+
+def test_a_run_split_before_few_files_were_cut_finds_its_whole_documents(corpus_dir, tmp_path):
+    """A data.json written when a few files were split whole names whole documents."""
+    from priorattn.data import run_documents
+
+    run = tmp_path / "run"
+    prepare_data(str(corpus_dir), seq_len=16, run_dir=run, cache_dir=tmp_path / "cache")
+    record = json.loads((run / "data.json").read_text())
+    whole = sorted(doc.name for doc in load_corpus(str(corpus_dir)))
+    record["train_documents"], record["val_documents"] = whole[1:], whole[:1]
+    (run / "data.json").write_text(json.dumps(record))
+    assert [doc.name for doc in run_documents(run, "val")] == whole[:1]

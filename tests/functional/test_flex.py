@@ -9,7 +9,7 @@ from factories import make_prior
 
 import priorattn
 from priorattn.functional import api, flex
-from priorattn.priors import GGD
+from priorattn.priors import GGD, GOAT, ALiBi
 
 CASES = {
     "alibi, causal": ("alibi", dict()),
@@ -77,14 +77,63 @@ def choice(q, prior, **kwargs) -> str:
 
 
 def test_auto_chooses_flex_for_a_prior_that_does_not_fold_where_flex_trains(monkeypatch):
-    """The device check is a seam: on a CUDA device (faked here) GGD, which cannot fold, takes flex;
-    folding priors keep SDPA, and a prior flex cannot read (no lag table) keeps memeff."""
+    """The device check is a seam: on a CUDA device (faked here) GGD, which cannot fold, takes flex,
+    and so does a fold with a slope (ALiBi, GOAT's default); a fold without a slope keeps SDPA, and a
+    prior flex cannot read (no lag table) keeps memeff."""
     q = torch.randn(1, 2, 300, 8)
     assert choice(q, GGD(2)) == "memeff"  # the CPU: flex has no backward
+    assert choice(q, ALiBi(2)) == "sdpa"
     monkeypatch.setattr(api, "flex_trains_on", lambda device: True)
     assert choice(q, GGD(2)) == "flex"
-    assert choice(q, make_prior("goat", 2, dtype=torch.float32)) == "sdpa"
+    assert choice(q, ALiBi(2)) == "flex"
+    assert choice(q, GOAT(2, 2)) == "flex"
+    assert choice(q, GOAT(2, 2, slope=False)) == "sdpa"
     assert choice(q, None) == "sdpa"
     gaps = torch.arange(0, 600, 2)  # positions that are no run: no lag table, flex cannot read GGD
     assert choice(q, GGD(2), q_pos=gaps, k_pos=gaps) == "memeff"
     assert choice(q, GGD(2), ssmax=torch.ones(2), window=40) == "flex"
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_a_slope_gradient_carried_by_a_key_bias_is_the_slope_gradient(causal, with_bias):
+    """flex's score_mod reads the slope without its gradient and a zero key bias ``m j - m j`` that
+    carries it; under the softmax over keys that is the gradient of ``-m (i - j)`` exactly."""
+    torch.manual_seed(0)
+    B, H, L = 2, 3, 9
+    scores = torch.randn(B, H, L, L, dtype=torch.float64)
+    values = torch.randn(B, H, L, 4, dtype=torch.float64)
+    pos = torch.arange(100, 100 + L).expand(B, L)  # far from 0: the key term is large
+    lag = (pos[:, None, :, None] - pos[:, None, None, :]).double()  # (B, 1, L, L): i - j
+    hidden = torch.ones(L, L, dtype=torch.bool).triu(1) if causal else torch.zeros(L, L, dtype=torch.bool)
+    bias = torch.randn(B, H, L, dtype=torch.float64, requires_grad=True) if with_bias else None
+
+    def loss(slope_term, key_term):
+        logits = (scores + slope_term + key_term).masked_fill(hidden, float("-inf"))
+        return (torch.softmax(logits, -1) @ values).square().sum()
+
+    def key_term_of(b):
+        return 0.0 if b is None else b[:, :, None, :]
+
+    slope = torch.rand(H, dtype=torch.float64, requires_grad=True)
+    expected = torch.autograd.grad(loss(-slope[:, None, None] * lag, key_term_of(bias)), slope)[0]
+    detached, carried = flex.slope_gradient_as_key_bias(slope, pos, bias)
+    assert not detached.requires_grad and torch.equal(detached, slope.detach())
+    assert torch.equal(
+        carried.detach(), torch.zeros(B, H, L, dtype=torch.float64) if bias is None else bias.detach()
+    )
+    got = torch.autograd.grad(loss(-detached[:, None, None] * lag, key_term_of(carried)), slope)[0]
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    fixed = torch.rand(H)
+    assert flex.slope_gradient_as_key_bias(fixed, pos, None) == (fixed, None)
+
+
+def test_flex_pads_narrow_heads_with_zero_lanes():
+    x = torch.randn(1, 2, 5, 6)
+    padded = flex.pad_width(x, flex.MIN_HEAD_DIM)
+    assert (
+        padded.shape[-1] == flex.MIN_HEAD_DIM
+        and torch.equal(padded[..., :6], x)
+        and not padded[..., 6:].any()
+    )
+    assert flex.pad_width(padded, flex.MIN_HEAD_DIM) is padded

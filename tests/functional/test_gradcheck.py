@@ -35,10 +35,16 @@ class Attend(nn.Module):
 
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "memeff"])
 @pytest.mark.parametrize("name", [n for n in PRIOR_NAMES if n != "uniform"])
-def test_gradcheck_prior_parameters(name, backend):
+def test_gradcheck_prior_parameters(name, backend, request):
     prior = make_prior(name, 2, seed=4)
     if backend == "sdpa" and not prior.can_fold(True):
         pytest.skip(f"{name} does not fold")
+    if backend == "memeff" and not (prior.is_relative or prior.can_fold(True)):
+        # memeff's backward rebuilds a dense prior's tiles from the module's parameters, which
+        # functional_call has restored by then: zero gradients for the swapped-in ones (issue 24)
+        request.applymarker(
+            pytest.mark.xfail(strict=True, reason="memeff's dense tiles under functional_call")
+        )
     module = Attend(prior, backend)
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 6, 4, generator=gen, dtype=torch.float64) for _ in range(3))

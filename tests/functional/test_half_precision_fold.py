@@ -10,6 +10,7 @@ from priorattn.functional import prior_inputs
 from priorattn.functional.masks import Masking
 from priorattn.functional.sdpa import flash
 from priorattn.priors import GOAT, ALiBi
+from priorattn.priors.goat import inverse_softplus
 
 
 def kernel_dtypes(monkeypatch) -> set[torch.dtype]:
@@ -65,7 +66,7 @@ def test_learned_bfloat16_slope_rounds_once(monkeypatch):
     seen = kernel_dtypes(monkeypatch)
     prior = GOAT(4, 2)
     with torch.no_grad():
-        prior.slope.copy_(torch.tensor([0.3, 0.11, 0.017, 0.0051]))
+        prior.slope_raw.copy_(inverse_softplus(torch.tensor([0.3, 0.11, 0.017, 0.0051])))
     assert run(prior, 200, torch.bfloat16) <= 2**-6
     assert seen == {torch.bfloat16}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import make_prior
 from test_routes import TOLERANCE, assert_close
 
 import priorattn
@@ -140,3 +141,23 @@ def test_fox_at_16k_with_strong_forgetting_stays_precise_via_sdpa():
     ref = priorattn.attention(q, k, v, key_bias=key_bias, backend="memeff")
     out = priorattn.attention(q.float(), k.float(), v.float(), key_bias=key_bias, backend="sdpa")
     assert_close(out, ref, TOLERANCE[torch.float32], "sdpa at L = 16384")
+
+
+def test_a_prior_query_gate_scales_the_key_bias_with_the_log_prior():
+    """GOAT's gate multiplies query i's whole log-prior, the op's key bias included:
+    ``softmax_j(scale q.k + g(q_i) (K_ij + u_j))``, written out, on every route (``auto``: a decode
+    step's tile)."""
+    gen = torch.Generator().manual_seed(0)
+    prior = make_prior("goat_gate", 2, seed=1)
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    u = drift(1, 2, 6, 1.0, gen)
+    pos = torch.arange(6)
+    gate = prior.query_gate(q)  # (1, 2, 6, 1)
+    logits = (q @ k.transpose(-1, -2)) / 2 + gate * (prior.log_prior(pos, pos) + u[..., None, :])
+    logits = logits.masked_fill(torch.ones(6, 6, dtype=torch.bool).triu(1), -torch.inf)
+    expected = torch.softmax(logits, -1) @ v
+    for backend in ("reference", "sdpa", "memeff"):
+        out = priorattn.attention(q, k, v, prior=prior, key_bias=u, backend=backend)
+        assert_close(out, expected, TOLERANCE[torch.float64], backend)
+    step = priorattn.attention(q[:, :, -1:], k, v, prior=prior, key_bias=u, q_pos=pos[-1:], k_pos=pos)
+    assert_close(step, expected[:, :, -1:], TOLERANCE[torch.float64], "decode step")

@@ -33,6 +33,8 @@ def test_reference_route_applies_the_map_to_the_prior_logits(spec, prior_name):
     log_prior = (
         prior.log_prior(pos, pos) if prior_name != "uniform" else torch.zeros(L, L, dtype=torch.float64)
     )
+    gate = prior.query_gate(q)  # GOAT's gate: g(q_i) K(i, j)
+    log_prior = log_prior if gate is None else log_prior * gate
     causal = torch.ones(L, L, dtype=torch.bool).tril()
     logits = dense_logits(q, k, log_prior, 1 / math.sqrt(D))
     p = regularizer(spec).normalize(logits, causal)

@@ -16,7 +16,8 @@ from priorattn.functional.sdpa import flash, planning, route
 from priorattn.functional.sdpa.flash import LowerRightCausal
 from priorattn.functional.sdpa.route import lower_right_kernel, public_lower_right_causal
 from priorattn.functional.spans import Kind
-from priorattn.priors import GOAT, ALiBi, FoldLanes, Prior
+from priorattn.priors import GOAT, ALiBi, FoldLanes, Prior, Sum
+from priorattn.priors.goat import inverse_softplus
 
 
 def dense_lower_right(q, k, v):
@@ -87,7 +88,9 @@ def test_heads_in_runs_of_their_own_match_the_reference(Hkv, chunk, monkeypatch)
     monkeypatch.setattr(route, "heads_per_thread_team", lambda batch, threads: chunk)
     prior = GOAT(4, 2, init="recency").double()
     with torch.no_grad():
-        prior.slope.copy_(torch.tensor([0.5, 0.5, 0.01, 0.2]))  # runs of 32, 32, all, 80 queries
+        prior.slope_raw.copy_(
+            inverse_softplus(torch.tensor([0.5, 0.5, 0.01, 0.2]))
+        )  # runs of 32, 32, all, 80
     gen = torch.Generator().manual_seed(Hkv)
     q = torch.randn(2, 4, 200, 6, generator=gen, dtype=torch.float64, requires_grad=True)
     k, v = (
@@ -105,13 +108,11 @@ def test_heads_in_runs_of_their_own_match_the_reference(Hkv, chunk, monkeypatch)
         assert mine is None or torch.allclose(mine, ref, atol=1e-10)
 
 
-def steep_goat(slopes: list[float], seed: int = 0) -> GOAT:
-    """GOAT in float64 with random spectral weights and sink (a key bias in the reach), and ``slopes``."""
-    prior = make_prior("goat", len(slopes), seed)
-    prior.max_slope = max(map(abs, slopes))  # steeper than GOAT's default cap
-    with torch.no_grad():
-        prior.slope.copy_(torch.tensor(slopes))
-    return prior
+def steep_goat(slopes: list[float], seed: int = 0) -> Sum:
+    """GOAT in float64 with random spectral weights and sink (a key bias in the reach) plus an ALiBi
+    of ``slopes``: GOAT's own slope is never negative (issue 28), and routes must plan any slope."""
+    goat = make_prior("goat_noslope", len(slopes), seed)
+    return Sum(goat, ALiBi(len(slopes), slopes=torch.tensor(slopes, dtype=torch.float64)))
 
 
 #: Slopes whose bands (in the dtype) leave keys out at a few hundred positions: heads 0 and 1 have
@@ -198,7 +199,7 @@ def test_steep_heads_leave_out_the_keys_without_weight_and_match_the_reference(
         ("sdpa", (q, k, v), prior),
         ("reference", (q, k, v), copy.deepcopy(prior).double()),
     ):
-        inputs = [t.to(params.slope.dtype).requires_grad_() for t in tensors]
+        inputs = [t.to(params.parts[0].alpha.dtype).requires_grad_() for t in tensors]
         out = priorattn.attention(*inputs, prior=params, causal=True, backend=backend)
         grads = torch.autograd.grad(
             out, [*inputs, *params.parameters()], torch.ones_like(out), allow_unused=True
@@ -278,7 +279,7 @@ def test_one_call_keeps_its_graph_for_a_second_backward_and_runs_say_they_cannot
     q, k, v = (torch.randn(1, 2, 40, 6, dtype=torch.float64, requires_grad=True) for _ in range(3))
 
     def gradients():
-        return torch.autograd.grad(out.sum(), [q, k, v, prior.slope], retain_graph=True)
+        return torch.autograd.grad(out.sum(), [q, k, v, prior.slope_raw], retain_graph=True)
 
     out = priorattn.attention(q, k, v, prior=prior, causal=True, backend="sdpa")
     first, second = gradients(), gradients()

@@ -8,7 +8,7 @@ from factories import PRIOR_NAMES, make_prior
 
 from priorattn.priors import GGD, GOAT, ALiBi
 
-FOLDABLE = [n for n in PRIOR_NAMES if not n.startswith("ggd")]
+FOLDABLE = [n for n in PRIOR_NAMES if make_prior(n, 1).can_fold(True)]
 
 
 def row_centred(K, visible):

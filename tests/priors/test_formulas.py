@@ -7,10 +7,27 @@ import math
 import pytest
 import torch
 from factories import make_prior
+from test_fire import fire_by_hand
+from test_kerple import kerple_by_hand
+from test_sandwich import sandwich_by_hand
+from test_t5 import t5_bucket_by_hand
 
 import priorattn
-from priorattn.priors import GGD, GOAT, ALiBi, Sum, Uniform, alibi_slopes
+from priorattn.priors import (
+    FIRE,
+    GGD,
+    GOAT,
+    KERPLE,
+    ALiBi,
+    GOATSink,
+    Sandwich,
+    Sum,
+    T5Bias,
+    Uniform,
+    alibi_slopes,
+)
 from priorattn.priors.base import module_tensors
+from priorattn.priors.goat import inverse_softplus
 
 
 def grid(Lq, Lk, offset=0):
@@ -86,14 +103,22 @@ def goat_by_hand(prior, i, j, h):
         total += prior.alpha[h, r].item() * math.cos(w * (i - j))
         total += prior.beta[h, r].item() * math.sin(w * (i - j))
     sink = prior.sink
-    feats = [math.cos(w * j) for w in sink.freqs.tolist()] + [math.sin(w * j) for w in sink.freqs.tolist()]
-    feats += [j / sink.train_len, math.copysign(math.log1p(abs(j)), j) / math.log1p(sink.train_len)]
-    x = torch.tensor(feats, dtype=torch.float64)
-    hidden = torch.nn.functional.silu(sink.mlp[0].weight @ x + sink.mlp[0].bias)
-    u = (sink.mlp[2].weight @ hidden + sink.mlp[2].bias)[h].item()
-    total += u - sink.decay[h].item() * j / sink.train_len
-    slope = 0.0 if prior.slope is None else prior.slope[h].item()
-    return total - slope * abs(i - j)
+    if sink is not None:
+        freqs = sink.freqs.tolist()
+        feats = [math.cos(w * j) for w in freqs] + [math.sin(w * j) for w in freqs]
+        feats += [j / sink.train_len, math.copysign(math.log1p(abs(j)), j) / math.log1p(sink.train_len)]
+        x = torch.tensor(feats, dtype=torch.float64)
+        hidden = torch.nn.functional.silu(sink.mlp[0].weight @ x + sink.mlp[0].bias)
+        out = sink.mlp[2].weight @ hidden + sink.mlp[2].bias
+        if isinstance(sink, GOATSink):  # per head, with a linear decay
+            total += out[h].item() - sink.decay[h].item() * j / sink.train_len
+        else:  # shared, times a per-head gain, plus a per-head bump at j = 0
+            total += sink.gain[h].item() * out[0].item() + sink.bump[h].item() * (j == 0)
+    if prior.slope_raw is not None:  # m = softplus(raw)
+        total -= math.log1p(math.exp(prior.slope_raw[h].item())) * abs(i - j)
+    elif prior.slopes is not None:  # fixed
+        total -= prior.slopes[h].item() * abs(i - j)
+    return total
 
 
 def test_goat_matches_section_4_formula():
@@ -210,7 +235,7 @@ def test_goat_without_frequencies_is_its_sink_and_slope():
             p.uniform_(-0.5, 0.5)
     q_pos, k_pos = grid(4, 6, offset=2)
     lag = (q_pos[:, None] - k_pos[None, :]).abs().double()
-    expected = prior.sink(k_pos)[:, None, :] - prior.slope[:, None, None] * lag
+    expected = prior.sink(k_pos)[:, None, :] - prior.fold_slope()[:, None, None] * lag
     torch.testing.assert_close(prior.log_prior(q_pos, k_pos), expected, rtol=0, atol=1e-12)
     assert prior.fold_width == 2
 
@@ -230,17 +255,19 @@ def test_goat_construction_names_the_problem(kwargs, message):
         GOAT(**kwargs)
 
 
-def test_goat_slope_is_clamped_to_max_slope():
-    """``m_h`` is the slope parameter clamped to ``[-max_slope, max_slope]``, in every term and fold."""
-    capped, clamped = GOAT(2, 2, max_slope=0.25).double(), GOAT(2, 2).double()
+def test_goat_slope_is_capped_at_max_slope():
+    """``m_h = softplus(slope_raw)`` is capped at ``max_slope``, in every term and fold."""
+    capped, exact = GOAT(2, 2, max_slope=0.25).double(), GOAT(2, 2).double()
     with torch.no_grad():
-        capped.slope.copy_(torch.tensor([0.5, -0.1]))
-        clamped.slope.copy_(torch.tensor([0.25, -0.1]))
+        capped.slope_raw.copy_(torch.tensor([0.5, -2.0]))  # m = 0.97 (capped: 0.25), 0.127
+        exact.slope_raw.copy_(torch.tensor([0.0, -2.0], dtype=torch.float64))
+        exact.slope_raw[0] = inverse_softplus(torch.tensor(0.25, dtype=torch.float64))
     pos = torch.arange(6)
-    assert torch.equal(capped.fold_slope(), clamped.slope)
-    assert torch.equal(capped.fold(pos, pos).slope, clamped.fold(pos, pos).slope)
-    assert torch.equal(capped.log_prior(pos, pos), clamped.log_prior(pos, pos))
-    assert capped.slope_bound() == 0.25 and GOAT(2, 2, slope=False).slope_bound() == 0.0
+    close = dict(rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(capped.fold_slope(), exact.fold_slope(), **close)
+    torch.testing.assert_close(capped.fold(pos, pos).slope, exact.fold(pos, pos).slope, **close)
+    torch.testing.assert_close(capped.log_prior(pos, pos), exact.log_prior(pos, pos), **close)
+    assert capped.slope_bound() == 0.25 and GOAT(2, 2, slope="none").slope_bound() == 0.0
 
 
 def test_alibi_slope_bound_follows_construction_and_loading():
@@ -250,12 +277,16 @@ def test_alibi_slope_bound_follows_construction_and_loading():
     assert prior.slope_bound() == 2.0
 
 
-def test_goat_uniform_init_is_exactly_standard_attention():
-    K = GOAT(4, 8).log_prior(*grid(9, 9, offset=100))
+def test_goat_uniform_init_is_standard_attention():
+    """Exactly, but for a learned slope's start softplus(-30) = 1e-13 per token of lag (softplus never
+    reaches 0; goat-attention starts it there too)."""
+    K = GOAT(4, 8, slope="none").log_prior(*grid(9, 9, offset=100))
     assert torch.equal(K, torch.zeros_like(K))
+    K = GOAT(4, 8).log_prior(*grid(9, 9, offset=100))
+    assert K.abs().max() < 1e-10  # lags up to ~100
 
 
-def test_goat_recency_init_attends_exactly_like_alibi():
+def test_goat_fixed_slope_attends_exactly_like_alibi():
     """Press et al.'s slopes for H = 8 heads, 2^(-8 h / H), and the bias -m_h |i - j|, written out
     here, in a dense causal softmax; GOAT's recency init through every route gives its output."""
     H, L, D = 8, 12, 4
@@ -266,10 +297,13 @@ def test_goat_recency_init_attends_exactly_like_alibi():
     q, k, v = (torch.randn(2, H, L, D, generator=gen, dtype=torch.float64) for _ in range(3))
     logits = (q @ k.transpose(-1, -2) / math.sqrt(D) + alibi).masked_fill(j > i, -math.inf)
     expected = torch.softmax(logits, -1) @ v
-    goat = GOAT(H, 8, init="recency").double()
+    fixed, learned = GOAT(H, 8, slope="fixed").double(), GOAT(H, 8, init="recency").double()
     for backend in ("reference", "sdpa", "memeff"):
-        out = priorattn.attention(q, k, v, prior=goat, backend=backend)
+        out = priorattn.attention(q, k, v, prior=fixed, backend=backend)
         assert torch.allclose(out, expected, rtol=0, atol=1e-12), backend
+        # a learned slope starts at softplus(softplus^-1(m)), its raw value rounded to float32
+        out = priorattn.attention(q, k, v, prior=learned, backend=backend)
+        assert torch.allclose(out, expected, rtol=0, atol=1e-6), backend
 
 
 def test_goat_recency_without_slope_approximates_alibi_under_causal_mask():
@@ -310,6 +344,15 @@ def log_prior_by_hand(prior, h, i, j):
         )
     if isinstance(prior, GOAT):
         return goat_by_hand(prior, i, j, h)
+    if isinstance(prior, T5Bias):
+        options = (prior.bidirectional, prior.num_buckets, prior.max_distance)
+        return prior.bias[h, t5_bucket_by_hand(i, j, *options)].item()
+    if isinstance(prior, KERPLE):
+        return kerple_by_hand(prior.variant, prior.r1[h].item(), prior.r2[h].item(), i, j)
+    if isinstance(prior, Sandwich):
+        return sandwich_by_hand(h, prior.num_heads, prior.dim, i, j)
+    if isinstance(prior, FIRE):
+        return fire_by_hand(prior, h, i, j)
     if isinstance(prior, Sum):
         return sum(log_prior_by_hand(part, h, i, j) for part in prior.parts)
     raise TypeError(prior)

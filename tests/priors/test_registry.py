@@ -70,11 +70,12 @@ def test_every_prior_describes_itself_and_is_built_again_the_same(name):
 
 
 def test_a_spec_names_every_option_as_it_was_given():
-    assert GOAT(4, 3, slope=False, init="recency", freq_base=500, train_len=64).spec() == dict(
+    assert GOAT(4, 3, slope="none", init="recency", freq_base=500, train_len=64).spec() == dict(
         name="goat",
         num_freqs=3,
-        sink=True,
-        slope=False,
+        sink="shared",
+        slope="none",
+        gate=False,
         init="recency",
         learnable_freqs=False,
         freq_base=500.0,

@@ -22,10 +22,10 @@ from priorattn.priors import (
     "spec, data",
     [
         ("goat", dict(name="goat")),
-        (" goat ( num_freqs = 4 , slope = FALSE ) ", dict(name="goat", num_freqs=4, slope=False)),
+        (" goat ( num_freqs = 4 , gate = TRUE ) ", dict(name="goat", num_freqs=4, gate=True)),
         (
-            "goat(num_freqs=4, slope=false)+alibi",
-            [dict(name="goat", num_freqs=4, slope=False), dict(name="alibi")],
+            "goat(num_freqs=4, learnable_freqs=true)+alibi",
+            [dict(name="goat", num_freqs=4, learnable_freqs=True), dict(name="alibi")],
         ),
         ("ggd(trainable=[alpha, mu], eps=1e-3)", dict(name="ggd", trainable=("alpha", "mu"), eps=1e-3)),
         ("ggd(trainable=mu)", dict(name="ggd", trainable=("mu",))),  # one word for a tuple of one
@@ -35,7 +35,7 @@ from priorattn.priors import (
         ("goat(max_slope=inf)", dict(name="goat", max_slope=float("inf"))),
         (dict(name="goat", num_freqs=4, freq_base=500), dict(name="goat", num_freqs=4, freq_base=500.0)),
         (dict(name="ggd", trainable=["mu"]), dict(name="ggd", trainable=("mu",))),
-        (["alibi", dict(name="goat", sink=False)], [dict(name="alibi"), dict(name="goat", sink=False)]),
+        (["alibi", dict(name="goat", gate=True)], [dict(name="alibi"), dict(name="goat", gate=True)]),
         (["ggd", "alibi+goat"], [dict(name="ggd"), [dict(name="alibi"), dict(name="goat")]]),
     ],
 )
@@ -47,11 +47,11 @@ def test_every_form_reads_as_typed_plain_data(spec, data):
     "spec, canonical",
     [
         ("goat", "goat"),
-        ("goat(num_freqs=8, sink=true)", "goat"),  # options at their defaults say nothing
+        ("goat(num_freqs=8, sink=shared)", "goat"),  # options at their defaults say nothing
         ("goat(max_slope=2, num_freqs=3)", "goat(num_freqs=3, max_slope=2.0)"),  # constructor order
         ("goat(train_len=2048, init=uniform)", "goat(init=uniform, train_len=2048)"),  # the model's, kept
         (dict(name="ggd", trainable=["alpha", "mu"]), "ggd(trainable=[alpha, mu])"),
-        ([dict(name="alibi"), "goat(slope=false)"], "alibi+goat(slope=false)"),
+        ([dict(name="alibi"), "goat(slope=none)"], "alibi+goat(slope=none)"),
         (dict(name="goat", init="a b"), 'goat(init="a b")'),
         (dict(name="goat", init="true"), 'goat(init="true")'),
     ],
@@ -67,9 +67,9 @@ def test_a_spec_has_one_canonical_string_that_reads_back_the_same(spec, canonica
     [
         ("bam", r"unknown prior 'bam': use one of alibi, .*ggd, goat"),
         ("alibi+rope", r"unknown prior 'rope'"),
-        ("goat(R=4)", r"prior 'goat' has no option 'R': its options are num_freqs, sink, slope, init"),
+        ("goat(R=4)", r"prior 'goat' has no option 'R': its options are num_freqs, sink, slope, gate, init"),
         ("alibi(slope=1)", r"prior 'alibi' has no option 'slope': its options are none"),
-        ("goat(slope=maybe)", r"prior 'goat': option slope must be true or false, got 'maybe'"),
+        ("goat(gate=maybe)", r"prior 'goat': option gate must be true or false, got 'maybe'"),
         ("goat(num_freqs=2.5)", r"prior 'goat': option num_freqs must be an int, got '2.5'"),
         ("goat(freq_base=big)", r"prior 'goat': option freq_base must be a number, got 'big'"),
         ("goat(init=[a])", r"prior 'goat': option init must be a string, got \['a'\]"),
@@ -84,7 +84,7 @@ def test_a_spec_has_one_canonical_string_that_reads_back_the_same(spec, canonica
         ("goat)", r"expected '\+' or the end at character 4, got '\)'"),
         ("goat;", r"cannot read prior spec 'goat;': unexpected ';'"),
         (dict(num_freqs=3), r"a prior spec dict needs a 'name'"),
-        (dict(name="goat", sink="yes"), r"prior 'goat': option sink must be true or false, got 'yes'"),
+        (dict(name="goat", gate="yes"), r"prior 'goat': option gate must be true or false, got 'yes'"),
         (dict(name="goat", num_freqs=True), r"option num_freqs must be an int, got True"),
         ([], r"a prior spec is a string, a dict or a non-empty list of specs, got \[\]"),
         (3, r"a prior spec is a string, a dict or a non-empty list of specs, got 3"),
@@ -114,7 +114,7 @@ def test_a_spec_builds_its_priors_in_order_and_sums_as_a_list_nests():
 def test_the_model_fills_the_options_a_spec_leaves_out_and_the_spec_wins():
     goat = build_prior("goat", 2, train_len=64, init="alibi")
     assert (goat.spec()["train_len"], goat.spec()["init"]) == (64, "recency")  # 'alibi' is GOAT's 'recency'
-    assert goat.slope.tolist() == pytest.approx([0.0625, 0.00390625])  # the ALiBi slopes of 2 heads
+    assert goat.fold_slope().tolist() == pytest.approx([0.0625, 0.00390625])  # the ALiBi slopes of 2 heads
     own = build_prior("goat(train_len=16, init=uniform)", 2, train_len=64, init="alibi")
     assert (own.spec()["train_len"], own.spec()["init"]) == (16, "uniform")
     assert build_prior("ggd", 2, init="alibi").spec()["init"] == "alibi"
@@ -136,9 +136,9 @@ def test_bad_context_and_refused_options_name_the_prior():
 
 
 def test_defaults_fill_the_named_priors_where_the_spec_leaves_them():
-    assert with_defaults("alibi+goat(sink=false)", goat=dict(num_freqs=3)) == [
+    assert with_defaults("alibi+goat(sink=none)", goat=dict(num_freqs=3)) == [
         dict(name="alibi"),
-        dict(name="goat", num_freqs=3, sink=False),
+        dict(name="goat", num_freqs=3, sink="none"),
     ]
     assert with_defaults("goat(num_freqs=8)", goat=dict(num_freqs=3)) == dict(name="goat", num_freqs=8)
     assert with_defaults("ggd", goat=dict(num_freqs=3)) == dict(name="ggd")

@@ -44,7 +44,7 @@ def test_train_reports_losses_against_the_baseline(corpus, tmp_path, capsys):
 
 def test_compile_flag_is_the_configs_compile():
     def configs(*flags):
-        return cli.train_configs(cli.build_parser().parse_args(["train", "--out", "run", *flags]))[1]
+        return cli.train.train_configs(cli.build_parser().parse_args(["train", "--out", "run", *flags]))[1]
 
     assert configs("--compile").compile is True and configs().compile is False
 

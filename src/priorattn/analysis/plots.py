@@ -25,6 +25,7 @@ from torch.nn import functional as F
 
 from ..figures import captioned_figure, heatmap, save
 from ..priors import GGD, GOAT, ALiBi, GOATSink, Prior, Sum, Uniform, alibi_slopes
+from ..priors.goat import SharedSink
 
 #: GGD's parameters, each ``theta_<name>`` (seed 003 App. C).
 PARAMETERS = ("alpha", "beta", "mu")
@@ -69,16 +70,21 @@ def ggd(num_heads: int, beta: float, scale: float, mu: float = 0.0) -> GGD:
 
 
 @torch.no_grad()
-def spike_sink(sink: GOATSink, height: Tensor) -> None:
+def spike_sink(sink: GOATSink | SharedSink, height: Tensor) -> None:
     """Set ``u_h(0) = height[h]`` and ``u_h(j) ~ 0`` for ``j >= 1``: a pure attention sink.
 
-    One hidden unit of the sink's MLP reads the feature ``log(1 + j) / log(1 + train_len)``; its
-    pre-activation is 4 at ``j = 0`` and at most -12 from ``j = 1`` on, where SiLU is below 1e-4.
-    Every other weight, and the linear decay, is zero.
+    The shared sink (one MLP times a per-head gain, plus a per-head bump at ``j = 0``) gets its
+    bump as the spike and a zero MLP. The per-head sink has no bump: one hidden unit of its MLP
+    reads the feature ``log(1 + j) / log(1 + train_len)``; its pre-activation is 4 at ``j = 0`` and
+    at most -12 from ``j = 1`` on, where SiLU is below 1e-4. Every other weight, and the linear
+    decay, is zero.
     """
-    first, _, last = sink.mlp
     for p in sink.mlp.parameters():
         p.zero_()
+    if isinstance(sink, SharedSink):
+        sink.bump.copy_(height)
+        return
+    first, _, last = sink.mlp
     sink.decay.zero_()
     first.bias[0] = 4.0
     first.weight[0, -1] = -16.0 * math.log1p(sink.train_len) / math.log(2.0)
@@ -92,7 +98,9 @@ def illustrative_goat(num_heads: int, length: int, sink: bool = True) -> GOAT:
     alone (seed 000 Eq. 12); the sink spike ``u_h(0) = m_h length / 4`` outweighs that recency for
     the first quarter of the queries, so both behaviours show.
     """
-    prior = GOAT(num_heads, init="recency", slope=False, sink=sink, train_len=length)
+    prior = GOAT(
+        num_heads, init="recency", slope="none", sink="per_head" if sink else "none", train_len=length
+    )
     if sink:
         spike_sink(prior.sink, alibi_slopes(num_heads).to(prior.alpha.dtype) * length / 4)
     return prior

@@ -47,7 +47,7 @@ def head_parameters(prior: Prior, head: int) -> dict[str, float | None]:
         elif isinstance(part, ALiBi):
             params["alibi_slope"] = part.slopes[head].item()
         elif isinstance(part, GOAT):
-            if part.slope is not None:
+            if part.fold_slope() is not None:
                 params["goat_recency_slope"] = part.fold_slope()[head].item()
             if part.sink is not None:
                 u = part.sink(torch.arange(2))[head]

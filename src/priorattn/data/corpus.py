@@ -14,6 +14,7 @@ import glob
 import hashlib
 import importlib.resources
 import itertools
+import warnings
 from collections import Counter
 from collections.abc import Sequence
 from functools import partial
@@ -30,8 +31,8 @@ FASTA_PREFIX = "fasta:"
 HF_DEFAULT_COLUMN = "text"
 # `datasets.load_dataset` picks its reader ("builder") from the file type of a single data file.
 HF_BUILDERS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".txt": "text"}
-# A corpus of one document is cut into parts so that it can be split: at least this many parts (a
-# 10% validation split gets one), each at most PART_MAX_CHARS (so a book gives many parts).
+# A corpus of fewer documents than this is cut into at least this many parts so that it can be split
+# near its share (a 10% validation split gets one), each at most PART_MAX_CHARS (a book gives many).
 MIN_PARTS = 10
 PART_MAX_CHARS = 65536
 
@@ -174,19 +175,27 @@ def dataset_text(dataset, row: int, column: str) -> str:
     return dataset[row][column]
 
 
-def cut_single_document(documents: Sequence[Document]) -> list[Document]:
-    """The documents to split: ``documents`` as they are, or, when there is only one (a single
-    file), that one cut into parts named ``"<name>#<part>"`` (zero-padded, so they sort in order).
+def cut_few_documents(documents: Sequence[Document]) -> list[Document]:
+    """The documents to split: ``documents`` as they are when there are at least :data:`MIN_PARTS`,
+    else every one cut into parts named ``"<name>#<part>"`` (zero-padded, so they sort in order), so
+    that whole-document splitting can meet its share: three files split whole put one file, half
+    the corpus, into validation.
 
-    The text is cut into parts of at most ``min(PART_MAX_CHARS, ceil(len / MIN_PARTS))``
-    characters; each part ends at the last paragraph break (a blank line) in its second half,
-    else at the last line break there, else mid-line.
+    Parts are at most ``min(PART_MAX_CHARS, ceil(total / MIN_PARTS))`` characters, ``total`` over
+    every document, so the corpus gives at least :data:`MIN_PARTS` parts of about one size; each part
+    ends at the last paragraph break (a blank line) in its second half, else at the last line break
+    there, else mid-line.
     """
-    if len(documents) != 1:
+    if len(documents) >= MIN_PARTS:
         return list(documents)
-    [document] = documents
-    text = document.read()
-    size = min(PART_MAX_CHARS, max(1, -(-len(text) // MIN_PARTS)))
+    texts = [document.read() for document in documents]
+    size = min(PART_MAX_CHARS, max(1, -(-sum(map(len, texts)) // MIN_PARTS)))
+    return [part for document, text in zip(documents, texts) for part in cut_document(document, text, size)]
+
+
+def cut_document(document: Document, text: str, size: int) -> list[Document]:
+    """``text`` (``document``'s) in parts of at most ``size`` characters, cut at paragraph or line
+    breaks where one lies in a part's second half."""
     bounds, start = [], 0
     while start < len(text):
         end = start + size
@@ -212,21 +221,33 @@ def split_documents(
 
     The split depends only on the names, not on their order: documents are ordered by the sha256 of
     their name and the first ``max(1, round(val_fraction * n))`` are validation (at most ``n - 1``,
-    so each side keeps a document). No document's text is in both splits. A single document is cut
-    into parts first (:func:`cut_single_document`).
+    so each side keeps a document). No document's text is in both splits. A corpus of fewer than
+    :data:`MIN_PARTS` documents is cut into parts first (:func:`cut_few_documents`); when its
+    validation share of characters still misses ``val_fraction`` by more than half, a warning says so.
     """
     if not 0 < val_fraction < 1:
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction!r}")
-    documents = cut_single_document(documents)
+    repeated = sorted(name for name, count in Counter(doc.name for doc in documents).items() if count > 1)
+    if repeated:
+        raise ValueError(f"document names must be unique to split them, repeated: {repeated[:5]}")
+    cut = len(documents) < MIN_PARTS
+    documents = cut_few_documents(documents)
     n = len(documents)
     if n < 2:
         raise ValueError(
             f"splitting needs at least 2 documents (whole documents go to train or validation), got {n} "
-            "(a single document is cut into parts, but this one is too short)"
+            "(a short corpus is cut into parts, but this one is too short)"
         )
-    repeated = sorted(name for name, count in Counter(doc.name for doc in documents).items() if count > 1)
-    if repeated:
-        raise ValueError(f"document names must be unique to split them, repeated: {repeated[:5]}")
     by_hash = sorted(documents, key=lambda doc: hashlib.sha256(doc.name.encode()).hexdigest())
     n_val = min(max(1, round(val_fraction * n)), n - 1)
-    return sorted_by_name(by_hash[n_val:]), sorted_by_name(by_hash[:n_val])
+    train, val = sorted_by_name(by_hash[n_val:]), sorted_by_name(by_hash[:n_val])
+    if cut:  # the parts' texts are in memory: the share is cheap to check
+        chars = sum(len(doc.read()) for doc in val)
+        share = chars / max(1, chars + sum(len(doc.read()) for doc in train))
+        if abs(share - val_fraction) > val_fraction / 2:
+            warnings.warn(
+                f"validation holds {share:.0%} of the corpus's characters, not {val_fraction:.0%}: "
+                f"its {n} parts are too few or too uneven to split closer",
+                stacklevel=2,
+            )
+    return train, val

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..files import read_json, write_json_atomic
-from .corpus import Document, cut_single_document, load_corpus, split_documents
+from .corpus import Document, cut_few_documents, load_corpus, split_documents
 from .packing import PackedSequences
 from .stats import unigram_cross_entropy
 from .store import TokenStore, cached_store
@@ -119,7 +119,8 @@ def run_documents(run_dir: Path, split: str = "val") -> list[Document]:
     names = record[f"{split}_documents"]
     # data.json written before text_encoding existed: those runs read their files as UTF-8
     documents = load_corpus(record["source"], record.get("text_encoding", "utf-8"))
-    by_name = {doc.name: doc for doc in cut_single_document(documents)}
+    # a short corpus's parts, and its whole documents for runs split before it was cut
+    by_name = {doc.name: doc for doc in [*documents, *cut_few_documents(documents)]}
     missing = [name for name in names if name not in by_name]
     if missing:
         raise FileNotFoundError(

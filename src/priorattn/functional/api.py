@@ -90,7 +90,8 @@ def attention(
         key_bias: ``u``, a per-key additive term ``(B, H, Lk)`` or broadcastable to it (``(Lk,)``,
             ``(H, Lk)``, ``(B, 1, Lk)``, ...), finite, any floating dtype, data-dependent and
             differentiable (FoX's ``-F_j``: :class:`~priorattn.layers.ForgetGate`). It is part of the
-            log-prior (a bare SSMax tensor scales it too) and is exact on every route: a fold lane on
+            log-prior: a bare SSMax tensor scales it too, and so does a prior's query gate (GOAT's:
+            ``g(q_i) (K + u)``, one lane per key term). It is exact on every route: a fold lane on
             ``"sdpa"``, a tile term on ``"memeff"`` and in a decode step, a ``score_mod`` term on
             ``"flex"``. Routes add it re-centred on the keys each run of queries sees, in its own
             dtype (pass float64 for a term that drifts far, as FoX's cumulative sums do).
@@ -175,13 +176,20 @@ def check_key_bias(key_bias: object, q: Tensor, Lk: int) -> Tensor:
 def _choose(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking, key_bias: Tensor | None) -> str:
     """Fastest exact route: a decode step's prior (and key bias) as SDPA's additive bias, else fold
     into SDPA where possible, else FlexAttention where it trains (CUDA) and can read the prior (a lag
-    table), otherwise the blockwise route."""
+    table), otherwise the blockwise route. On CUDA a fold with a slope goes to FlexAttention too: the
+    ``sdpa`` route splits a slope into runs of queries sized for the CPU kernel (26-62x flash SDPA on
+    an H200 at 16k-32k, docs/benchmarks.md), where ``score_mod`` adds ``-m (i - j)`` in one kernel; not
+    beside a ``key_bias``, which flex centres once on all keys (it keeps float32's precision for a
+    drifting key bias on ``sdpa`` and ``memeff`` only)."""
     if prior is None and key_bias is None:
         return "sdpa"
     if is_decode_step(q, k):
         return DECODE_ROUTE
     if prior is None:  # the key bias alone is one lane: shorter runs of queries still beat blocks
         return "sdpa"
+    slope_folds = prior.can_fold(masking.causal) and prior.slope_bound() > 0
+    if key_bias is None and flex_trains_on(q.device) and slope_folds:
+        return "flex"
     if prior.can_fold(masking.causal):
         rates = key_rates(prior.fold_slope(), key_bias_drift(key_bias))
         largest = largest_slope(rates, prior.slope_bound())

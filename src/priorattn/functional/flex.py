@@ -13,7 +13,7 @@ tested without a GPU; the CUDA runs of the route tests skip here.
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
 
 import torch
 from torch import Tensor
@@ -22,7 +22,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from ..priors import Prior
 from ..ssmax import Scaling
 from .masks import Masking
-from .prior_inputs import centred_key_bias, split_prior
+from .prior_inputs import centred_key_bias, prior_factor, split_prior
 from .reference import compute_dtype
 
 
@@ -31,16 +31,48 @@ def flex_trains_on(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+#: FlexAttention's kernels take head widths of at least 16 (inductor: "NYI" below it, torch 2.11
+#: on CUDA); narrower q/k (a small head plus fold lanes) and v are padded with zero lanes, which add
+#: nothing to a score or an output.
+MIN_HEAD_DIM = 16
+
+
+def pad_width(x: Tensor, width: int) -> Tensor:
+    return x if x.shape[-1] >= width else torch.nn.functional.pad(x, (0, width - x.shape[-1]))
+
+
+def slope_gradient_as_key_bias(slope: Tensor, k_pos: Tensor, key_bias: Tensor | None):
+    """``(slope without its gradient, key bias that carries it)``, equal in value to ``(slope,
+    key_bias)``.
+
+    Under the softmax over keys ``-m (i - j) = -m i + m j``, and ``-m i`` is one constant per query
+    row, whose gradient sums to zero along the row; so a loss's gradient with respect to ``m`` is
+    exactly that of the key term ``m j``. FlexAttention computes the gradient of a tensor that
+    ``score_mod`` reads by atomic adds from every (query, key) pair into it: into ``H`` slopes they
+    serialize (GOAT with a learned slope ran 504x flash SDPA at 16k on an H200), into ``B x H x Lk``
+    key biases they spread. The added term is ``m j - m j``: zero in value, ``j`` in gradient."""
+    if not slope.requires_grad:
+        return slope, key_bias
+    term = slope[None, :, None] * k_pos[:, None, :].to(slope.dtype)  # (B, H, Lk)
+    zero = term - term.detach()
+    return slope.detach(), zero if key_bias is None else key_bias + zero
+
+
 @cache
 def compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
 def block_mask(masking: Masking, B: int):
-    """FlexAttention block mask for ``masking`` (None when nothing is masked)."""
+    """FlexAttention block mask for ``masking`` (None when nothing is masked). The plain causal mask
+    (training, prefill) is made from indices alone and kept per shape: making a block mask evaluates
+    ``mask_mod`` at every (query, key) pair, which at long lengths costs more than the attention."""
     if not masking.masks_anything:
         return None
     Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
+    if masking.plain_causal:  # dynamo does not trace into an lru_cache: a compiled graph makes its own
+        make = lower_right_causal.__wrapped__ if torch.compiler.is_compiling() else lower_right_causal
+        return make(Lq, Lk, str(masking.q_pos.device))
     q_pos, k_pos = masking.q_pos.expand(B, Lq), masking.k_pos.expand(B, Lk)
 
     def mask_mod(b, h, q_idx, kv_idx):
@@ -55,6 +87,17 @@ def block_mask(masking: Masking, B: int):
         return keep
 
     return create_block_mask(mask_mod, B, None, Lq, Lk, device=str(q_pos.device))
+
+
+@lru_cache(maxsize=16)
+def lower_right_causal(Lq: int, Lk: int, device: str):
+    """Key ``j`` visible to query ``i`` when ``j <= i + Lk - Lq``: the queries are the newest keys."""
+    shift = Lk - Lq
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx + shift >= kv_idx
+
+    return create_block_mask(causal, None, None, Lq, Lk, device=device)
 
 
 def flex_route(
@@ -81,20 +124,27 @@ def flex_route(
     B, H, Lq, _ = q.shape
     dtype = compute_dtype(q.dtype)
     factor = None if ssmax is None else ssmax.factor(masking.visible_keys()).to(dtype).expand(B, H, Lq, 1)
-    scale_prior = ssmax is not None and ssmax.scale_prior
+    row_factor = prior_factor(q, prior, factor, ssmax is not None and ssmax.scale_prior)
+    row_factor = None if row_factor is None else row_factor.to(dtype).expand(B, H, Lq, 1)
     q_pos, k_pos = masking.q_pos.expand(B, Lq), masking.k_pos.expand(B, -1)
-    inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, scale_prior, key_bias)
+    inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, row_factor, key_bias)
     if inputs.dense is not None:
         raise ValueError(
             f"backend='flex' needs a prior that folds or a relative prior on contiguous "
             f"positions; {type(prior).__name__} here is neither: use backend='memeff'"
         )
-    if inputs.key_bias is not None:  # the op's key bias drifts: centred; a prior's own key terms as they are
-        centre = key_bias is not None
-        key_bias = centred_key_bias(inputs.key_bias, slice(None), dtype) if centre else inputs.key_bias
-        key_bias = key_bias.expand(B, H, -1)
-    slope = inputs.slope
-    table = None if inputs.table is None else inputs.table.expand(H, -1)
+    # The op's key bias drifts: the key terms are centred where they hold it; a prior's own as they are.
+    centre = key_bias is not None
+    key_bias, slope = inputs.key_bias, inputs.slope
+    if key_bias is not None and centre:
+        key_bias = centred_key_bias(key_bias, slice(None), dtype)
+    # Tensors score_mod reads are made whole (no stride-0 views of a broadcast): inductor lowers
+    # their gradients by scattering into each one.
+    if slope is not None:
+        slope, key_bias = slope_gradient_as_key_bias(slope.contiguous(), k_pos, key_bias)
+    key_bias = None if key_bias is None else key_bias.expand(B, H, -1).contiguous()
+    table = None if inputs.table is None else inputs.table.expand(H, -1).contiguous()
+    q_pos, k_pos = q_pos.contiguous(), k_pos.contiguous()
     offset = k.shape[2] - 1  # the lag table holds lag (q0 + i) - (k0 + j) at index i - j + Lk - 1
 
     def score_mod(score, b, h, q_idx, kv_idx):
@@ -105,22 +155,26 @@ def flex_route(
             bias = bias - slope[h] * (q_pos[b, q_idx] - k_pos[b, kv_idx]).to(score.dtype)
         if table is not None:
             bias = bias + table[h, q_idx - kv_idx + offset]
-        if factor is not None and scale_prior:
-            bias = bias * factor[b, h, q_idx, 0]
+        if row_factor is not None:  # SSMax's factor, a query gate
+            bias = bias * row_factor[b, h, q_idx, 0]
         return score + bias
 
     mask = block_mask(masking, B)
     # Inside a compiled graph flex_attention is compiled with it; called eagerly, it needs its own.
     attend = flex_attention if torch.compiler.is_compiling() else compiled_flex()
+    # On CUDA half-precision q, k, v go to the kernel as they are (it computes scores and the softmax
+    # in float32); the prior's terms above stay in float32.
+    kernel = q.dtype if flex_trains_on(q.device) else dtype
+    width = max(MIN_HEAD_DIM, inputs.q.shape[-1])
     out = attend(
-        inputs.q,
-        inputs.k,
-        v.to(dtype),
+        pad_width(inputs.q.to(kernel), width),
+        pad_width(inputs.k.to(kernel), width),
+        pad_width(v.to(kernel), MIN_HEAD_DIM),
         score_mod=score_mod,
         block_mask=mask,
         scale=1.0,
         enable_gqa=H != k.shape[1],
-    )
+    )[..., : v.shape[-1]]
     if masking.masks_anything and not masking.plain_causal:
         out = torch.where(masking.visible_keys()[:, None, :, None] > 0, out, 0.0)
     return out.to(v.dtype)

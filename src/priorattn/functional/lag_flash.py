@@ -52,12 +52,13 @@ FLASH_ROWS = 256
 BACKWARD_KEYS = 2048
 
 
-def lag_flash_applies(prior: Prior | None, masking: Masking, q: Tensor, v: Tensor, scale_prior: bool) -> bool:
+def lag_flash_applies(prior: Prior | None, masking: Masking, q: Tensor, v: Tensor, row_scaled: bool) -> bool:
     """Whether :func:`lag_flash_attention` computes this call: a relative prior or none, a CPU call
     outside ``torch.compile``, positions one run shared by the batch, masks on lags only, the prior
-    not scaled per row by SSMax, equal q/k and v head widths (the kernel's requirement)."""
+    not scaled per row (``row_scaled``: by SSMax or a query gate), equal q/k and v head widths (the
+    kernel's requirement)."""
     return (
-        (prior is None or prior.is_relative and not scale_prior)
+        (prior is None or prior.is_relative and not row_scaled)
         and q.device.type == "cpu"
         and not torch.compiler.is_compiling()
         and masking.starts is not None

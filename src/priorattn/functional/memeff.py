@@ -55,6 +55,7 @@ from .prior_inputs import (
     key_rates,
     lag_table,
     largest_slope,
+    prior_factor,
     slope_span,
     split_prior,
 )
@@ -108,7 +109,6 @@ class Plan:
 
     masking: Masking
     prior: Prior | None  # set only when the bias comes from ``prior.log_prior`` tiles
-    scale_prior: bool  # SSMax multiplies the bias by the row factor
     blocks: tuple[tuple[slice, slice], ...]  # query rows and the key columns they can see (key_blocks)
     dtype: torch.dtype  # of the logits
     centred_bias: bool = False  # the key terms hold the op's key bias: centre them per block
@@ -138,7 +138,7 @@ class Plan:
         if not terms:
             return None
         bias = terms[0] if len(terms) == 1 else sum(terms)
-        if row_scale is not None and self.scale_prior:
+        if row_scale is not None:  # SSMax's factor, a query gate (prior_inputs.prior_factor)
             bias = bias * row_scale[:, :, rows]
         return bias
 
@@ -286,9 +286,7 @@ def blockwise_backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         dq[:, :, rows] = (grouped_d_logits @ k2[:, :, cols]).view(B, H, -1, D)
         add_product(dk[:, :, cols], grouped_d_logits.transpose(-1, -2), grouped(q2[:, :, rows], Hkv))
         if d_table is not None:
-            d_tile = (
-                d_logits * row_scale[:, :, rows] if plan.scale_prior and row_scale is not None else d_logits
-            )
+            d_tile = d_logits * row_scale[:, :, rows] if row_scale is not None else d_logits
             d_tile = sum_to(d_tile, (1, *d_table.shape[:1], *d_tile.shape[2:]))[0]  # (H or 1, lq, lk)
             start = keys_reversed(rows, cols, plan.masking.k_pos.shape[-1])
             d_table[:, start : start + sum(d_tile.shape[-2:]) - 1] += diagonal_sums(d_tile)
@@ -353,15 +351,16 @@ def memeff_attention(
     dtype = compute_dtype(q.dtype)
     spans = key_spans(masking) if masking.masks_anything and not masking.plain_causal else None
     factor = None if ssmax is None else ssmax.factor(visible_counts(masking, spans)).to(dtype)
-    scale_prior = ssmax is not None and ssmax.scale_prior
-    if key_bias is None and lag_flash_applies(prior, masking, q, v, scale_prior):
+    row_scale = prior_factor(q, prior, factor, ssmax is not None and ssmax.scale_prior)
+    row_scale = None if row_scale is None else row_scale.to(dtype)
+    if key_bias is None and lag_flash_applies(prior, masking, q, v, row_scale is not None):
         # q, k, v keep their dtype: the kernel takes half precision with the float32 table as its
         # mask and sums in float32, as SDPA does for the same inputs (bfloat16: 1.8x faster).
-        content = split_prior(q, k, None, masking, scale, factor, scale_prior)
+        content = split_prior(q, k, None, masking, scale, factor, None)
         table = None if prior is None else lag_table(prior, masking).to(dtype)
         blocks = functools.partial(key_blocks, masking, spans)
         return lag_flash_attention(content.q.to(q.dtype), k, v, table, masking, blocks, dtype)
-    inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, scale_prior, key_bias)
+    inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, row_scale, key_bias)
     span = None
     rates = key_rates(inputs.slope, key_bias_drift(key_bias))
     if rates is not None:
@@ -370,12 +369,10 @@ def memeff_attention(
     plan = Plan(
         masking=masking,
         prior=inputs.dense,
-        scale_prior=scale_prior,
         blocks=key_blocks(masking, spans, min(block_rows(*q.shape[:2], k.shape[2]), span or q.shape[2])),
         dtype=dtype,
         centred_bias=key_bias is not None,
     )
-    row_scale = factor if scale_prior else None
     params = [] if inputs.dense is None else [p for p in inputs.dense.parameters() if p.requires_grad]
     sources = (inputs.key_bias, inputs.slope, inputs.table, row_scale)
     if torch.compiler.is_compiling():

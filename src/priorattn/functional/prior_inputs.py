@@ -154,11 +154,22 @@ def content_queries(q: Tensor, scale: float, factor: Tensor | None) -> Tensor:
     return q * scale if factor is None else (q * scale * factor).to(q.dtype)
 
 
-def query_lanes(q: Tensor, q_lanes: Tensor, factor: Tensor | None, scale_prior: bool) -> Tensor:
+def prior_factor(q: Tensor, prior: Prior | None, factor: Tensor | None, scale_prior: bool) -> Tensor | None:
+    """Query i's factor on the prior's terms, ``(B or 1, H, Lq, 1)``: the SSMax ``factor`` where SSMax
+    scales the prior, times the prior's query gate of the content queries ``q``
+    (:meth:`~priorattn.priors.Prior.query_gate`, GOAT's query-norm gate); None for 1."""
+    gate = None if prior is None else prior.query_gate(q)
+    ssmax = factor if scale_prior else None
+    if gate is None or ssmax is None:
+        return ssmax if gate is None else gate
+    return gate * ssmax
+
+
+def query_lanes(q: Tensor, q_lanes: Tensor, row_factor: Tensor | None) -> Tensor:
     """The fold's q lanes ``(.., H, lq, P)`` of ``q``'s rows, as ``(B, H, lq, P)`` in ``q``'s dtype;
-    times the SSMax factor when it scales the prior."""
-    if factor is not None and scale_prior:
-        q_lanes = q_lanes * factor
+    times the prior's row factor (:func:`prior_factor`) where there is one."""
+    if row_factor is not None:
+        q_lanes = q_lanes * row_factor
     B, H, lq = q.shape[:3]
     return q_lanes.to(q.dtype).expand(B, H, lq, q_lanes.shape[-1])
 
@@ -169,14 +180,15 @@ def lane_inputs(
     lanes: FoldLanes,
     scale: float,
     factor: Tensor | None,
-    scale_prior: bool,
+    row_factor: Tensor | None,
 ) -> tuple[Tensor, Tensor]:
-    """``[scale * q, q_lanes]`` and ``[k, k_lanes]``, in the dtype of ``q``."""
+    """``[scale * q, q_lanes]`` and ``[k, k_lanes]``, in the dtype of ``q``; the content times the
+    SSMax ``factor``, the lanes times the prior's ``row_factor`` (:func:`prior_factor`)."""
     content = content_queries(q, scale, factor)
     if lanes.q.shape[-1] == 0:  # key terms only (ALiBi): no lanes to append, no copies
         return content, k
     k_lanes = lanes.k.to(k.dtype).expand(k.shape[0], k.shape[1], *lanes.k.shape[-2:])
-    q_lanes = query_lanes(q, lanes.q, factor, scale_prior)
+    q_lanes = query_lanes(q, lanes.q, row_factor)
     return torch.cat([content, q_lanes], dim=-1), torch.cat([k, k_lanes], dim=-1)
 
 
@@ -233,7 +245,7 @@ def split_prior(
     masking: Masking,
     scale: float,
     factor: Tensor | None,
-    scale_prior: bool,
+    row_factor: Tensor | None,
     key_bias: Tensor | None = None,
 ) -> PriorInputs:
     """Fold the prior where it folds, else tabulate it by lag, else leave it dense; the op's
@@ -243,7 +255,7 @@ def split_prior(
         key_bias = key_bias.to(torch.promote_types(key_bias.dtype, q.dtype))
     if prior is not None and prior.can_fold(masking.causal):
         lanes = prior.fold(masking.q_pos, masking.k_pos)
-        q2, k2 = lane_inputs(q, k, lanes, scale, factor, scale_prior)
+        q2, k2 = lane_inputs(q, k, lanes, scale, factor, row_factor)
         own = None if lanes.key_bias is None else lanes.key_bias.to(q.dtype)
         slope = None if lanes.slope is None else lanes.slope.to(q.dtype)
         return PriorInputs(q2, k2, key_bias=sum_of_present([own, key_bias]), slope=slope)

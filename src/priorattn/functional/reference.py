@@ -28,13 +28,22 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def prior_logits(
-    q: Tensor, k: Tensor, log_prior: Tensor | None, scale: float, ssmax: Scaling | None, visible: Tensor
+    q: Tensor,
+    k: Tensor,
+    log_prior: Tensor | None,
+    scale: float,
+    ssmax: Scaling | None,
+    visible: Tensor,
+    gate: Tensor | None = None,
 ) -> Tensor:
-    """Logits ``(B, H, lq, lk)`` of (already sliced) queries against keys, plus their log-prior tile."""
+    """Logits ``(B, H, lq, lk)`` of (already sliced) queries against keys, plus their log-prior tile
+    times the prior's query ``gate`` ``(B, H, lq, 1)`` where it has one."""
     dtype = compute_dtype(q.dtype)
     content = scale * grouped_scores(q.to(dtype), k.to(dtype))
     if log_prior is not None:
         log_prior = log_prior.to(dtype)
+        if gate is not None:
+            log_prior = log_prior * gate.to(dtype)
     if ssmax is not None:
         factor = ssmax.factor(visible.sum(-1)[:, 0]).to(dtype)
         content = content * factor
@@ -58,13 +67,15 @@ def reference_attention(
 
     ``normalize(logits, visible)`` maps logits to weights over the keys: softmax, or another map of
     the variational family (:func:`priorattn.eot.regularizer`), with zeros at masked keys.
-    ``key_bias`` ``(B or 1, H or 1, Lk)`` is added to every query's row as it is.
+    ``key_bias`` ``(B or 1, H or 1, Lk)`` joins every query's row of the log-prior, which the prior's
+    query gate (:meth:`~priorattn.priors.Prior.query_gate`) then multiplies.
     """
     visible = masking.visible()
     log_prior = None if prior is None else prior.log_prior(masking.q_pos, masking.k_pos)
     if key_bias is not None:
         row = key_bias[..., None, :].to(compute_dtype(q.dtype))  # (B or 1, H or 1, 1, Lk)
         log_prior = row if log_prior is None else log_prior + row
-    logits = prior_logits(q, k, log_prior, scale, ssmax, visible)
+    gate = None if prior is None else prior.query_gate(q)
+    logits = prior_logits(q, k, log_prior, scale, ssmax, visible, gate)
     probs = normalize(logits, visible)
     return grouped_values(probs, v.to(probs.dtype)).to(v.dtype)

@@ -39,11 +39,18 @@ PRIOR_INITS = ("uniform", "alibi")
 class GPTConfig:
     """Everything that defines a :class:`GPT`; plain data, saved with :meth:`to_dict`.
 
+    - ``vocab_size``, ``d_model``, ``n_layers``, ``n_heads``: the token vocabulary, the residual
+      width, the number of blocks and the query heads of each attention layer.
     - ``seq_len``: the training length. Nothing crops to it, but GOAT's sink normalises key positions
       by it (``j / seq_len``), so keep it unchanged when evaluating a trained model at other lengths.
     - ``n_kv_heads``: key/value heads (grouped-query attention), default ``n_heads``.
     - ``head_dim``: value width per head, default ``d_model // n_heads``. A folding prior (ALiBi,
       GOAT) takes its lanes out of each q/k head, not in addition (seed 000 Algorithm 1).
+    - ``tie_embeddings``: the output head is the token embedding's matrix (GPT-2's choice; the BAM
+      sizes untie it, seed 003 App. C).
+    - ``norm_eps``: the epsilon of every RMSNorm.
+    - ``dropout``: the dropout rate on the embeddings and on each block's attention and MLP outputs,
+      in training only.
     - ``mlp_hidden``: SwiGLU hidden width; ``None`` becomes Llama's ``8/3 d_model`` rounded up to a
       multiple of 64, resolved when the config is made (so a saved config records the width).
     - ``prior``: a prior spec (:mod:`priorattn.priors.spec`): a registered prior's name

@@ -22,13 +22,26 @@ LEGACY_PRIOR_FIELDS = {
 }
 
 
+#: Flattened field -> what its true and false read as today: GOAT's sink then was the per-head one
+#: with a linear decay, its slope the learned one (a run's saved slope loads as ``softplus`` of a raw
+#: parameter, issue 28).
+LEGACY_VALUES = {
+    "goat_sink": {True: "per_head", False: "none"},
+    "goat_slope": {True: "learned", False: "none"},
+}
+
+
 def legacy_spec(prior: str, flattened: dict) -> dict | list:
     """``prior`` (a name or names joined by ``+``, as saved then) with the ``flattened`` fields'
     values as the options of the priors they configured (those it does not hold are dropped)."""
     by_prior: dict[str, dict] = {}
     for field, value in flattened.items():
         name, option = LEGACY_PRIOR_FIELDS[field]
-        by_prior.setdefault(name, {})[option] = value
+        by_prior.setdefault(name, {})[option] = (
+            LEGACY_VALUES[field][value] if field in LEGACY_VALUES else value
+        )
+    if "goat" in prior.split("+"):  # GOAT's sink then, where the fields left it at its default
+        by_prior.setdefault("goat", {}).setdefault("sink", "per_head")
     return with_defaults(prior, **by_prior)
 
 

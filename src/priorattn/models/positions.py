@@ -20,6 +20,12 @@ POSITIONS: dict[str, tuple[str, dict]] = {
     "alibi": ("ALiBi", dict(prior="alibi")),
     "bam": ("BAM", dict(prior="ggd")),  # GGD; seed 003's full BAM is "bam+ssmax"
     "goat": ("GOAT", dict(prior="goat")),
+    # GOAT's ablations (issue 28): each is a spec of GOAT's options (priors/goat.py)
+    "goat_noslope": ("GOAT no slope", dict(prior="goat(slope=none)")),
+    "goat_nosink": ("GOAT no sink", dict(prior="goat(sink=none)")),
+    "goat_spectral": ("GOAT spectral", dict(prior="goat(sink=none, slope=none)")),
+    "goat_fixedslope": ("GOAT fixed slope", dict(prior="goat(slope=fixed)")),
+    "goat_gate": ("GOAT gate", dict(prior="goat(gate=true)")),
     "sinusoidal": ("Sinusoidal", dict(encoding="sinusoidal")),
     "local_rope": ("RoPE local", dict(encoding="local_rope")),
 }

@@ -6,24 +6,32 @@ as plain data (:mod:`.spec`): ``build_prior("goat(num_freqs=4)+alibi", num_heads
 
 from .alibi import ALiBi
 from .base import FoldLanes, Prior, alibi_slopes
+from .fire import FIRE
 from .ggd import GGD
 from .goat import GOAT, GOATSink
+from .kerple import KERPLE
 from .registry import CONTEXT, FromModel, Option, names, options, register, registered
+from .sandwich import Sandwich
 from .spec import build_prior, canonical_spec, read_spec, with_defaults
 from .sum import Sum
+from .t5 import T5Bias
 from .uniform import Uniform
 
 __all__ = [
     "ALiBi",
     "CONTEXT",
+    "FIRE",
     "FoldLanes",
     "FromModel",
     "GGD",
     "GOAT",
     "GOATSink",
+    "KERPLE",
     "Option",
     "Prior",
+    "Sandwich",
     "Sum",
+    "T5Bias",
     "Uniform",
     "alibi_slopes",
     "build_prior",

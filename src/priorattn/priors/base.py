@@ -88,6 +88,18 @@ class Prior(nn.Module):
         q_pos = torch.arange(q_start, q_start + Lq, device=device)
         return self.log_prior(q_pos, torch.arange(k_start, k_start + Lk, device=device)).to(dtype)
 
+    def query_gate(self, q: Tensor) -> Tensor | None:
+        """A per-query factor ``(B, H, Lq, 1)`` of the log-prior from the content queries ``q``
+        ``(B, H, Lq, Dk)`` (before any scale): the logits are ``scale <q_i, k_j> + g(q_i) K(i, j)``.
+        None (the default) for 1: the log-prior alone. Every route multiplies query i's prior terms
+        (its fold lanes, key terms, lag table or tile) by it; GOAT's query-norm gate is one."""
+        return None
+
+    @property
+    def gated(self) -> bool:
+        """Whether :meth:`query_gate` gives a factor (not None)."""
+        return False
+
     @property
     def is_relative(self) -> bool:
         """Whether the log-prior depends on ``q_pos - k_pos`` only (a Toeplitz matrix per head)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_int
@@ -26,44 +27,28 @@ def phases(pos: Tensor, freqs: Tensor) -> tuple[Tensor, Tensor]:
     return angle.cos().to(freqs.dtype), angle.sin().to(freqs.dtype)
 
 
-class GOATSink(nn.Module):
-    """The key-only log-prior ``u_h(j)`` (seed 000 Eq. 19): a sink and absolute default per key.
-
-    ``u_h(j) = -decay_h * j / train_len + MLP_h([cos(v_m j), sin(v_m j), j / train_len,
-    sign(j) log(1 + |j|) / log(1 + train_len)])``: a learnable linear decay plus a small MLP over
-    sinusoidal and length-normalised inputs (the seed names the kinds of input, not the formulas), so
-    it is defined at every length, including unseen ones. ``train_len`` only scales the two
-    length-normalised inputs (and sets the fitting range of ``GOAT(init="recency")``).
+class KeySink(nn.Module):
+    """A key-only log-prior ``u_h(j)`` (seed 000 Eq. 19) over sinusoidal and length-normalised inputs
+    of the key's position (the seed names the kinds of input, not the formulas):
+    ``[cos(v_m j), sin(v_m j), j / train_len, sign(j) log(1 + |j|) / log(1 + train_len)]`` with
+    ``num_freqs`` geometric frequencies ``v_m`` (base ``freq_base``), so it is defined at every
+    length, including unseen ones. ``train_len`` only scales the two length-normalised inputs.
 
     Negative key positions (e.g. keys counted back from a query at 0): the sinusoids and ``j /
     train_len`` are defined there already; the log input is continued as an odd function, so ``u`` is
     finite at every integer position and unchanged at ``j >= 0``.
-    The MLP's output layer starts at zero, so a new sink is ``u = 0`` (standard attention).
 
     ``u`` depends on the key's position alone: a decode step reads it from a :class:`PositionTable`.
+    Subclasses give :meth:`evaluate`.
     """
 
-    def __init__(
-        self,
-        num_heads: int,
-        num_freqs: int = 8,
-        hidden: int = 16,
-        train_len: int = 2048,
-        freq_base: float = 10_000.0,
-    ):
+    def __init__(self, num_heads: int, num_freqs: int, train_len: int, freq_base: float):
         super().__init__()
         if train_len < 1:
             raise ValueError(f"train_len must be >= 1, got {train_len}")
-        dtype = torch.get_default_dtype()
         self.num_heads = num_heads
         self.train_len = train_len
-        self.register_buffer("freqs", geometric_freqs(num_freqs, freq_base).to(dtype))
-        self.decay = nn.Parameter(torch.zeros(num_heads, dtype=dtype))
-        self.mlp = nn.Sequential(
-            nn.Linear(2 * num_freqs + 2, hidden), nn.SiLU(), nn.Linear(hidden, num_heads)
-        )
-        nn.init.zeros_(self.mlp[2].weight)
-        nn.init.zeros_(self.mlp[2].bias)
+        self.register_buffer("freqs", geometric_freqs(num_freqs, freq_base).to(torch.get_default_dtype()))
         self.by_position = PositionTable(self, self.evaluate)
 
     def features(self, k_pos: Tensor) -> Tensor:
@@ -83,38 +68,136 @@ class GOATSink(nn.Module):
 
     def evaluate(self, k_pos: Tensor) -> Tensor:
         """``u_h(j)`` computed afresh, ``(..., H, Lk)``, in the parameters' dtype (:func:`in_own_dtype`)."""
+        raise NotImplementedError
+
+
+def sink_mlp(in_features: int, hidden: int, out_features: int) -> nn.Sequential:
+    """One SiLU layer of ``hidden`` units; the output layer starts at zero (``u = 0``)."""
+    mlp = nn.Sequential(nn.Linear(in_features, hidden), nn.SiLU(), nn.Linear(hidden, out_features))
+    nn.init.zeros_(mlp[2].weight)
+    nn.init.zeros_(mlp[2].bias)
+    return mlp
+
+
+class SharedSink(KeySink):
+    """GOAT's sink as its authors' package ``goat-attention`` 0.1.1 defines it:
+
+    ``u_h(j) = gain_h * u(j) + bump_h * [j = 0]``
+
+    one MLP ``u(j)`` over the inputs of :class:`KeySink` shared by every head, a per-head ``gain``
+    (starting at 1) and a per-head ``bump`` at position 0 (starting at 0): an explicit BOS sink, the
+    attention sink of seed 000 Sec. 5. The MLP's output layer starts at zero, so a new sink is
+    ``u = 0`` (standard attention).
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_freqs: int = 8,
+        hidden: int = 16,
+        train_len: int = 2048,
+        freq_base: float = 10_000.0,
+    ):
+        super().__init__(num_heads, num_freqs, train_len, freq_base)
+        dtype = torch.get_default_dtype()
+        self.mlp = sink_mlp(2 * num_freqs + 2, hidden, 1)
+        self.gain = nn.Parameter(torch.ones(num_heads, dtype=dtype))
+        self.bump = nn.Parameter(torch.zeros(num_heads, dtype=dtype))
+
+    def evaluate(self, k_pos: Tensor) -> Tensor:
+        with in_own_dtype(self.freqs.device):
+            shared = self.mlp(self.features(k_pos))  # (..., Lk, 1)
+            bos = (k_pos == 0).to(self.gain.dtype)[..., None]  # (..., Lk, 1)
+            u = shared * self.gain + bos * self.bump  # (..., Lk, H)
+        return u.transpose(-1, -2)
+
+
+class GOATSink(KeySink):
+    """The per-head sink of priorattn before issue 28, ``GOAT(sink="per_head")``: a learnable linear
+    decay plus an MLP with one output per head (seed 000 Eq. 19: "a learnable linear decay plus an MLP
+    over sinusoidal and length-normalized scalar inputs"):
+
+    ``u_h(j) = -decay_h * j / train_len + MLP_h(inputs of KeySink)``
+
+    The decay is a second unbounded learned trend beside GOAT's slope (in the models of issue 28 it
+    cancelled the slope); runs saved with it load with this sink. The MLP's output layer and ``decay``
+    start at zero (``u = 0``).
+    """
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_freqs: int = 8,
+        hidden: int = 16,
+        train_len: int = 2048,
+        freq_base: float = 10_000.0,
+    ):
+        super().__init__(num_heads, num_freqs, train_len, freq_base)
+        self.decay = nn.Parameter(torch.zeros(num_heads, dtype=torch.get_default_dtype()))
+        self.mlp = sink_mlp(2 * num_freqs + 2, hidden, num_heads)
+
+    def evaluate(self, k_pos: Tensor) -> Tensor:
         position = k_pos.to(self.freqs.dtype)[..., None]
         with in_own_dtype(self.freqs.device):
             u = self.mlp(self.features(k_pos)) - self.decay * position / self.train_len  # (..., Lk, H)
         return u.transpose(-1, -2)
 
 
+#: The sinks by ``GOAT(sink=...)``.
+SINKS = {"shared": SharedSink, "per_head": GOATSink}
+SLOPES = ("learned", "fixed", "none")
+#: ``softplus(UNIFORM_SLOPE_RAW)`` (1e-13): the learned slope of ``init="uniform"``, as goat-attention
+#: starts it; ``softplus`` never reaches 0.
+UNIFORM_SLOPE_RAW = -30.0
+
+
+def inverse_softplus(m: Tensor) -> Tensor:
+    """``x`` with ``softplus(x) = m`` for ``m > 0``: ``log(expm1(m))``, as ``m + log(-expm1(-m))``
+    where ``expm1(m)`` would overflow."""
+    return m + torch.log(-torch.expm1(-m))
+
+
 class GOAT(Prior):
-    """``K_h(i, j) = sum_r alpha[h,r] cos(w_r (i-j)) + beta[h,r] sin(w_r (i-j)) + u_h(j) - m_h |i-j|``.
+    """``K_h(i, j) = sum_r alpha[h,r] cos(w_r (i-j)) + beta[h,r] sin(w_r (i-j)) + u_h(j) - m_h |i-j|``,
+    for query ``i`` times ``g_h(q_i)`` with the query-norm gate.
 
     - Relative part (seed 000 Eq. 12): ``num_freqs`` fixed geometric frequencies in buffer ``freqs``
       (a parameter with ``learnable_freqs=True``, the paper's open question 2).
-    - ``sink=True``: the key-only ``u_h(j)`` of :class:`GOATSink` (Eq. 19).
-    - ``slope=True``: the ALiBi-equivalent recency term (App. F.3); it folds only under a causal
-      mask, where it is the key-linear lane ``m_h j`` (Prop. F.6).
-      ``m_h`` is the parameter ``slope`` clamped to ``[-max_slope, max_slope]`` (default 1: a
-      recency weight of at most ``e^-1`` per token of lag), so its size is known without reading it:
-      the SDPA route sizes its re-centred runs of queries by ``max_slope`` where reading the slope
-      would stall an accelerator or break a compiled graph (``functional/prior_inputs.py``).
+    - ``sink``: the key-only ``u_h(j)`` (Eq. 19): ``"shared"`` (:class:`SharedSink`, the authors'
+      package's), ``"per_head"`` (:class:`GOATSink`, priorattn's before issue 28) or ``"none"``.
+    - ``slope``: the recency term ``-m_h |i - j|`` with ``m_h >= 0`` (App. F.3, Theorem 3 and Prop.
+      F.6: the least-committal recency prior is exponential in the lag, so ``m`` cannot turn into an
+      anti-recency): ``"learned"`` (``m_h = softplus(slope_raw_h)``, parameter ``slope_raw``),
+      ``"fixed"`` (the ALiBi slopes in buffer ``slopes``: "the fixed inductive bias term" of App. F)
+      or ``"none"``. It folds only under a causal mask, where it is the key-linear lane ``m_h j``.
+      ``m_h`` is capped at ``max_slope`` (default 1: a recency weight of at least ``e^-1`` per token
+      of lag), so its size is known without reading it: the SDPA route sizes its re-centred runs of
+      queries by ``max_slope`` where reading the slope would stall an accelerator or break a
+      compiled graph (``functional/prior_inputs.py``).
+    - ``gate``: the query-norm prior gate of goat-attention, ``g_h(q_i) = sigmoid(gate_bias_h -
+      softplus(gate_scale_raw_h) ||q_i||)`` of the query's content ``q_i`` (:meth:`query_gate`),
+      multiplying query i's whole log-prior (seed 000 Thm 5.1: the prior sheds as the content signal
+      grows). It starts as goat-attention's, ``sigmoid(10 - 4.5e-5 ||q||)``, about 1.
 
     ``num_freqs=0`` keeps only the sink and the slope (no relative spectral part).
 
     Folded into a head (:class:`~priorattn.PriorMultiheadAttention`), GOAT takes ``fold_width`` of
-    its query/key lanes from the content: ``2 num_freqs`` + 1 for the sink + 1 for the slope.
+    its query/key lanes from the content: ``2 num_freqs`` + 1 for a sink + 1 for a slope.
 
-    ``init="uniform"`` starts at ``K = 0``: standard attention, exactly. ``init="recency"`` starts
-    at ALiBi: the slope takes the ALiBi slopes, or, with ``slope=False``, the spectral weights are
-    fitted by least squares to ``-m_h d`` over lags ``d`` in ``[0, train_len)`` (so it matches
-    ALiBi under a causal mask; future keys are not fitted).
+    ``init="uniform"`` starts at standard attention: every term 0 but a learned slope, which starts
+    at ``softplus(-30)`` (1e-13, as goat-attention starts it). ``init="recency"`` starts at ALiBi: a
+    learned slope takes the ALiBi slopes; with ``slope="none"`` the spectral weights are fitted by
+    least squares to ``-m_h d`` over lags ``d`` in ``[0, train_len)`` (so it matches ALiBi under a
+    causal mask; future keys are not fitted); a fixed slope is ALiBi's whatever ``init`` says.
 
     Folding (Eq. 17-21): ``q`` lanes ``[alpha cos(w i) + beta sin(w i), alpha sin(w i) - beta cos(w i)]``,
     ``k`` lanes ``[cos(w j), sin(w j)]`` (2R lanes shared by every head), then one sink lane
-    ``1 . u_h(j)`` and one slope lane ``m_h . (j - centre)``.
+    ``1 . u_h(j)`` and one slope lane ``m_h . (j - centre)``; the routes multiply a query's lanes by
+    its gate.
+
+    Runs saved before the slope was non-negative hold its ``m_h`` as parameter ``slope``; they load
+    into ``slope="learned"`` (``slope_raw = softplus^-1(m_h)``) unless a head's ``m_h`` is negative,
+    which no slope of this GOAT can be: the message says so.
     """
 
     def __init__(
@@ -122,8 +205,9 @@ class GOAT(Prior):
         num_heads: int,
         num_freqs: int = 8,
         *,
-        sink: bool = True,
-        slope: bool = True,
+        sink: str = "shared",
+        slope: str = "learned",
+        gate: bool = False,
         init: str = "uniform",
         learnable_freqs: bool = False,
         freq_base: float = 10_000.0,
@@ -133,13 +217,26 @@ class GOAT(Prior):
         max_slope: float = 1.0,
     ):
         super().__init__()
+        # Before issue 28 sink and slope were true or false.
+        if isinstance(sink, bool | str):
+            sink = {"True": "shared", "False": "none", "true": "shared", "false": "none"}.get(str(sink), sink)
+        if isinstance(slope, bool | str):
+            slope = {"True": "learned", "False": "none", "true": "learned", "false": "none"}.get(
+                str(slope), slope
+            )
+        args, kwargs = self.made_with
+        self.__dict__["made_with"] = (args, {**kwargs, "sink": sink, "slope": slope})
         if not isinstance(num_heads, int) or num_heads < 1:
             raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
         if not isinstance(num_freqs, int) or num_freqs < 0:
             raise ValueError(f"num_freqs must be an int >= 0, got {num_freqs!r}")
-        if num_freqs == 0 and not (sink or slope):
+        if sink not in (*SINKS, "none"):
+            raise ValueError(f"sink must be one of {', '.join([*SINKS, 'none'])}, got {sink!r}")
+        if slope not in SLOPES:
+            raise ValueError(f"slope must be one of {', '.join(SLOPES)}, got {slope!r}")
+        if num_freqs == 0 and sink == "none" and slope == "none":
             raise ValueError(
-                "GOAT with num_freqs=0, sink=False and slope=False has no term left: it is standard "
+                "GOAT with num_freqs=0, sink='none' and slope='none' has no term left: it is standard "
                 "attention (use Uniform() or prior=None), or give num_freqs >= 1"
             )
         for name, value, low in (
@@ -148,7 +245,7 @@ class GOAT(Prior):
             ("sink_hidden", sink_hidden, 1),
         ):
             check_int(name, value, low=low)
-        for name, value in (("sink", sink), ("slope", slope), ("learnable_freqs", learnable_freqs)):
+        for name, value in (("gate", gate), ("learnable_freqs", learnable_freqs)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
         if isinstance(freq_base, bool) or not (
@@ -168,8 +265,16 @@ class GOAT(Prior):
             self.register_buffer("freqs", freqs)
         self.alpha = nn.Parameter(torch.zeros(num_heads, num_freqs, dtype=dtype))
         self.beta = nn.Parameter(torch.zeros(num_heads, num_freqs, dtype=dtype))
-        self.sink = GOATSink(num_heads, sink_freqs, sink_hidden, train_len, freq_base) if sink else None
-        self.slope = nn.Parameter(torch.zeros(num_heads, dtype=dtype)) if slope else None
+        self.sink = None
+        if sink != "none":
+            self.sink = SINKS[sink](num_heads, sink_freqs, sink_hidden, train_len, freq_base)
+        self.slope_kind = slope
+        learned = torch.full((num_heads,), UNIFORM_SLOPE_RAW, dtype=dtype)
+        self.slope_raw = nn.Parameter(learned) if slope == "learned" else None
+        self.register_buffer("slopes", alibi_slopes(num_heads).to(dtype) if slope == "fixed" else None)
+        # goat-attention's start: softplus(-10) = 4.5e-5 per unit of ||q||, bias 10
+        self.gate_scale_raw = nn.Parameter(torch.full((num_heads,), -10.0, dtype=dtype)) if gate else None
+        self.gate_bias = nn.Parameter(torch.full((num_heads,), 10.0, dtype=dtype)) if gate else None
         self.max_slope = float(max_slope)
         self.by_lag = PositionTable(self, self.relative)
         if init == "recency":
@@ -178,8 +283,10 @@ class GOAT(Prior):
     @torch.no_grad()
     def _init_recency(self, fit_len: int) -> None:
         slopes = alibi_slopes(self.num_heads)
-        if self.slope is not None:
-            self.slope.copy_(slopes)
+        if self.slope_raw is not None:
+            self.slope_raw.copy_(inverse_softplus(slopes))
+            return
+        if self.slopes is not None:
             return
         lag = torch.arange(fit_len, dtype=torch.float64)
         cos, sin = phases(lag, self.freqs.double())
@@ -191,6 +298,37 @@ class GOAT(Prior):
         R = self.freqs.numel()
         self.alpha.copy_(weights[:R].T)
         self.beta.copy_(weights[R : 2 * R].T)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+        old = state_dict.get(prefix + "slope")
+        if old is not None and self.slope_raw is not None and prefix + "slope_raw" not in state_dict:
+            state_dict[prefix + "slope_raw"] = self.raw_of_saved_slope(old)
+            del state_dict[prefix + "slope"]
+        if (
+            self.sink is not None
+            and prefix + "sink.decay" in state_dict
+            and isinstance(self.sink, SharedSink)
+        ):
+            raise ValueError(
+                f"{prefix or 'the state'} holds GOAT's per-head sink of priorattn before issue 28 "
+                "(sink.decay, one MLP output per head), which the shared sink cannot represent: build "
+                "the prior with goat(sink=per_head) to load it"
+            )
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
+
+    def raw_of_saved_slope(self, old: Tensor) -> Tensor:
+        """``slope_raw`` of a run saved before issue 28, whose ``m_h`` was its parameter ``slope``
+        clamped to ``[-max_slope, max_slope]``; a ValueError where a head's ``m_h`` is negative."""
+        m = old.clamp(-self.max_slope, self.max_slope)
+        if (m < 0).any():
+            raise ValueError(
+                f"this GOAT was saved with recency slopes {[round(x, 4) for x in m.tolist()]}: a negative "
+                "one rewards distance (anti-recency, issue 28), which GOAT's slope, softplus(slope_raw) "
+                ">= 0, cannot represent; load it into goat(slope=none) after dropping 'slope' to run "
+                "without it, or with the priorattn version that saved it"
+            )
+        raw = inverse_softplus(m.double()).clamp(min=UNIFORM_SLOPE_RAW)  # m = 0: the uniform start
+        return raw.to(old.dtype)
 
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         lag = q_pos[..., :, None] - k_pos[..., None, :]  # (..., Lq, Lk)
@@ -212,16 +350,32 @@ class GOAT(Prior):
         cos, sin = phases(lag, self.freqs)  # (n, R)
         with in_own_dtype(self.freqs.device):
             K = self.alpha @ cos.T + self.beta @ sin.T  # (H, n)
-        if self.slope is not None:
-            K = K - self.fold_slope()[:, None] * lag.to(self.alpha.dtype).abs()
+        m = self.fold_slope()
+        if m is not None:
+            K = K - m[:, None].to(K.dtype) * lag.to(self.alpha.dtype).abs()
         return K
+
+    def query_gate(self, q: Tensor) -> Tensor | None:
+        """``g_h(q_i) = sigmoid(gate_bias_h - softplus(gate_scale_raw_h) ||q_i||)`` ``(B, H, Lq, 1)``
+        for content queries ``q`` ``(B, H, Lq, Dk)`` (before any scale), in ``q``'s dtype or float32 if
+        wider; None without a gate."""
+        if self.gate_bias is None:
+            return None
+        dtype = torch.promote_types(q.dtype, torch.float32)
+        norm = torch.linalg.vector_norm(q.to(dtype), dim=-1, keepdim=True)  # (B, H, Lq, 1)
+        scale = F.softplus(self.gate_scale_raw).to(dtype)[:, None, None]
+        return torch.sigmoid(self.gate_bias.to(dtype)[:, None, None] - scale * norm)
+
+    @property
+    def gated(self) -> bool:
+        return self.gate_bias is not None
 
     @property
     def is_relative(self) -> bool:
         return self.sink is None
 
     def can_fold(self, causal: bool) -> bool:
-        return causal or self.slope is None
+        return causal or self.slope_kind == "none"
 
     def fold(self, q_pos: Tensor, k_pos: Tensor) -> FoldLanes:
         # seed 000 Eq. 17-18: spectral rotation of q, Fourier features of k.
@@ -237,16 +391,20 @@ class GOAT(Prior):
         )
 
     def fold_slope(self) -> Tensor | None:
-        """``m_h``: the parameter ``slope`` clamped to ``[-max_slope, max_slope]``; None without it."""
-        return None if self.slope is None else self.slope.clamp(-self.max_slope, self.max_slope)
+        """``m_h >= 0``: ``softplus(slope_raw)`` (learned) or the buffer ``slopes`` (fixed), capped at
+        ``max_slope``; None without a slope."""
+        if self.slope_raw is not None:
+            return F.softplus(self.slope_raw).clamp(max=self.max_slope)
+        return None if self.slopes is None else self.slopes.clamp(max=self.max_slope)
 
     def slope_bound(self) -> float:
-        return 0.0 if self.slope is None else self.max_slope
+        return 0.0 if self.slope_kind == "none" else self.max_slope
 
     def extra_repr(self) -> str:
+        kind = "none" if self.sink is None else next(k for k, c in SINKS.items() if type(self.sink) is c)
         return (
-            f"num_heads={self.num_heads}, num_freqs={self.alpha.shape[1]}, "
-            f"sink={self.sink is not None}, slope={self.slope is not None}"
+            f"num_heads={self.num_heads}, num_freqs={self.alpha.shape[1]}, sink={kind}, "
+            f"slope={self.slope_kind}, gate={self.gate_bias is not None}"
         )
 
 
@@ -254,8 +412,11 @@ register(
     "goat",
     GOAT,
     num_freqs="R, the relative part's geometric frequencies (2 lanes each when folded; 0: none)",
-    sink="add the key-only sink u_h(j) of GOATSink (1 lane)",
-    slope="add the recency term -m_h |i - j| (1 lane; folds under a causal mask only)",
+    sink="the key-only sink u_h(j): shared (goat-attention's: shared MLP x per-head gain + BOS bump), "
+    "per_head (priorattn's before issue 28: per-head MLP + linear decay) or none (1 lane)",
+    slope="the recency term -m_h |i - j|, m_h >= 0: learned (softplus), fixed (ALiBi's) or none "
+    "(1 lane; folds under a causal mask only)",
+    gate="goat-attention's query-norm gate sigmoid(b_h - softplus(s_h) ||q_i||) on query i's log-prior",
     init=FromModel(
         "'uniform' (K = 0: standard attention) or 'recency' (ALiBi); a model starting at 'alibi' gives "
         "'recency'",
@@ -269,5 +430,5 @@ register(
     ),
     sink_freqs="the sink MLP's sinusoidal input frequencies",
     sink_hidden="the sink MLP's hidden width",
-    max_slope="m_h is clamped to [-max_slope, max_slope]",
+    max_slope="m_h is capped at max_slope",
 )

@@ -17,6 +17,12 @@ class Sum(Prior):
         heads = {p.num_heads for p in priors if p.num_heads is not None}
         if len(heads) > 1:
             raise ValueError(f"Sum of priors with different head counts {sorted(heads)}")
+        gated = [type(p).__name__ for p in priors if p.gated]
+        if gated:
+            raise ValueError(
+                f"Sum cannot hold {gated[0]} with a query gate: the gate scales its own prior's terms, "
+                "not its neighbours'"
+            )
         self.num_heads = heads.pop() if heads else None
         self.parts = nn.ModuleList(priors)
 

@@ -146,10 +146,10 @@ def build_model(config: CopyMixtureConfig) -> nn.Module:
                 n_layers=1,
                 n_heads=config.heads,
                 # seed 000 Fig. 1 has a sink and a relative part only
-                prior=dict(name="goat", num_freqs=config.goat_freqs, slope=False),
+                prior=dict(name="goat", num_freqs=config.goat_freqs, slope="none"),
             )
         )
-    prior = GOAT(config.heads, config.goat_freqs, slope=False, train_len=config.length)
+    prior = GOAT(config.heads, config.goat_freqs, slope="none", train_len=config.length)
     return FixedQueryLM(config.vocab_size, config.d_model, config.heads, prior)
 
 

@@ -45,8 +45,10 @@ class TrainConfig:
     - ``optimizer``: ``"adamw"`` or ``"radam"`` (RAdam with decoupled weight decay, as BAM, seed 003
       App. C). ``prior_lr``: learning rate of the prior and SSMax parameters (own group, no weight
       decay, as the BAM code), ``None`` for ``lr``.
-    - Schedule: linear warmup over ``warmup_steps``, then cosine decay to ``min_lr_ratio * lr`` at
-      ``steps`` (seed 003 App. C: cosine to 0.1x).
+    - ``betas``: ``(beta1, beta2)``, the decay rates of the optimizer's first and second moment
+      estimates (AdamW and RAdam alike).
+    - ``warmup_steps``, ``min_lr_ratio``: the schedule, a linear warmup over ``warmup_steps``, then
+      a cosine decay to ``min_lr_ratio * lr`` at ``steps`` (seed 003 App. C: cosine to 0.1x).
     - ``bf16``: autocast matrix products to bfloat16 (about 3x faster on this CPU); master weights
       and the loss stay float32.
     - ``compile``: train through ``torch.compile`` of the model's forward and loss (its backward

@@ -11,7 +11,7 @@ from ...priors import Prior
 from ...ssmax import Scaling
 from ..grouped import grouped, grouped_scores, grouped_values
 from ..masks import Masking
-from ..prior_inputs import centred_key_bias
+from ..prior_inputs import centred_key_bias, prior_factor
 from ..reference import compute_dtype
 
 #: A decode step has at most this many queries (see :func:`sdpa_bias_attention`).
@@ -75,13 +75,16 @@ def sdpa_bias_attention(
         bias = tile if bias is None else tile + bias
     # The usual step, one newest query under a plain causal mask, sees every key: nothing to hide.
     visible = None if masking.plain_causal and Lq == 1 else masking.visible()  # (B or 1, 1, Lq, Lk)
-    q = q.to(dtype) * scale
+    factor = None
     if ssmax is not None:
         counts = torch.full((1, 1), Lk) if visible is None else visible.sum(-1)[:, 0]
         factor = ssmax.factor(counts.to(q.device)).to(dtype)  # (B or 1, H, Lq, 1)
+    row_factor = prior_factor(q, prior, factor, ssmax is not None and ssmax.scale_prior)
+    if row_factor is not None:
+        bias = bias * row_factor.to(dtype)
+    q = q.to(dtype) * scale
+    if factor is not None:
         q = q * factor
-        if ssmax.scale_prior:
-            bias = bias * factor
     if flash_takes(q, k, v, bias):
         if visible is not None:  # the kernel returns zeros for a row of -inf (tested)
             bias = bias.masked_fill(~visible, -torch.inf)

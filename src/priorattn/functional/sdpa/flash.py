@@ -159,20 +159,33 @@ class FoldedCalls(torch.autograd.Function):
 
 
 def folded_calls(
-    fold: Fold, plans: Plans, q: Tensor, k: Tensor, v: Tensor, lanes: FoldLanes, factor: Tensor | None
+    fold: Fold,
+    plans: Plans,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    lanes: FoldLanes,
+    factor: Tensor | None,
+    row_factor: Tensor | None,
 ) -> Tensor:
     """:class:`FoldedCalls` on the inputs of :func:`flash_inputs`, which autograd builds and carries back."""
-    q2, k2, v2 = flash_inputs(fold, q, k, v, lanes, factor)
+    q2, k2, v2 = flash_inputs(fold, q, k, v, lanes, factor, row_factor)
     return FoldedCalls.apply(fold, plans, Layout.of(fold, k, v, lanes, k2, v2), q2, k2, v2)
 
 
 def flash_inputs(
-    fold: Fold, q: Tensor, k: Tensor, v: Tensor, lanes: FoldLanes, factor: Tensor | None
+    fold: Fold,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    lanes: FoldLanes,
+    factor: Tensor | None,
+    row_factor: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``q'`` of every query and ``k'``, ``v'`` of every key as the flash kernel takes them: ``width``
     lanes, one head per query head, the slope lane centred on the last query (:func:`recentre`
     centres it on each call's queries)."""
-    q2 = to_width(fold.queries(q, lanes, factor), fold.width)
+    q2 = to_width(fold.queries(q, lanes, factor, row_factor), fold.width)
     k2, v2 = fold.keys(k, v, lanes, slice(0, q.shape[2]), slice(0, k.shape[2]))
     return q2, every_head(to_width(k2, fold.width), fold.heads), every_head(v2, fold.heads)
 

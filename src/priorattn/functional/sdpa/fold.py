@@ -26,19 +26,22 @@ class Fold:
     """What turns one call's q, k, v and lanes into SDPA's inputs of ``heads`` heads and ``width``
     lanes (seed 000 Eq. 20-24): ``q' = [scale * q, q_lanes, 1, m_h]``, ``k' = [k, k_lanes, u_h(j),
     k_pos[j] - centre]`` (the last two lanes for a key bias and a slope), ``v`` padded to ``width``.
-    The slope lane is centred on the call's queries; the key bias lane, where it holds the op's
-    ``key_bias``, on the call's keys (:func:`~..prior_inputs.centred_key_bias`; a prior's own bounded
-    key terms stay as they are, bit for bit as before)."""
+    A query's prior lanes are multiplied by its row factor (SSMax's, a prior's query gate). The slope
+    lane is centred on the call's queries; the key bias lane, where it holds the op's ``key_bias``, on
+    the call's keys (:func:`~..prior_inputs.centred_key_bias`; a prior's own bounded key terms stay as
+    they are, bit for bit as before)."""
 
     masking: Masking
     scale: float
-    scale_prior: bool
     heads: int
     width: int
     centred_bias: bool = False  # the op's key bias is in the key bias lane: centre it per call
 
-    def queries(self, q: Tensor, lanes: FoldLanes, factor: Tensor | None) -> Tensor:
-        """``q'`` of one call: ``q``, ``lanes.q`` and ``factor`` hold its query rows."""
+    def queries(
+        self, q: Tensor, lanes: FoldLanes, factor: Tensor | None, row_factor: Tensor | None
+    ) -> Tensor:
+        """``q'`` of one call: ``q``, ``lanes.q``, the SSMax ``factor`` (of the content) and the prior's
+        ``row_factor`` (of the lanes, :func:`~..prior_inputs.prior_factor`) hold its query rows."""
         content = content_queries(q, self.scale, factor)
         B, H, lq = q.shape[:3]
         q_lanes = [lanes.q.expand(B, H, lq, lanes.q.shape[-1])]
@@ -49,7 +52,7 @@ class Fold:
         if len(q_lanes) == 1 and not lanes.q.shape[-1]:
             return content
         q_lanes = torch.cat(q_lanes, dim=-1)
-        return torch.cat([content, query_lanes(q, q_lanes, factor, self.scale_prior)], dim=-1)
+        return torch.cat([content, query_lanes(q, q_lanes, row_factor)], dim=-1)
 
     def keys(self, k: Tensor, v: Tensor, lanes: FoldLanes, rows: slice, cols: slice) -> tuple[Tensor, Tensor]:
         """``k'`` and the padded ``v`` of query ``rows`` against key ``cols``: ``k``, ``v``, ``lanes.k``

@@ -20,6 +20,7 @@ from ..prior_inputs import (
     key_bias_drift,
     key_rates,
     largest_slope,
+    prior_factor,
     slope_precision,
     with_key_bias,
 )
@@ -84,6 +85,7 @@ def folded_attention(
     :func:`~.planning.plan_calls`; rows that see no key return zeros."""
     counts = visible_counts(masking, spans) if ssmax is not None else None
     factor = None if counts is None else ssmax.factor(counts)  # (B or 1, H, Lq, 1)
+    row_factor = prior_factor(q, prior, factor, ssmax is not None and ssmax.scale_prior)
     dtype, bound = q.dtype, 0.0 if prior is None else prior.slope_bound()
     if prior is None:
         lanes = FoldLanes(q.new_zeros(1, q.shape[2], 0), q.new_zeros(1, k.shape[2], 0))
@@ -98,8 +100,7 @@ def folded_attention(
         compute = fold_dtype(largest_slope(rates, bound), dtype, masking, key_bias)
         q, k, v = q.to(compute), k.to(compute), v.to(compute)
     width = max(q.shape[-1] + lanes.width, v.shape[-1])
-    scale_prior = ssmax is not None and ssmax.scale_prior
-    fold = Fold(masking, scale, scale_prior, q.shape[1], width, centred_bias=key_bias is not None)
+    fold = Fold(masking, scale, q.shape[1], width, centred_bias=key_bias is not None)
     # No prior: the calls take q, k, v as they are, and autograd saves no copies.
     run_calls = autograd_calls if prior is None and key_bias is None else folded_calls_kernel(q.device)
     precision = slope_precision(q.dtype, masking, key_bias)
@@ -107,10 +108,10 @@ def folded_attention(
     chunk, bands = H, None
     if run_calls is folded_calls:
         chunk = heads_per_thread_team(q.shape[0], torch.get_num_threads())
-        if factor is None:  # SSMax scales the slope per row: no band
+        if row_factor is None:  # SSMax or a gate scales the slope per row: no band
             bands = slope_bands(q, k, lanes, scale, masking)
     plans = head_plans(masking, spans, rates, bound, precision, H, chunk, bands)
-    return run_calls(fold, plans, q, k, v, lanes, factor).to(dtype)
+    return run_calls(fold, plans, q, k, v, lanes, factor, row_factor).to(dtype)
 
 
 def folded_calls_kernel(device: torch.device) -> Callable[..., Tensor]:
@@ -123,7 +124,14 @@ def folded_calls_kernel(device: torch.device) -> Callable[..., Tensor]:
 
 
 def autograd_calls(
-    fold: Fold, plans: Plans, q: Tensor, k: Tensor, v: Tensor, lanes: FoldLanes, factor: Tensor | None
+    fold: Fold,
+    plans: Plans,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    lanes: FoldLanes,
+    factor: Tensor | None,
+    row_factor: Tensor | None,
 ) -> Tensor:
     """The calls through public SDPA with autograd (any device): the backward keeps every call's
     ``q'``, ``k'``, ``v'``. Every head takes the same calls (``plans`` has one entry)."""
@@ -141,7 +149,8 @@ def autograd_calls(
         if rows.start > done:
             outputs.append(unseen[:, :, done : rows.start])
         call_lanes = lanes_of(lanes, rows, cols)
-        q2 = fold.queries(queries[rows], call_lanes, None if factor is None else factor[..., rows, :])
+        factors = (None if f is None else f[..., rows, :] for f in (factor, row_factor))
+        q2 = fold.queries(queries[rows], call_lanes, *factors)
         k2, v2 = fold.keys(keys[cols], values[cols], call_lanes, rows, cols)
         outputs.append(attend(q2, k2, v2, call)[..., :Dv])
         done = rows.stop

@@ -24,7 +24,8 @@ TASK_TITLES = {
 def style(mechanism: str) -> dict:
     """Colour by positional mechanism, dashed with SSMax."""
     position, ssmax = position_of(mechanism)
-    return dict(color=COLOURS[list(POSITIONS).index(position)], linestyle="--" if ssmax else "-")
+    index = list(POSITIONS).index(position) % len(COLOURS)  # more positions than colours: they repeat
+    return dict(color=COLOURS[index], linestyle="--" if ssmax else "-")
 
 
 def draw_study_figures(config: RetrievalStudyConfig, data: dict, out: Path) -> dict[str, Path]:

@@ -355,7 +355,7 @@ def learned_parameters(model: GPT, train_len: int) -> list[dict]:
                         mu=(2 * torch.sinh(prior.theta_mu)).tolist(),
                     )
                 elif isinstance(prior, GOAT):
-                    goat = dict(slope=None if prior.slope is None else prior.slope.tolist())
+                    goat = dict(slope=None if prior.fold_slope() is None else prior.fold_slope().tolist())
                     if prior.sink is not None:
                         positions = torch.tensor([0, train_len, 4 * train_len, 64 * train_len])
                         goat["sink_positions"] = positions.tolist()

@@ -1,0 +1,150 @@
+"""What every command's parser shares: the parser class with one-line errors, the library's
+argument names written as flags in those errors, and the argparse ``type``s that read numbers and
+lists with a message naming what was expected."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn
+
+
+class Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose errors are the one-line error and a line pointing to ``--help``
+    (as cargo's), not the whole usage first; subcommands' parsers are made of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\nFor more information, try '{self.prog} --help'.\n")
+
+
+def fail(args: argparse.Namespace, error: Exception) -> NoReturn:
+    """Exit with ``error`` as one usage line of the subcommand, with the library's argument names
+    written as the flags a user types (see :func:`flag_names`)."""
+    args.parser.error(flag_names(str(error), args.parser))
+
+
+# Library arguments whose flag has another name, in the commands that write it by hand (a command
+# whose flags come from a config names the flag's dest by the field: see cli.configs.Flag.name).
+FLAG_ALIASES = {"warmup_steps": "warmup"}
+
+
+def flag_names(message: str, parser: argparse.ArgumentParser) -> str:
+    """``message`` with each argument name of ``parser``'s flags, where the library names an
+    argument (``window=1``, ``lr must ...``), written as the flag: ``--window=1``, ``--lr must``;
+    a bare ``window=`` becomes ``--window`` and ``greedy=True`` of a switch ``--greedy``. A flag is
+    written by its first name (``--tau``, not its alias ``--scalar-tau``)."""
+    flags = {action.dest: action for action in parser._actions if action.option_strings}
+    flags |= {name: flags[dest] for name, dest in FLAG_ALIASES.items() if dest in flags}
+    names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
+    pattern = re.compile(rf"(?<![\w.'-])({names})(=True\b|=|(?= must\b))")
+
+    def flag(match: re.Match) -> str:
+        action = flags[match[1]]
+        bare = match[2] == "=" and match.string[match.end() :][:1] in ("", " ", ")", ",", ";")
+        if bare or (match[2] == "=True" and action.nargs == 0):
+            return action.option_strings[0]
+        return action.option_strings[0] + match[2]
+
+    return pattern.sub(flag, message)
+
+
+def integer(text: str) -> int:
+    """An argparse ``type`` accepting integers."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse ``type`` accepting integers ``>= low``, with a message naming the bound."""
+
+    def parse(text: str) -> int:
+        value = integer(text)
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def number(text: str) -> float:
+    """An argparse ``type`` accepting finite numbers."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not abs(value) < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def positive_number(text: str) -> float:
+    """An argparse ``type`` accepting finite numbers ``> 0``."""
+    value = number(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def non_negative_number(text: str) -> float:
+    """An argparse ``type`` accepting finite numbers ``>= 0``."""
+    value = number(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text}")
+    return value
+
+
+def name_list(choices, kind: str) -> Callable[[str], list[str]]:
+    """An argparse ``type`` for comma-separated names, each one of ``choices``."""
+
+    def parse(text: str) -> list[str]:
+        names = [part.strip() for part in text.split(",")]
+        unknown = [name for name in names if name not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {kind} {unknown[0]!r}: use {','.join(choices)}")
+        return names
+
+    return parse
+
+
+def prior_specs() -> str:
+    """The registered priors and how a spec writes them, for a ``--prior`` help."""
+    from ..priors import names
+
+    return (
+        f"{', '.join(names())}, with options as goat(num_freqs=4, slope=false), or a sum such as alibi+goat"
+    )
+
+
+def ints_at_least(low: int) -> Callable[[str], list[int]]:
+    """An argparse ``type`` for comma-separated integers ``>= low``: ``"256,512,1024"``."""
+    parse = int_at_least(low)
+
+    def parse_list(text: str) -> list[int]:
+        return [parse(part.strip()) for part in text.split(",")]
+
+    return parse_list
+
+
+int_list = ints_at_least(1)
+seed_list = ints_at_least(0)
+index_list = ints_at_least(0)
+
+
+def float_list(text: str) -> list[float]:
+    """An argparse ``type`` for comma-separated finite numbers ``>= 0``: ``"0,1,4"``."""
+    return [non_negative_number(part.strip()) for part in text.split(",")]
+
+
+def add_experiment_options(p: argparse.ArgumentParser, steps: int, seed_help: str | None = "(0)") -> None:
+    """``--out``, ``--budget`` (scaling ``steps`` training steps), ``--seed`` (unless ``seed_help``
+    is None) and ``--quiet``: what every command that trains and measures models takes."""
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    budget_help = f"training budget scale: 0.1 smoke run (1: {steps} steps)"
+    p.add_argument("--budget", type=positive_number, default=1.0, help=budget_help)
+    if seed_help is not None:
+        p.add_argument("--seed", type=int_at_least(0), default=0, help=seed_help)
+    p.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -1,0 +1,275 @@
+"""``priorattn train``, ``sample`` and ``plot-runs``: train a GPT into a run directory, continue a
+prompt with it, draw its loss curves. ``train`` has a flag for every field of ``GPTConfig`` and
+``TrainConfig`` (:mod:`priorattn.cli.configs`); :data:`MODEL_FLAGS` and :data:`TRAIN_FLAGS` write
+some of them their own way."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from pathlib import Path
+
+from ..data import KINDS as TOKENIZERS
+from ..mechanisms import mechanism_names
+from ..models.gpt import ENCODINGS, GPTConfig
+from ..models.presets import PRESETS
+from ..scalar.temperature import TAU_KINDS
+from ..train.config import OPTIMIZERS, POSITIONS, TrainConfig
+from .configs import Flag, add_config_flags, given
+from .parsing import fail, int_at_least, non_negative_number, positive_number, prior_specs
+
+SCALAR = "scalar attention (seed 002, docs/scalar.md)"
+
+
+def spread_range(text: str) -> tuple[float, float] | None:
+    """An argparse ``type`` for ``--reg-spread-range``: ``"A,B"`` with ``A < B``, or ``"adaptive"``
+    (the config's ``None``)."""
+    if text == "adaptive":
+        return None
+    try:
+        low, high = (float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected A,B or 'adaptive', got {text!r}") from None
+    if not low < high:
+        raise argparse.ArgumentTypeError(f"expected A < B, got {text!r}")
+    return low, high
+
+
+def grad_clip(text: str) -> float | None:
+    """An argparse ``type`` for ``--grad-clip``: a number ``>= 0``, 0 for none (the config's ``None``)."""
+    return non_negative_number(text) or None
+
+
+MODEL_FLAGS = {
+    "encoding": Flag(choices=ENCODINGS, help="position encoding (the preset's: none)"),
+    "window": Flag(type=int_at_least(1), help="sliding window (required by local_rope)"),
+    "rope_interpolation": Flag(
+        type=positive_number,
+        help="RoPE position interpolation: positions p -> p / S; with --init-from, new/old seq-len (1)",
+    ),
+    "ssmax": Flag(help="Scalable-Softmax in every layer"),
+    "shared_prior": Flag(
+        help="one prior shared by all layers, as BAM's code (default: one per layer, seed 003 App. C)"
+    ),
+    "token_shift": Flag(
+        help="add W e_{t-1} to each token embedding e_t (RWKV's token shift; W starts at 0): "
+        "induction in one attention hop (off)"
+    ),
+    "backend": Flag(help="attention route (auto)"),
+    "normalizer": Flag(help="attention map: softmax, sparsemax, entmax15 or an entmax alpha > 1 (softmax)"),
+    "scalar_heads": Flag(group=SCALAR, type=int_at_least(1), help="scalar heads of mixed layers (half)"),
+    "scalar_groups": Flag(group=SCALAR, type=int_at_least(1), help="value groups of scalar heads (1 each)"),
+    "scalar_tau": Flag(
+        name="tau", group=SCALAR, choices=TAU_KINDS, help="bandwidth: one, one per head, or per token (head)"
+    ),
+    "scalar_tau_init": Flag(
+        name="tau_init", group=SCALAR, type=positive_number, help="starting bandwidth (0.1)"
+    ),
+    "scalar_tau_cap": Flag(
+        name="tau_cap", group=SCALAR, type=positive_number, help="largest bandwidth (none)"
+    ),
+    "scalar_sink": Flag(group=SCALAR, help="a sink key at 0 with a learned value"),
+    "scalar_tau_length_scaling": Flag(
+        name="tau_length_scaling",
+        group=SCALAR,
+        type=int_at_least(1),
+        metavar="T",
+        help="a query seeing n > T keys uses tau (T / n)^2, in training and after; with T below "
+        "--seq-len the model learns local attention (docs/scalar_experiments.md section 8) (none)",
+    ),
+}
+
+
+def model_flags() -> dict[str, Flag]:
+    """:data:`MODEL_FLAGS` and the flags whose help or choices come from a registry, read when the
+    parser is built (so a prior or mechanism registered by then is named)."""
+    return MODEL_FLAGS | {
+        "prior": Flag(help=f"{prior_specs()} (the preset's)"),
+        "attention": Flag(group=SCALAR, choices=mechanism_names(), help="head kind (standard)"),
+    }
+
+
+TRAIN_FLAGS = {
+    "data": Flag(group="data", help="text folder, glob, file or hf:PATH[:COLUMN] (embedded Shakespeare)"),
+    "text_encoding": Flag(group="data", help="how --data's text files are decoded ({default})"),
+    "tokenizer": Flag(group="data", choices=TOKENIZERS, help="({default})"),
+    "vocab_size": Flag(group="data", type=int_at_least(257), help="BPE vocabulary to train (8192)"),
+    "val_fraction": Flag(group="data", help="documents held out ({default})"),
+    "seq_len": Flag(group="data", type=int_at_least(1), help="training length (the preset's)"),
+    "retrieval_mix": Flag(
+        group="data", help="fraction of sequences replaced by synthetic passkey/needle samples (0)"
+    ),
+    "positions": Flag(
+        group="data",
+        choices=POSITIONS,
+        help="positions of packed windows: restart at each document, or count from the window's start "
+        "(runs saved before this option) ({default})",
+    ),
+    "steps": Flag(type=int_at_least(1), help="optimizer steps ({default})"),
+    "batch_size": Flag(type=int_at_least(1), help="sequences per step ({default})"),
+    "grad_accum": Flag(type=int_at_least(1), help="micro-steps per step (1)"),
+    "optimizer": Flag(choices=OPTIMIZERS, help="({default})"),
+    "lr": Flag(help="peak learning rate ({default})"),
+    "prior_lr": Flag(help="learning rate of prior/SSMax parameters (--lr)"),
+    "weight_decay": Flag(help="({default})"),
+    "warmup_steps": Flag(name="warmup", type=int_at_least(0), help="warmup steps ({default})"),
+    "grad_clip": Flag(type=grad_clip, help="max gradient norm, 0 for none ({default})"),
+    "bf16": Flag(help="bfloat16 autocast"),
+    "compile": Flag(help="train the model through torch.compile (first step compiles)"),
+    "seed": Flag(type=int_at_least(0), help="({default})"),
+    "init_from": Flag(help="start from this run's weights (context extension)"),
+    "log_every": Flag(group="run", type=int_at_least(1), help="({default})"),
+    "eval_every": Flag(group="run", type=int_at_least(0), help="0: only at the end ({default})"),
+    "eval_sequences": Flag(group="run", type=int_at_least(1), help="({default})"),
+    "save_every": Flag(group="run", type=int_at_least(0), help="0: only at the end ({default})"),
+    "keep_checkpoints": Flag(
+        group="run",
+        type=int_at_least(1),
+        help="newest checkpoints kept; resume falls back to an older one ({default})",
+    ),
+    "reg_spread_range": Flag(
+        group=SCALAR, type=spread_range, help="L_spread targets: A,B or 'adaptive' (mean +- 3 std) (-3,3)"
+    ),
+}
+for term in ("align", "spread", "tau"):
+    TRAIN_FLAGS[f"reg_{term}"] = Flag(group=SCALAR, metavar="W", help=f"weight of L_{term} (0)")
+    TRAIN_FLAGS[f"reg_{term}_start"] = Flag(
+        group=SCALAR, type=int_at_least(0), metavar="STEP", help="its first step (0)"
+    )
+
+# Fields of both configs (the training length, the vocabulary): the flag sets the TrainConfig's,
+# and the model's follows from it.
+SHARED = {field.name for field in dataclasses.fields(TrainConfig)}
+
+
+def train(args: argparse.Namespace) -> int:
+    """Train a GPT on the default corpus or ``--data``; the run goes to ``--out``."""
+    from ..train import train as run
+
+    try:
+        model_config, config = train_configs(args)
+        result = run(model_config, config, args.out, resume=args.resume, progress=not args.quiet)
+    except (ValueError, FileNotFoundError, FileExistsError) as e:  # bad flags, data, run dir or checkpoint
+        fail(args, e)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, one report
+        return 0
+    print(
+        f"step {result.step}: train loss {result.train_loss:.4f}, val loss {result.val_loss:.4f} "
+        f"(unigram baseline {result.unigram_loss:.4f}) nats/token, {result.tokens_per_s:,.0f} tokens/s; "
+        f"run in {result.run_dir}"
+    )
+    return 0
+
+
+def train_configs(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig]:
+    """``(GPTConfig, TrainConfig)`` from the train flags given (:func:`priorattn.train.resolve_configs`)."""
+    from ..train import resolve_configs
+
+    model, config = given(args, GPTConfig, skip=SHARED), given(args, TrainConfig)
+    return resolve_configs(args.out, model, config, preset=args.preset, resume=args.resume)
+
+
+def sample(args: argparse.Namespace) -> int:
+    """Continue ``--prompt`` with the model a run trained; print the prompt and the continuation."""
+    import torch
+
+    from ..scalar import SortedDecoding
+    from ..scalar.model import add_inference_length_rule
+    from ..train import load_run
+
+    try:
+        run = load_run(args.run)
+        if args.tau_length_scaling:
+            add_inference_length_rule(run.model, run.model_config.seq_len)
+        prompt = torch.tensor([run.tokenizer.encode(args.prompt)])
+        if prompt.shape[1] == 0:
+            raise ValueError("argument --prompt: give at least one character")
+        tokens = run.model.generate(
+            prompt,
+            args.tokens,
+            temperature=args.temperature,
+            top_k=args.top_k,
+            greedy=args.greedy,
+            generator=torch.Generator().manual_seed(args.seed),
+            sorted_decoding=None if args.sorted_window is None else SortedDecoding(args.sorted_window),
+        )
+    except (ValueError, FileNotFoundError) as e:  # no run there, an empty prompt, a bad temperature
+        fail(args, e)
+    print(run.tokenizer.decode(tokens[0].tolist()))
+    return 0
+
+
+def plot_runs(args: argparse.Namespace) -> int:
+    """Draw the training curves of ``RUN_DIR``s into one PNG; print its path."""
+    from ..analysis.runs import plot_runs as draw
+
+    try:
+        print(draw(args.runs, args.out))
+    except (ValueError, FileNotFoundError) as e:  # no metrics, a damaged config.json
+        fail(args, e)
+    return 0
+
+
+def add_train_parser(commands) -> None:
+    p = commands.add_parser(
+        "train",
+        help="train a GPT with any prior on the embedded corpus or your own text",
+        description=(
+            "Train a GPT. The run directory --out gets config.json, data.json, metrics.jsonl and the "
+            "checkpoints; --resume continues it after a crash with the arguments it was started with. "
+            "Under torchrun every process runs this same command (DDP)."
+        ),
+    )
+    groups = {name: p.add_argument_group(name) for name in ("model", SCALAR, "data", "optimization", "run")}
+    groups["model"].add_argument("--preset", choices=sorted(PRESETS), help="model size (tiny)")
+    run = groups["run"]
+    run.add_argument("--out", type=Path, required=True, help="run directory")
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run in --out with its arguments (those given must match; --steps may be raised)",
+    )
+    add_config_flags(groups, GPTConfig, "model", model_flags(), skip=SHARED, default="the preset's")
+    add_config_flags(groups, TrainConfig, "optimization", TRAIN_FLAGS)
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=train, parser=p)
+
+
+def add_sample_parser(commands) -> None:
+    gen = commands.add_parser(
+        "sample",
+        help="continue a prompt with the model a run trained",
+        description="Load RUN's checkpoint and tokenizer and continue --prompt (KV-cached decoding).",
+    )
+    gen.add_argument("--run", type=Path, required=True, help="a run directory of priorattn train")
+    gen.add_argument("--prompt", default="ROMEO.\n", help="text to continue (ROMEO.\\n)")
+    gen.add_argument("--tokens", type=int_at_least(0), default=200, help="new tokens (200)")
+    gen.add_argument("--temperature", type=float, default=0.8, help="(0.8)")
+    gen.add_argument("--top-k", type=int_at_least(1), help="sample among the k likeliest tokens")
+    gen.add_argument("--greedy", action="store_true", help="always the likeliest token")
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed (0)")
+    gen.add_argument(
+        "--sorted-window",
+        type=int_at_least(1),
+        metavar="K",
+        help="scalar heads decode through a cache sorted by scalar key, attending over the K keys "
+        "nearest each query (seed 002; scalar, hybrid and mixed runs)",
+    )
+    gen.add_argument(
+        "--tau-length-scaling",
+        action="store_true",
+        help="scalar heads: a query seeing n > T keys uses tau (T / n)^2 (docs/scalar_decoding.md)",
+    )
+    gen.set_defaults(func=sample, parser=gen)
+
+
+def add_plot_runs_parser(commands) -> None:
+    curves = commands.add_parser(
+        "plot-runs",
+        help="draw train and validation loss of runs against step",
+        description="Draw the loss curves of every RUN_DIR (with the unigram baseline) into --out.",
+    )
+    curves.add_argument("runs", type=Path, nargs="+", metavar="RUN_DIR")
+    curves.add_argument("--out", type=Path, required=True, help="PNG file to write")
+    curves.set_defaults(func=plot_runs, parser=curves)

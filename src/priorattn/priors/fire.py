@@ -1,0 +1,78 @@
+"""FIRE (Li et al., 2024): functional interpolation for relative positions."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..checks import check_int
+from .base import Prior, in_own_dtype
+from .kerple import inverse_softplus
+from .registry import register
+
+
+class FIRE(Prior):
+    """``K_h(i, j) = f_theta(psi(i - j) / psi(max(L, i)))_h`` with ``psi(x) = log(c x + 1)``.
+
+    Li et al. (ICLR 2024), "Functional Interpolation for Relative Positions Improves Long Context
+    Transformers", Sec. 3 (the log transform ``psi`` and progressive interpolation): ``f_theta``
+    an MLP from one input to ``H`` outputs (one hidden ReLU layer of ``hidden`` units), ``c`` and the
+    threshold ``L`` learnable scalars. Dividing by ``psi(i)`` maps every query's lags into ``[0, 1]``
+    whatever its position; the threshold keeps short contexts from being stretched.
+
+    Here ``c = softplus(theta_c)`` and ``L = softplus(theta_L)`` stay positive (the paper does not
+    say how it keeps them so), starting at ``c = 1`` and ``L = threshold``; the MLP's output layer
+    starts at zero, so a new FIRE is standard attention. The paper's attention is causal (``i >= j``);
+    for a key after its query ``psi`` is continued as an odd function, ``sign(x) log(c |x| + 1)``,
+    so the prior is finite at every pair of integer positions, negative ones included.
+
+    It depends on the query's position ``i``, not only on ``i - j``: no lag table and no fold. The
+    ``reference`` route evaluates it densely, ``memeff`` on each block of queries and keys (the MLP
+    at ``rows x Lk`` points of a block, O(L) memory), a decode step on its tile; ``auto`` takes
+    ``memeff`` (or the decode route), and ``sdpa`` and ``flex`` refuse it.
+    """
+
+    def __init__(self, num_heads: int, hidden: int = 32, threshold: float = 512.0):
+        super().__init__()
+        check_int("num_heads", num_heads, low=1)
+        check_int("hidden", hidden, low=1)
+        if isinstance(threshold, bool) or not (
+            isinstance(threshold, int | float) and 0 < threshold < math.inf
+        ):
+            raise ValueError(f"threshold must be a finite number > 0, got {threshold!r}")
+        self.num_heads = num_heads
+        dtype = torch.get_default_dtype()
+        self.theta_c = nn.Parameter(inverse_softplus(torch.tensor(1.0, dtype=torch.float64)).to(dtype))
+        self.theta_L = nn.Parameter(
+            inverse_softplus(torch.tensor(float(threshold), dtype=torch.float64)).to(dtype)
+        )
+        self.mlp = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, num_heads))
+        nn.init.zeros_(self.mlp[2].weight)
+        nn.init.zeros_(self.mlp[2].bias)
+
+    def psi(self, x: Tensor) -> Tensor:
+        """``log(c x + 1)``, continued as an odd function below 0."""
+        return x.sign() * torch.log1p(F.softplus(self.theta_c) * x.abs())
+
+    def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        dtype = self.theta_c.dtype
+        lag = (q_pos[..., :, None] - k_pos[..., None, :]).to(dtype)  # (..., Lq, Lk), exact integers
+        with in_own_dtype(lag.device):
+            # progressive interpolation: psi(max(L, i)) normalises each query's lags
+            scale = self.psi(torch.maximum(F.softplus(self.theta_L), q_pos.to(dtype)))[..., :, None]
+            K = self.mlp((self.psi(lag) / scale)[..., None])  # (..., Lq, Lk, H)
+        return K.movedim(-1, -3)  # (..., H, Lq, Lk)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, hidden={self.mlp[0].out_features}"
+
+
+register(
+    "fire",
+    FIRE,
+    hidden="the MLP f_theta's hidden width (the paper's 32)",
+    threshold="where the learnable threshold L starts: queries before it are normalised by psi(L)",
+)
