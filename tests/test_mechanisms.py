@@ -81,7 +81,7 @@ def test_a_registered_mechanism_trains_saves_and_reloads(tmp_path, monkeypatch):
 
 def test_an_unknown_mechanism_is_named_with_the_registered_ones():
     names = mechanism_names()
-    assert names[:4] == ("standard", "scalar", "hybrid", "mixed") and "gated" in names
+    assert names[:5] == ("standard", "fox", "scalar", "hybrid", "mixed") and "gated" in names
     with pytest.raises(
         ValueError, match=r"^attention must be one of \('standard', .*'gated'.*\), got 'sorted'$"
     ):

@@ -1,6 +1,7 @@
-"""``PriorMultiheadAttention``: drop-in self-attention with a prior, RoPE, SSMax and a KV cache.
+"""``PriorMultiheadAttention``: drop-in self-attention with a prior, RoPE, SSMax, FoX's forget gate
+and a KV cache.
 
-Registers the ``"standard"`` attention mechanism of a GPT (:mod:`priorattn.mechanisms`).
+Registers the ``"standard"`` and ``"fox"`` attention mechanisms of a GPT (:mod:`priorattn.mechanisms`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .checks import check_doc_ids, check_key_padding_mask, check_positions, describe
@@ -32,6 +34,7 @@ class _Buffers:
     positions: Tensor  # (B or 1, C)
     doc_ids: Tensor | None  # (B, C)
     key_padding_mask: Tensor | None  # (B, C)
+    forget: Tensor | None  # (B, H, C) float64: FoX's F_j (ForgetGate)
     filled: int
     key_width: int  # Dq
 
@@ -42,7 +45,9 @@ class KVCache:
     Keys are stored after RoPE (a rotation depends only on the key's own position), so a decode step
     rotates only its new tokens. ``positions`` is ``(1, Lc)`` when every sequence shares them.
     ``key_padding_mask`` is kept so padding (e.g. left padding of a batched prompt) stays invisible
-    to every later query; ``None`` means no key is padding.
+    to every later query; ``None`` means no key is padding. ``forget`` ``(B, H, Lc)`` float64 holds
+    each key's cumulative log forget gate ``F_j`` of a FoX layer (:class:`ForgetGate`); its last
+    entry is the running ``F`` the next tokens continue from.
 
     The tensors are views of buffers with room to grow: :meth:`extend` writes a decode step's
     entries in place instead of copying the whole cache at every step (``torch.cat`` copies
@@ -64,9 +69,10 @@ class KVCache:
         positions: Tensor,  # (B or 1, Lc) int64
         doc_ids: Tensor | None = None,  # (B, Lc)
         key_padding_mask: Tensor | None = None,  # (B, Lc) bool, True marks a padding key
+        forget: Tensor | None = None,  # (B, H, Lc) float64, F_j of a FoX layer
     ):
         buffers = _Buffers(
-            k, v, positions, doc_ids, key_padding_mask, filled=k.shape[2], key_width=k.shape[-1]
+            k, v, positions, doc_ids, key_padding_mask, forget, filled=k.shape[2], key_width=k.shape[-1]
         )
         self._view(buffers, k.shape[2])
 
@@ -77,6 +83,7 @@ class KVCache:
         self.doc_ids = None if buffers.doc_ids is None else buffers.doc_ids[:, :length]
         padding = buffers.key_padding_mask
         self.key_padding_mask = None if padding is None else padding[:, :length]
+        self.forget = None if buffers.forget is None else buffers.forget[..., :length]
         return self
 
     def __len__(self) -> int:
@@ -103,6 +110,10 @@ class KVCache:
             else:
                 state = "has doc_ids but this call gives none"
             raise ValueError(f"the cache {state}: pass doc_ids on every call or on none")
+        if (self.forget is None) != (new.forget is None):
+            raise ValueError(
+                "the cache and this call disagree on a forget gate: extend a cache of the same layer"
+            )
         start, stop = len(self), len(self) + len(new)
         buffers = self._buffers if self._has_room_for(new) else self._moved(new, stop)
         buffers.k[:, :, start:stop, : buffers.key_width] = new.k
@@ -113,6 +124,8 @@ class KVCache:
         if buffers.key_padding_mask is not None:
             padding = new.key_padding_mask
             buffers.key_padding_mask[:, start:stop] = False if padding is None else padding
+        if buffers.forget is not None:
+            buffers.forget[..., start:stop] = new.forget
         buffers.filled = stop
         return KVCache.__new__(KVCache)._view(buffers, stop)
 
@@ -156,6 +169,7 @@ class KVCache:
             buffer(self.positions.expand(rows, -1), new.positions, rows, 1),
             None if self.doc_ids is None else buffer(self.doc_ids, new.doc_ids, B, 1),
             padding,
+            None if self.forget is None else buffer(self.forget, new.forget, B, 2),
             filled=n,
             key_width=self._buffers.key_width,
         )
@@ -163,7 +177,59 @@ class KVCache:
 
 def _autograd_records(*caches: KVCache) -> bool:
     """Whether writing into these caches' buffers could change tensors autograd saved."""
-    return torch.is_grad_enabled() and any(t.requires_grad for c in caches for t in (c.k, c.v))
+    tensors = [t for c in caches for t in (c.k, c.v, c.forget) if t is not None]
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+class ForgetGate(nn.Module):
+    """FoX's forget gate (Lin et al., "Forgetting Transformer: Softmax Attention with a Forget Gate",
+    ICLR 2025, Sec. 2): ``f_t = sigmoid(w_f . x_t + b_f)`` per head, and the logits of query i and key
+    j gain ``D_ij = sum_{l=j+1..i} log f_l = F_i - F_j`` with ``F`` the cumulative sum of ``log f``.
+
+    Under the softmax over keys ``F_i`` is a per-query constant and cancels: what remains is the
+    per-key term ``-F_j``, which the layer hands to :func:`priorattn.attention` as ``key_bias`` (one
+    fold lane on the ``sdpa`` route, re-centred per run of queries). ``F`` is summed in float64:
+    it falls without bound (``log f < 0``), about ``1e4`` below zero after 16k tokens that forget
+    strongly, where float32 would keep only ~1e-3 of it. In a packed row ``F`` restarts at each
+    document's first token (so a row equals its documents run alone). The projection keeps
+    PyTorch's default initialisation (the GPT's initialisation is for q, k, v and out).
+    """
+
+    def __init__(self, d_model: int, num_heads: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.proj = nn.Linear(d_model, num_heads)  # w_f, b_f of every head
+
+    def log_forget(self, x: Tensor) -> Tensor:
+        """``log f_t`` ``(B, H, L)`` float64 of ``x: (B, L, d_model)``."""
+        gate = self.proj(x)  # (B, L, H)
+        return F.logsigmoid(gate.to(torch.promote_types(gate.dtype, torch.float32))).transpose(1, 2).double()
+
+    def cumulative(self, x: Tensor, starts: Tensor | None, previous: Tensor | None) -> Tensor:
+        """``F`` ``(B, H, L)`` float64 of the tokens ``x``: ``previous`` ``(B, H)`` (the running ``F``
+        of a cache, None: 0) plus the running sum of ``log f``, restarting from 0 before each token
+        where ``starts`` ``(B, L)`` is True (a document's first token)."""
+        log_f = self.log_forget(x)
+        total = log_f.cumsum(-1)  # (B, H, L)
+        if previous is not None:
+            total = total + previous[..., None]
+        if starts is None:
+            return total
+        L = log_f.shape[-1]
+        index = torch.arange(L, device=x.device)
+        latest = torch.where(starts, index, -1).cummax(-1).values  # (B, L): latest start, -1: none yet
+        before = (total - log_f).gather(-1, latest.clamp(min=0)[:, None].expand_as(total))  # F before it
+        return total - torch.where(latest[:, None] >= 0, before, 0.0)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}"
+
+
+def document_starts(doc_ids: Tensor, cached: Tensor | None) -> Tensor:
+    """``(B, L)`` bool: whether each new token begins a document, given the cached tokens' ids
+    (``cached`` ``(B, Lc)``; None or empty: the first new token begins one)."""
+    previous = doc_ids[:, :1] + 1 if cached is None or not cached.shape[1] else cached[:, -1:]
+    return doc_ids != torch.cat([previous, doc_ids[:, :-1]], dim=1)
 
 
 class PriorMultiheadAttention(nn.Module):
@@ -185,6 +251,9 @@ class PriorMultiheadAttention(nn.Module):
         backend: passed to :func:`priorattn.attention`.
         normalizer: ``"softmax"``, ``"sparsemax"``, ``"entmax15"`` or an entmax ``alpha > 1``, passed
             to :func:`priorattn.attention` (maps other than softmax run on the reference route).
+        forget_gate: ``None``, ``True`` (a new :class:`ForgetGate`) or a ``ForgetGate`` module: FoX,
+            whose ``-F_j`` joins the logits as :func:`priorattn.attention`'s ``key_bias``; the KV
+            cache keeps each key's ``F_j``, so cached decoding equals a full pass.
 
     When the prior folds into q/k lanes (``prior.can_fold(causal)``) the head keeps its width
     (seed 000 Sec. 4, Algorithm 1): content lanes ``d_q = head_dim - prior.fold_width``, so
@@ -210,6 +279,7 @@ class PriorMultiheadAttention(nn.Module):
         window: int | None = None,
         backend: str = "auto",
         normalizer: str | float = "softmax",
+        forget_gate: ForgetGate | bool | None = None,
     ):
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -243,6 +313,7 @@ class PriorMultiheadAttention(nn.Module):
             _check_content_lanes(prior, head_dim, content_dim)
         self.rope = _rope(encoding, content_dim, rope_interpolation)
         self.ssmax = _ssmax(ssmax, num_heads)
+        self.forget_gate = _forget_gate(forget_gate, d_model, num_heads)
 
         self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
         self.head_dim, self.content_dim = head_dim, content_dim
@@ -288,7 +359,18 @@ class PriorMultiheadAttention(nn.Module):
             else:
                 rotations = self.rope.rotations(positions, q.dtype)
             q, k = self.rope.rotate(q, rotations), self.rope.rotate(k, rotations)
-        new = KVCache(k, v, positions, doc_ids, key_padding_mask)
+        forget = None
+        if self.forget_gate is not None:  # FoX: F_j of the new tokens, from the cache's running F
+            starts = (
+                None
+                if doc_ids is None
+                else document_starts(doc_ids, None if cache is None else cache.doc_ids)
+            )
+            previous = (
+                None if cache is None or cache.forget is None or not len(cache) else cache.forget[..., -1]
+            )
+            forget = self.forget_gate.cumulative(x, starts, previous)  # (B, H, L) float64
+        new = KVCache(k, v, positions, doc_ids, key_padding_mask, forget)
         cache = new if cache is None else cache.extend(new)
         keys = cache.k
         if self.backend == "auto" and is_decode_step(q, keys):
@@ -311,6 +393,7 @@ class PriorMultiheadAttention(nn.Module):
             ssmax=self.ssmax,
             backend=self.backend,
             normalizer=self.normalizer,
+            key_bias=None if cache.forget is None else -cache.forget,  # FoX: F_i - F_j, less F_i
         )  # (B, H, L, D)
         return self.out_proj(y.transpose(1, 2).reshape(B, L, H * D)), cache
 
@@ -401,7 +484,19 @@ def _ssmax(ssmax: SSMax | bool | None, num_heads: int) -> SSMax | None:
     return ssmax
 
 
-def standard_attention(config, prior: Prior | None) -> PriorMultiheadAttention:
+def _forget_gate(forget_gate: ForgetGate | bool | None, d_model: int, num_heads: int) -> ForgetGate | None:
+    if forget_gate is None or forget_gate is False:
+        return None
+    if forget_gate is True:
+        return ForgetGate(d_model, num_heads)
+    if not isinstance(forget_gate, ForgetGate):
+        raise TypeError(f"forget_gate must be None, True or a ForgetGate, got {type(forget_gate).__name__}")
+    if forget_gate.num_heads != num_heads:
+        raise ValueError(f"forget_gate has {forget_gate.num_heads} heads but num_heads={num_heads}")
+    return forget_gate
+
+
+def standard_attention(config, prior: Prior | None, forget_gate: bool = False) -> PriorMultiheadAttention:
     """One block's attention for a ``GPTConfig`` with ``attention="standard"``: every head
     dot-product, with the config's RoPE (``"local_rope"``'s window is ``config.window``), SSMax,
     grouped key/value heads, window, route and normalizer."""
@@ -417,7 +512,16 @@ def standard_attention(config, prior: Prior | None) -> PriorMultiheadAttention:
         window=config.window,
         backend=config.backend,
         normalizer=config.normalizer,
+        forget_gate=forget_gate,
     )
 
 
+def fox_attention(config, prior: Prior | None) -> PriorMultiheadAttention:
+    """``attention="fox"``: the standard layer with FoX's forget gate in every head (Lin et al. 2025;
+    the paper's FoX uses no positional encoding: ``encoding="nope"``, while a prior or RoPE still
+    combine with it)."""
+    return standard_attention(config, prior, forget_gate=True)
+
+
 register_mechanism("standard", standard_attention)
+register_mechanism("fox", fox_attention)

@@ -19,6 +19,10 @@ CASES = {
     ),
     "goat, ssmax, docs, window": ("goat", dict(ssmax=torch.tensor([0.6, 1.4]), window=30, docs=True)),
     "goat without slope, bidirectional, padding": ("goat_noslope", dict(causal=False, padding=True)),
+    "ggd (lag table) and a drifting key bias, docs": (
+        "ggd_negative",
+        dict(key_bias=torch.linspace(0, 30, 100).expand(2, 2, 100) + torch.randn(2, 2, 100), docs=True),
+    ),
 }
 
 

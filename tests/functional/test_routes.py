@@ -58,8 +58,24 @@ def problems(draw):
         padding=draw(st.booleans()),
         ssmax=draw(st.booleans()),
         batched_pos=draw(st.booleans()),
+        key_bias=draw(st.sampled_from([None, None, "noise", "drift"])),
+        key_bias_shape=draw(st.sampled_from(["full", "heads", "keys"])),
     )
     return options
+
+
+def make_key_bias(o, dtype, gen):
+    """The op's ``key_bias``: noise in ``dtype``, or a drift in float64 as FoX hands it (minus the
+    cumulative sum of log forget gates, restarting nowhere), shaped ``(B, H, Lk)``, ``(1, H, Lk)`` or
+    ``(Lk,)``; None when the problem has none."""
+    kind, Lk = o.get("key_bias"), o["Lk"]
+    if kind is None:
+        return None
+    shape = {"full": (o["B"], o["H"], Lk), "heads": (1, o["H"], Lk), "keys": (Lk,)}[o["key_bias_shape"]]
+    if kind == "noise":
+        return (2 * torch.randn(shape, generator=gen, dtype=torch.float64)).to(dtype)
+    log_f = torch.nn.functional.logsigmoid(2 * torch.randn(shape, generator=gen, dtype=torch.float64))
+    return -log_f.cumsum(-1)
 
 
 def build(o, dtype):
@@ -81,22 +97,31 @@ def build(o, dtype):
         kwargs["key_padding_mask"] = torch.rand(o["B"], Lk, generator=gen) < 0.2
     prior = make_prior(o["prior"], o["H"], o["seed"])
     ssmax = (torch.rand(o["H"], generator=gen, dtype=torch.float64) + 0.5) if o["ssmax"] else None
+    key_bias = make_key_bias(o, dtype, gen)
+    if key_bias is not None:
+        kwargs["key_bias"] = key_bias
     return [t.to(dtype) for t in (q, k, v)], prior, ssmax, kwargs
 
 
 def run(backend, q, k, v, prior, ssmax, kwargs):
     """Output and the gradients of a random projection of it w.r.t. everything learnable.
 
-    ``backend="sdpa_bias"`` is ``auto`` on a call it must send to the decode route."""
+    ``backend="sdpa_bias"`` is ``auto`` on a call it must send to the decode route. A ``key_bias`` in
+    ``kwargs`` is learnable too (its gradient comes last)."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     s = None if ssmax is None else ssmax.detach().clone().requires_grad_()
+    kwargs = dict(kwargs)
+    key_bias = kwargs.pop("key_bias", None)
+    key_bias = [] if key_bias is None else [key_bias.detach().clone().requires_grad_()]
     if backend == "sdpa_bias":
         assert decode.is_decode_step(q, k)
         backend = "auto"
-    out = priorattn.attention(*leaves, prior=prior, ssmax=s, backend=backend, **kwargs)
+    out = priorattn.attention(
+        *leaves, prior=prior, ssmax=s, backend=backend, key_bias=(key_bias or [None])[0], **kwargs
+    )
     weights = torch.linspace(-1, 1, out.numel(), dtype=torch.float64, device=out.device).view_as(out)
     params = [p for p in prior.parameters() if p.requires_grad]
-    inputs = leaves + params + ([s] if s is not None else [])
+    inputs = leaves + params + ([s] if s is not None else []) + key_bias
     grads = torch.autograd.grad((out.double() * weights).sum(), inputs, allow_unused=True)
     grads = [torch.zeros_like(x) if g is None else g for x, g in zip(inputs, grads)]
     return out, grads
@@ -136,6 +161,9 @@ def bf16_scales(o, q, k, v, prior, ssmax, kwargs):
     keys = k.double().repeat_interleave(o["H"] // o["Hkv"], dim=1)
     content = (scale * q.double() @ keys.transpose(-1, -2)).abs().max().item()
     log_prior = prior.log_prior(q_pos, k_pos).abs().max().item()
+    key_bias = kwargs.get("key_bias")
+    if key_bias is not None:  # routes centre it on each run's keys: its spread bounds what it adds
+        log_prior += (key_bias.amax(-1) - key_bias.amin(-1)).abs().max().item()
     boost = 1.0 if ssmax is None else max(1.0, ssmax.max().item() * math.log(Lk))
     logit = boost * (content + log_prior)
     floors = [v.abs().max().item(), boost * scale * k.abs().max().item()]
@@ -154,6 +182,8 @@ def bf16_scales(o, q, k, v, prior, ssmax, kwargs):
         ]
     if ssmax is not None:
         floors.append(math.log(Lk) * (content + log_prior))
+    if key_bias is not None:  # d out_i / d u_j = p_ij (v_j - out_i)
+        floors.append(boost * 2 * v.abs().max().item())
     return 1.0 + logit, floors
 
 

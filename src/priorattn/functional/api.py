@@ -7,14 +7,23 @@ import math
 import torch
 from torch import Tensor
 
-from ..checks import check_doc_ids, check_key_padding_mask, check_positions, value_checks_enabled
+from ..checks import check_doc_ids, check_key_padding_mask, check_positions, describe, value_checks_enabled
 from ..priors import Prior, Uniform
 from ..ssmax import Scaling, SSMax
 from .flex import flex_route, flex_trains_on
 from .masks import Masking, values_are_free
 from .memeff import memeff_attention
 from .normalizers import Regularizer, regularizer
-from .prior_inputs import MIN_FOLD_SPAN, fold_dtype, largest_slope, slope_precision, slope_span, tabulates
+from .prior_inputs import (
+    MIN_FOLD_SPAN,
+    fold_dtype,
+    key_bias_drift,
+    key_rates,
+    largest_slope,
+    slope_precision,
+    slope_span,
+    tabulates,
+)
 from .reference import reference_attention
 from .sdpa import is_decode_step, sdpa_attention, sdpa_bias_attention
 
@@ -46,8 +55,9 @@ def attention(
     ssmax: Tensor | SSMax | None = None,
     backend: str = "auto",
     normalizer: str | float | Regularizer = "softmax",
+    key_bias: Tensor | None = None,
 ) -> Tensor:
-    """Attention with a log-prior: ``softmax_j(scale <q_i, k_j> + K_h(q_pos[i], k_pos[j]))``.
+    """Attention with a log-prior: ``softmax_j(scale <q_i, k_j> + K_h(q_pos[i], k_pos[j]) + u[b, h, j])``.
 
     Args:
         q: ``(B, H, Lq, Dk)``. k: ``(B, Hkv, Lk, Dk)``. v: ``(B, Hkv, Lk, Dv)``; ``H % Hkv == 0``
@@ -77,6 +87,14 @@ def attention(
             simplex (seed 004 Eq. 19): ``"softmax"``, ``"sparsemax"``, ``"entmax15"``, an entmax
             ``alpha > 1``, or a :class:`~priorattn.eot.Regularizer` without position terms. Only
             ``"reference"`` computes maps other than softmax; ``"auto"`` picks it for them.
+        key_bias: ``u``, a per-key additive term ``(B, H, Lk)`` or broadcastable to it (``(Lk,)``,
+            ``(H, Lk)``, ``(B, 1, Lk)``, ...), finite, any floating dtype, data-dependent and
+            differentiable (FoX's ``-F_j``: :class:`~priorattn.layers.ForgetGate`). It is part of the
+            log-prior: a bare SSMax tensor scales it too, and so does a prior's query gate (GOAT's:
+            ``g(q_i) (K + u)``, one lane per key term). It is exact on every route: a fold lane on
+            ``"sdpa"``, a tile term on ``"memeff"`` and in a decode step, a ``score_mod`` term on
+            ``"flex"``. Routes add it re-centred on the keys each run of queries sees, in its own
+            dtype (pass float64 for a term that drifts far, as FoX's cumulative sums do).
 
     Returns:
         ``(B, H, Lq, Dv)``. A query that sees no key at all returns zeros, never NaN.
@@ -98,12 +116,13 @@ def attention(
     masking = Masking(causal, q_pos, k_pos, q_doc, k_doc, padding, window, starts)
     scaling = _scaling(ssmax, H)
     scale = 1.0 / math.sqrt(Dk) if scale is None else float(scale)
+    key_bias = None if key_bias is None else check_key_bias(key_bias, q, Lk)
     if not omega.is_softmax:
-        return reference_attention(q, k, v, prior, masking, scale, scaling, omega.normalize)
+        return reference_attention(q, k, v, prior, masking, scale, scaling, key_bias, omega.normalize)
     if backend == "auto":
-        backend = _choose(q, k, prior, masking)
+        backend = _choose(q, k, prior, masking, key_bias)
     route = sdpa_bias_attention if backend == DECODE_ROUTE else ROUTES[backend]
-    return route(q, k, v, prior, masking, scale, scaling)
+    return route(q, k, v, prior, masking, scale, scaling, key_bias)
 
 
 def check_options(prior: Prior | None, num_heads: int, window, backend: str, heads: str) -> None:
@@ -135,21 +154,47 @@ def check_normalizer(normalizer: str | float | Regularizer, backend: str) -> Reg
     return omega
 
 
-def _choose(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking) -> str:
-    """Fastest exact route: a decode step's prior as SDPA's additive bias, else fold into SDPA where
-    possible, else FlexAttention where it trains (CUDA) and can read the prior (a lag table),
-    otherwise the blockwise route. On CUDA a fold with a slope goes to FlexAttention too: the
+def check_key_bias(key_bias: object, q: Tensor, Lk: int) -> Tensor:
+    """``key_bias`` as ``(B or 1, H or 1, Lk)``: a floating tensor on ``q``'s device that broadcasts to
+    ``(B, H, Lk)``, finite where value checks are on."""
+    B, H = q.shape[:2]
+    if not isinstance(key_bias, Tensor) or not key_bias.is_floating_point():
+        raise TypeError(f"key_bias must be a floating point tensor, got {describe(key_bias)}")
+    if key_bias.device != q.device:
+        raise ValueError(f"key_bias is on {key_bias.device} but q is on {q.device}")
+    shape = tuple(key_bias.shape)
+    fits = len(shape) <= 3 and all(n in (1, m) for n, m in zip(shape[::-1], (Lk, H, B)))
+    if not fits or shape[-1:] != (Lk,):
+        raise ValueError(
+            f"key_bias must broadcast to (B, H, Lk) = ({B}, {H}, {Lk}) with Lk keys, got {shape}"
+        )
+    if value_checks_enabled() and not torch.isfinite(key_bias).all():
+        raise ValueError("key_bias has non-finite values (hide keys with key_padding_mask)")
+    return key_bias.reshape((1,) * (3 - len(shape)) + shape)
+
+
+def _choose(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking, key_bias: Tensor | None) -> str:
+    """Fastest exact route: a decode step's prior (and key bias) as SDPA's additive bias, else fold
+    into SDPA where possible, else FlexAttention where it trains (CUDA) and can read the prior (a lag
+    table), otherwise the blockwise route. On CUDA a fold with a slope goes to FlexAttention too: the
     ``sdpa`` route splits a slope into runs of queries sized for the CPU kernel (26-62x flash SDPA on
-    an H200 at 16k-32k, docs/benchmarks.md), where ``score_mod`` adds ``-m (i - j)`` in one kernel."""
-    if prior is None:
+    an H200 at 16k-32k, docs/benchmarks.md), where ``score_mod`` adds ``-m (i - j)`` in one kernel; not
+    beside a ``key_bias``, which flex centres once on all keys (it keeps float32's precision for a
+    drifting key bias on ``sdpa`` and ``memeff`` only)."""
+    if prior is None and key_bias is None:
         return "sdpa"
     if is_decode_step(q, k):
         return DECODE_ROUTE
-    if flex_trains_on(q.device) and prior.can_fold(masking.causal) and prior.slope_bound() > 0:
+    if prior is None:  # the key bias alone is one lane: shorter runs of queries still beat blocks
+        return "sdpa"
+    slope_folds = prior.can_fold(masking.causal) and prior.slope_bound() > 0
+    if key_bias is None and flex_trains_on(q.device) and slope_folds:
         return "flex"
     if prior.can_fold(masking.causal):
-        largest = largest_slope(prior.fold_slope(), prior.slope_bound())
-        span = slope_span(largest, slope_precision(fold_dtype(largest, q.dtype, masking), masking))
+        rates = key_rates(prior.fold_slope(), key_bias_drift(key_bias))
+        largest = largest_slope(rates, prior.slope_bound())
+        compute = fold_dtype(largest, q.dtype, masking, key_bias)
+        span = slope_span(largest, slope_precision(compute, masking, key_bias))
         if span is None or span >= min(q.shape[2], MIN_FOLD_SPAN):
             return "sdpa"
     elif flex_trains_on(q.device) and tabulates(prior, masking):

@@ -22,7 +22,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from ..priors import Prior
 from ..ssmax import Scaling
 from .masks import Masking
-from .prior_inputs import prior_factor, split_prior
+from .prior_inputs import centred_key_bias, prior_factor, split_prior
 from .reference import compute_dtype
 
 
@@ -108,10 +108,14 @@ def flex_route(
     masking: Masking,
     scale: float,
     ssmax: Scaling | None,
+    key_bias: Tensor | None = None,
 ) -> Tensor:
-    """Prior attention through compiled FlexAttention (inference only off CUDA)."""
+    """Prior attention through compiled FlexAttention (inference only off CUDA); ``key_bias``
+    ``(B or 1, H or 1, Lk)`` joins the key-only terms of ``score_mod``, centred once on all keys (one
+    call: a key bias drifting by hundreds keeps float32's precision on ``sdpa`` and ``memeff`` only)."""
     learnable = [q, k, v, *(prior.parameters() if prior is not None else ())]
     learnable += [ssmax.s] if ssmax is not None else []
+    learnable += [key_bias] if key_bias is not None else []
     if not flex_trains_on(q.device) and torch.is_grad_enabled() and any(t.requires_grad for t in learnable):
         raise RuntimeError(
             "backend='flex' runs forward only: FlexAttention has no backward on the CPU. "
@@ -123,15 +127,19 @@ def flex_route(
     row_factor = prior_factor(q, prior, factor, ssmax is not None and ssmax.scale_prior)
     row_factor = None if row_factor is None else row_factor.to(dtype).expand(B, H, Lq, 1)
     q_pos, k_pos = masking.q_pos.expand(B, Lq), masking.k_pos.expand(B, -1)
-    inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, row_factor)
+    inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, row_factor, key_bias)
     if inputs.dense is not None:
         raise ValueError(
             f"backend='flex' needs a prior that folds or a relative prior on contiguous "
             f"positions; {type(prior).__name__} here is neither: use backend='memeff'"
         )
+    # The op's key bias drifts: the key terms are centred where they hold it; a prior's own as they are.
+    centre = key_bias is not None
+    key_bias, slope = inputs.key_bias, inputs.slope
+    if key_bias is not None and centre:
+        key_bias = centred_key_bias(key_bias, slice(None), dtype)
     # Tensors score_mod reads are made whole (no stride-0 views of a broadcast): inductor lowers
     # their gradients by scattering into each one.
-    key_bias, slope = inputs.key_bias, inputs.slope
     if slope is not None:
         slope, key_bias = slope_gradient_as_key_bias(slope.contiguous(), k_pos, key_bias)
     key_bias = None if key_bias is None else key_bias.expand(B, H, -1).contiguous()
@@ -141,7 +149,7 @@ def flex_route(
 
     def score_mod(score, b, h, q_idx, kv_idx):
         bias = 0.0
-        if key_bias is not None:  # GOAT's sink u_h(j), Eq. 19
+        if key_bias is not None:  # GOAT's sink u_h(j) (Eq. 19) and the op's key bias
             bias = bias + key_bias[b, h, kv_idx]
         if slope is not None:  # -m_h (i - j): the ALiBi lag form, exact at any position
             bias = bias - slope[h] * (q_pos[b, q_idx] - k_pos[b, kv_idx]).to(score.dtype)

@@ -21,7 +21,8 @@ In the general blocks, logits are ``<q2_i, k2_j> + bias_ij`` where ``q2``/``k2``
 cheapest first:
 
 - a prior that folds: its key-only terms ``u_h(j) + m_h (k_pos[j] - centre)``, one row per block
-  (the slope re-centred on the block's queries, see ``prior_inputs.py``);
+  (the slope re-centred on the block's queries, the key terms on its keys, see ``prior_inputs.py``),
+  and the op's ``key_bias``, which joins ``u_h(j)`` beside any prior;
 - a relative prior (``K`` depends on ``i - j`` only) on contiguous positions: the prior is evaluated
   once on the ``Lq + Lk - 1`` possible lags, and each block's bias is read from that table: a
   Toeplitz block read with its keys in reverse order is a strided (Hankel) view of it, and one flip
@@ -47,7 +48,17 @@ from ..ssmax import Scaling
 from .grouped import grouped, grouped_scores, grouped_values
 from .lag_flash import anti_diagonal_sums, keys_reversed, lag_flash_applies, lag_flash_attention
 from .masks import Masking
-from .prior_inputs import centred_keys, lag_table, largest_slope, prior_factor, slope_span, split_prior
+from .prior_inputs import (
+    centred_key_bias,
+    centred_keys,
+    key_bias_drift,
+    key_rates,
+    lag_table,
+    largest_slope,
+    prior_factor,
+    slope_span,
+    split_prior,
+)
 from .reference import compute_dtype
 from .spans import cut, key_spans, visible_counts
 from .subnormals import flushing_subnormals
@@ -100,6 +111,7 @@ class Plan:
     prior: Prior | None  # set only when the bias comes from ``prior.log_prior`` tiles
     blocks: tuple[tuple[slice, slice], ...]  # query rows and the key columns they can see (key_blocks)
     dtype: torch.dtype  # of the logits
+    centred_bias: bool = False  # the key terms hold the op's key bias: centre them per block
 
     def bias(
         self,
@@ -112,8 +124,9 @@ class Plan:
     ) -> Tensor | None:
         """The block's bias ``(B or 1, H or 1, lq or 1, lk)`` from its differentiable sources."""
         terms = []
-        if key_bias is not None:  # GOAT's sink u_h(j), seed 000 Eq. 19
-            terms.append(key_bias[..., None, cols])
+        if key_bias is not None:  # GOAT's sink u_h(j) (seed 000 Eq. 19) and the op's key bias
+            row = centred_key_bias(key_bias, cols, self.dtype) if self.centred_bias else key_bias[..., cols]
+            terms.append(row[..., None, :])
         if slope is not None:  # m_h (k_pos[j] - centre), seed 000 Prop. F.6
             offset = centred_keys(self.masking, rows, cols, slope.dtype)
             terms.append(slope[:, None, None] * offset[:, None, None, :])
@@ -330,29 +343,35 @@ def memeff_attention(
     masking: Masking,
     scale: float,
     ssmax: Scaling | None,
+    key_bias: Tensor | None = None,
 ) -> Tensor:
-    """Blockwise prior attention: ``(B, H, Lq, Dv)``; attention memory O(BLOCK_CELLS), not O(Lq Lk)."""
+    """Blockwise prior attention: ``(B, H, Lq, Dv)``; attention memory O(BLOCK_CELLS), not O(Lq Lk).
+    ``key_bias`` ``(B or 1, H or 1, Lk)`` is a row of each block's bias, centred on the block's keys
+    (:func:`~.prior_inputs.centred_key_bias`)."""
     dtype = compute_dtype(q.dtype)
     spans = key_spans(masking) if masking.masks_anything and not masking.plain_causal else None
     factor = None if ssmax is None else ssmax.factor(visible_counts(masking, spans)).to(dtype)
     row_scale = prior_factor(q, prior, factor, ssmax is not None and ssmax.scale_prior)
     row_scale = None if row_scale is None else row_scale.to(dtype)
-    if lag_flash_applies(prior, masking, q, v, row_scale is not None):
+    if key_bias is None and lag_flash_applies(prior, masking, q, v, row_scale is not None):
         # q, k, v keep their dtype: the kernel takes half precision with the float32 table as its
         # mask and sums in float32, as SDPA does for the same inputs (bfloat16: 1.8x faster).
         content = split_prior(q, k, None, masking, scale, factor, None)
         table = None if prior is None else lag_table(prior, masking).to(dtype)
         blocks = functools.partial(key_blocks, masking, spans)
         return lag_flash_attention(content.q.to(q.dtype), k, v, table, masking, blocks, dtype)
-    inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, row_scale)
+    inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, row_scale, key_bias)
     span = None
-    if inputs.slope is not None:
-        span = slope_span(largest_slope(inputs.slope, prior.slope_bound()), dtype)
+    rates = key_rates(inputs.slope, key_bias_drift(key_bias))
+    if rates is not None:
+        bound = 0.0 if inputs.slope is None else prior.slope_bound()
+        span = slope_span(largest_slope(rates, bound), dtype)
     plan = Plan(
         masking=masking,
         prior=inputs.dense,
         blocks=key_blocks(masking, spans, min(block_rows(*q.shape[:2], k.shape[2]), span or q.shape[2])),
         dtype=dtype,
+        centred_bias=key_bias is not None,
     )
     params = [] if inputs.dense is None else [p for p in inputs.dense.parameters() if p.requires_grad]
     sources = (inputs.key_bias, inputs.slope, inputs.table, row_scale)

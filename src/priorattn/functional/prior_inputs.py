@@ -6,6 +6,11 @@ With ``q' = [scale * q, q_lanes]`` and ``k' = [k, k_lanes]``, ``<q', k'> = scale
 the log-prior enters unscaled and no ``Lq x Lk`` bias exists. Key-only terms are two more lanes in
 SDPA, ``<1, u_h(j)>`` and ``<m_h, k_pos[j] - centre>``, or one broadcast row per block in the
 blockwise route. SSMax multiplies row i of ``q'`` by ``s_h log n_i`` (the lanes too when it scales the prior).
+
+The op's ``key_bias`` (data, not a prior: FoX's ``-F_j``) joins the prior's key-only terms. A key bias
+may drift without bound along the keys (FoX's cumulative log forget gates), so every route adds it
+re-centred on the keys a run of queries sees (:func:`centred_key_bias`), and sizes those runs as it
+sizes them for a slope of the key bias's mean drift per key (:func:`key_bias_drift`).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..priors import FoldLanes, Prior
+from ..priors.base import sum_of_present
 from .masks import Masking, values_are_free
 
 #: Largest magnitude the centred slope term may reach within one call, per dtype: past it, rounding
@@ -69,7 +75,7 @@ def position_spread(masking: Masking) -> int | None:
     return max(int(masking.q_pos.max()), int(masking.k_pos.max())) - low
 
 
-def slope_precision(dtype: torch.dtype, masking: Masking) -> torch.dtype:
+def slope_precision(dtype: torch.dtype, masking: Masking, key_bias: Tensor | None = None) -> torch.dtype:
     """The dtype whose :data:`SLOPE_MAGNITUDE` bounds a folded slope's runs of queries in ``dtype``.
 
     The SDPA kernels sum the logits in float32 whatever their inputs (tested for the CPU flash
@@ -78,25 +84,69 @@ def slope_precision(dtype: torch.dtype, masking: Masking) -> torch.dtype:
     lane holds ``m_h`` (rounded once, as every half-precision lane) times ``k_pos - centre``, an
     integer: exact in the dtype while the call's positions spread over at most
     :data:`EXACT_INTEGERS`, and then the lane rounds no more than float32's does (the tiny model's
-    256 positions in bfloat16). Beyond it the offsets round too, and ``dtype``'s own bound holds.
+    256 positions in bfloat16). Beyond it the offsets round too, and ``dtype``'s own bound holds, as it
+    does beside a ``key_bias``, whose lane holds reals, not integers.
     """
     limit = EXACT_INTEGERS.get(dtype)
-    if limit is None:
+    if limit is None or key_bias is not None:
         return dtype
     spread = position_spread(masking)
     return torch.float32 if spread is not None and spread <= limit else dtype
 
 
-def fold_dtype(largest: float, dtype: torch.dtype, masking: Masking) -> torch.dtype:
+def fold_dtype(
+    largest: float, dtype: torch.dtype, masking: Masking, key_bias: Tensor | None = None
+) -> torch.dtype:
     """The dtype a folded SDPA call computes in: ``dtype``, or float32 for half-precision inputs whose
     slope (of magnitude up to ``largest``, :func:`largest_slope`) would need runs of fewer than
     ``min(Lq, MIN_FOLD_SPAN)`` queries (a bfloat16 lane whose key offsets round as well allows runs
-    within ``|m (j - c)| <= 1``, see :func:`slope_precision`)."""
+    within ``|m (j - c)| <= 1``, see :func:`slope_precision`; ``largest`` includes a ``key_bias``'s
+    drift, :func:`key_bias_drift`)."""
     Lq = masking.q_pos.shape[-1]
-    span = slope_span(largest, slope_precision(dtype, masking))
+    span = slope_span(largest, slope_precision(dtype, masking, key_bias))
     if span is None or span >= min(Lq, MIN_FOLD_SPAN) or dtype not in (torch.bfloat16, torch.float16):
         return dtype
     return torch.float32
+
+
+def key_bias_drift(key_bias: Tensor | None) -> Tensor | None:
+    """``(H or 1,)``: the mean ``|u[j+1] - u[j]|`` of a key bias ``u`` ``(B or 1, H or 1, Lk)`` over
+    neighbouring keys, the largest over batch rows; None without a key bias or with one key.
+
+    Routes size runs of queries as for a slope of this magnitude (:func:`slope_span`): over a run of
+    ``s`` keys the centred bias then moves by about ``s`` times it, as a slope's term does (FoX's
+    ``-F_j`` climbs by ``-log f_j`` per key: Lin et al. 2025, Sec. 2)."""
+    if key_bias is None or key_bias.shape[-1] < 2:
+        return None
+    u = key_bias.detach()
+    return (u[..., 1:] - u[..., :-1]).abs().mean(-1).amax(0)
+
+
+def key_rates(slope: Tensor | None, drift: Tensor | None) -> Tensor | None:
+    """What sizes a fold's runs of queries per head: ``|slope|`` plus a key bias's drift, ``(H or 1,)``
+    (None: neither)."""
+    if drift is None:
+        return slope
+    return drift if slope is None else slope.detach().abs() + drift
+
+
+def centred_key_bias(key_bias: Tensor, cols: slice, dtype: torch.dtype) -> Tensor:
+    """``key_bias[..., cols]`` less its largest value over those keys (per batch row and head), in
+    ``dtype``: the same constant for every query of a run leaves its softmax as it was, and the keys
+    near those queries then hold small numbers however far the bias has drifted. The centre is taken
+    in the key bias's own dtype (FoX hands float64) and carries no gradient (its gradient is zero)."""
+    u = key_bias[..., cols]
+    if not u.shape[-1]:
+        return u.to(dtype)
+    return (u - u.detach().amax(-1, keepdim=True)).to(dtype)
+
+
+def with_key_bias(lanes: FoldLanes, key_bias: Tensor | None) -> FoldLanes:
+    """``lanes`` with the op's ``key_bias`` added to their key-only terms."""
+    if key_bias is None:
+        return lanes
+    total = key_bias if lanes.key_bias is None else lanes.key_bias + key_bias
+    return lanes._replace(key_bias=total)
 
 
 def content_queries(q: Tensor, scale: float, factor: Tensor | None) -> Tensor:
@@ -175,8 +225,9 @@ class PriorInputs:
 
     ``q`` is the content times ``scale`` (and the SSMax factor) with the fold's q lanes; ``k`` the
     content with the fold's k lanes. Of the prior's remaining terms at most these are set:
-    ``key_bias`` ``(B or 1, H, Lk)`` and ``slope`` ``(H,)`` from a fold, or a lag ``table``, or
-    ``dense`` (the prior itself, evaluated on tiles).
+    ``key_bias`` ``(B or 1, H or 1, Lk)`` (a fold's and the op's) and ``slope`` ``(H,)`` from a fold,
+    or a lag ``table``, or ``dense`` (the prior itself, evaluated on tiles); the op's key bias may
+    come with a table or a dense prior too.
     """
 
     q: Tensor
@@ -195,15 +246,20 @@ def split_prior(
     scale: float,
     factor: Tensor | None,
     row_factor: Tensor | None,
+    key_bias: Tensor | None = None,
 ) -> PriorInputs:
-    """Fold the prior where it folds, else tabulate it by lag, else leave it dense."""
+    """Fold the prior where it folds, else tabulate it by lag, else leave it dense; the op's
+    ``key_bias`` joins the key-only terms, kept in its own dtype where that is wider than ``q``'s
+    (it is centred before it is rounded: :func:`centred_key_bias`)."""
+    if key_bias is not None:
+        key_bias = key_bias.to(torch.promote_types(key_bias.dtype, q.dtype))
     if prior is not None and prior.can_fold(masking.causal):
         lanes = prior.fold(masking.q_pos, masking.k_pos)
         q2, k2 = lane_inputs(q, k, lanes, scale, factor, row_factor)
-        key_bias = None if lanes.key_bias is None else lanes.key_bias.to(q.dtype)
+        own = None if lanes.key_bias is None else lanes.key_bias.to(q.dtype)
         slope = None if lanes.slope is None else lanes.slope.to(q.dtype)
-        return PriorInputs(q2, k2, key_bias=key_bias, slope=slope)
-    content = PriorInputs(q * scale if factor is None else q * scale * factor, k)
+        return PriorInputs(q2, k2, key_bias=sum_of_present([own, key_bias]), slope=slope)
+    content = PriorInputs(q * scale if factor is None else q * scale * factor, k, key_bias=key_bias)
     if prior is not None:
         table = lag_table(prior, masking)
         if table is not None:

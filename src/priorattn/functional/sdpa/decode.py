@@ -11,7 +11,7 @@ from ...priors import Prior
 from ...ssmax import Scaling
 from ..grouped import grouped, grouped_scores, grouped_values
 from ..masks import Masking
-from ..prior_inputs import prior_factor
+from ..prior_inputs import centred_key_bias, prior_factor
 from ..reference import compute_dtype
 
 #: A decode step has at most this many queries (see :func:`sdpa_bias_attention`).
@@ -41,12 +41,15 @@ def sdpa_bias_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    prior: Prior,
+    prior: Prior | None,
     masking: Masking,
     scale: float,
     ssmax: Scaling | None,
+    key_bias: Tensor | None = None,
 ) -> Tensor:
-    """A decode step: logits ``scale <q, k> + K`` with the prior's log-prior tile ``(B, H, Lq, Lk)``.
+    """A decode step: logits ``scale <q, k> + K`` with the prior's log-prior tile ``(B, H, Lq, Lk)``
+    plus ``key_bias`` ``(B or 1, H or 1, Lk)`` centred on the keys
+    (:func:`~..prior_inputs.centred_key_bias`); one of the two at least.
 
     With few queries the tile is smaller than the keys: folding would rebuild ``[k, k_lanes]`` (and
     pad ``v``) for every cached key at every step, an O(Lk D) copy as costly as the attention itself,
@@ -63,10 +66,13 @@ def sdpa_bias_attention(
     """
     Lq, Lk = q.shape[2], k.shape[2]
     dtype = compute_dtype(q.dtype)
-    if masking.starts is None:
-        bias = prior.log_prior(masking.q_pos, masking.k_pos).to(dtype)  # (B or 1, H, Lq, Lk)
-    else:  # positions are runs (a generation's): the prior's tables give views, no work per key
-        bias = prior.log_prior_of_runs(masking.q_start, Lq, masking.k_start, Lk, q.device, dtype)
+    bias = None if key_bias is None else centred_key_bias(key_bias, slice(None), dtype)[..., None, :]
+    if prior is not None:
+        if masking.starts is None:
+            tile = prior.log_prior(masking.q_pos, masking.k_pos).to(dtype)  # (B or 1, H, Lq, Lk)
+        else:  # positions are runs (a generation's): the prior's tables give views, no work per key
+            tile = prior.log_prior_of_runs(masking.q_start, Lq, masking.k_start, Lk, q.device, dtype)
+        bias = tile if bias is None else tile + bias
     # The usual step, one newest query under a plain causal mask, sees every key: nothing to hide.
     visible = None if masking.plain_causal and Lq == 1 else masking.visible()  # (B or 1, 1, Lq, Lk)
     factor = None

@@ -1,6 +1,7 @@
 """The autograd Functions over the CPU flash kernel's own forward and backward:
 :class:`LowerRightCausal` (bottom-right causal attention without a mask) and :class:`FoldedCalls` (a
-prior's calls on ``q'``, ``k'``, ``v'`` built once per pass, the slope lane re-centred in place).
+prior's calls on ``q'``, ``k'``, ``v'`` built once per pass, the slope and key bias lanes re-centred
+in place).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from torch import Tensor
 
 from ...priors import FoldLanes
 from ..prior_inputs import (
+    centred_key_bias,
     centred_keys,
 )
 from ..spans import Call, Kind, cut
@@ -168,7 +170,7 @@ def folded_calls(
 ) -> Tensor:
     """:class:`FoldedCalls` on the inputs of :func:`flash_inputs`, which autograd builds and carries back."""
     q2, k2, v2 = flash_inputs(fold, q, k, v, lanes, factor, row_factor)
-    return FoldedCalls.apply(fold, plans, Layout.of(k, v, lanes, k2, v2), q2, k2, v2)
+    return FoldedCalls.apply(fold, plans, Layout.of(fold, k, v, lanes, k2, v2), q2, k2, v2)
 
 
 def flash_inputs(
@@ -188,28 +190,40 @@ def flash_inputs(
     return q2, every_head(to_width(k2, fold.width), fold.heads), every_head(v2, fold.heads)
 
 
-def recentre(fold: Fold, k2: Tensor, layout: Layout, call: Call) -> None:
-    """Centre the slope lane of ``k2`` (:func:`flash_inputs`) on ``call``'s queries, in place."""
+def recentre(fold: Fold, k2: Tensor, layout: Layout, call: Call, heads: slice) -> None:
+    """Centre the slope lane of ``k2`` (:func:`flash_inputs`, its ``heads``) on ``call``'s queries and
+    its key bias lane on ``call``'s keys, in place."""
     if layout.slope_lane is not None:
         offsets = centred_keys(fold.masking, call.rows, call.cols, k2.dtype)[:, None, :]
         k2[..., call.cols, layout.slope_lane] = offsets
+    if layout.key_bias is not None:
+        key_bias = layout.key_bias if layout.key_bias.shape[-2] == 1 else layout.key_bias[..., heads, :]
+        k2[..., call.cols, layout.bias_lane] = centred_key_bias(key_bias, call.cols, k2.dtype)
 
 
 @dataclass(frozen=True)
 class Layout:
     """What :class:`FoldedCalls` needs to know of :func:`flash_inputs`' results: the index of the
-    slope lane in ``k'`` (None: no slope), the values' own width, and whether ``k'`` and ``v'`` are
-    ``k`` and ``v`` themselves (no lane to add or pad), which the backward must not write into."""
+    slope lane in ``k'`` (None: no slope), of the key bias lane, and the key bias ``(.., H or 1, Lk)``
+    it re-centres per call (None where the lane holds no op ``key_bias``; detached: autograd carries
+    its gradient from ``k'``), the values' own width, and whether ``k'`` and ``v'`` are ``k`` and
+    ``v`` themselves (no lane to add or pad), which the backward must not write into."""
 
     slope_lane: int | None
     values: int
     shared: tuple[bool, bool]
+    bias_lane: int | None = None
+    key_bias: Tensor | None = None
 
     @classmethod
-    def of(cls, k: Tensor, v: Tensor, lanes: FoldLanes, k2: Tensor, v2: Tensor) -> Layout:
-        """The layout of ``k2``, ``v2``: :func:`flash_inputs` of ``k``, ``v`` and ``lanes``."""
-        lane = None if lanes.slope is None else k.shape[-1] + lanes.k.shape[-1] + (lanes.key_bias is not None)
-        return cls(lane, v.shape[-1], (k2 is k, v2 is v))
+    def of(cls, fold: Fold, k: Tensor, v: Tensor, lanes: FoldLanes, k2: Tensor, v2: Tensor) -> Layout:
+        """The layout of ``k2``, ``v2``: :func:`flash_inputs` of ``k``, ``v`` and ``lanes``; the key
+        bias is kept where ``fold`` centres it."""
+        first = k.shape[-1] + lanes.k.shape[-1]  # the lane after the content and the fold's lanes
+        has_bias = lanes.key_bias is not None
+        slope_lane = None if lanes.slope is None else first + has_bias
+        key_bias = lanes.key_bias.detach() if has_bias and fold.centred_bias else None
+        return cls(slope_lane, v.shape[-1], (k2 is k, v2 is v), first if has_bias else None, key_bias)
 
 
 def only_call(plans: Plans, Lq: int) -> Call | None:
@@ -235,7 +249,7 @@ def folded_forward(
     out, lse = torch.zeros_like(q2), q2.new_zeros(q2.shape[:3], dtype=lse_dtype)
     for heads, calls in plans:
         for call in calls:
-            recentre(fold, k2[:, heads], layout, call)
+            recentre(fold, k2[:, heads], layout, call, heads)
             out[:, heads, call.rows], lse[:, heads, call.rows] = flash_call(
                 q2[:, heads], k2[:, heads], v2[:, heads], call
             )
@@ -298,7 +312,7 @@ def heads_backward(
     sums = [None, None]  # of the gradients of k2 and v2
     for call in calls:
         if not one:  # one call: the slope lane is centred on every query already (flash_inputs)
-            recentre(fold, k2, layout, call)
+            recentre(fold, k2, layout, call, heads)
         rows = call.rows
         g = to_width(grad_out[:, :, rows], fold.width).contiguous()
         o, l = out[:, :, rows], lse[:, :, rows]

@@ -14,6 +14,7 @@ from torch import Tensor
 from ...priors import FoldLanes
 from ..masks import Masking
 from ..prior_inputs import (
+    centred_key_bias,
     centred_keys,
     content_queries,
     query_lanes,
@@ -25,12 +26,16 @@ class Fold:
     """What turns one call's q, k, v and lanes into SDPA's inputs of ``heads`` heads and ``width``
     lanes (seed 000 Eq. 20-24): ``q' = [scale * q, q_lanes, 1, m_h]``, ``k' = [k, k_lanes, u_h(j),
     k_pos[j] - centre]`` (the last two lanes for a key bias and a slope), ``v`` padded to ``width``.
-    A query's prior lanes are multiplied by its row factor (SSMax's, a prior's query gate)."""
+    A query's prior lanes are multiplied by its row factor (SSMax's, a prior's query gate). The slope
+    lane is centred on the call's queries; the key bias lane, where it holds the op's ``key_bias``, on
+    the call's keys (:func:`~..prior_inputs.centred_key_bias`; a prior's own bounded key terms stay as
+    they are, bit for bit as before)."""
 
     masking: Masking
     scale: float
     heads: int
     width: int
+    centred_bias: bool = False  # the op's key bias is in the key bias lane: centre it per call
 
     def queries(
         self, q: Tensor, lanes: FoldLanes, factor: Tensor | None, row_factor: Tensor | None
@@ -57,8 +62,11 @@ class Fold:
             k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
         B, Hk, lk = k.shape[:3]
         k_lanes = [lanes.k.to(k.dtype).expand(B, Hk, lk, lanes.k.shape[-1])]
-        if lanes.key_bias is not None:
-            k_lanes.append(lanes.key_bias[..., None].to(k.dtype).expand(B, Hk, lk, 1))
+        if lanes.key_bias is not None:  # centred on these keys: a constant per query of the call
+            key_bias = lanes.key_bias.to(k.dtype)
+            if self.centred_bias:
+                key_bias = centred_key_bias(lanes.key_bias, slice(None), k.dtype)
+            k_lanes.append(key_bias[..., None].expand(B, Hk, lk, 1))
         if lanes.slope is not None:
             offset = centred_keys(self.masking, rows, cols, k.dtype)  # (B or 1, lk)
             k_lanes.append(offset[:, None, :, None].expand(B, Hk, lk, 1))

@@ -17,9 +17,12 @@ from ...ssmax import Scaling
 from ..masks import Masking
 from ..prior_inputs import (
     fold_dtype,
+    key_bias_drift,
+    key_rates,
     largest_slope,
     prior_factor,
     slope_precision,
+    with_key_bias,
 )
 from ..spans import Call, Kind, batch_groups, key_spans, select_rows, visible_counts
 from .flash import LowerRightCausal, folded_calls
@@ -35,10 +38,13 @@ def sdpa_attention(
     masking: Masking,
     scale: float,
     ssmax: Scaling | None,
+    key_bias: Tensor | None = None,
 ) -> Tensor:
     """Prior attention through the SDPA kernel: one unmodified call unless chunks are needed.
 
     Batch rows whose key spans (document boundaries) or padding differ run as separate groups.
+    ``key_bias`` ``(B or 1, H or 1, Lk)`` is one more lane (``<1, u[b, h, j]>``), re-centred on each
+    call's keys (:func:`~..prior_inputs.centred_key_bias`).
     """
     if prior is not None and not prior.can_fold(masking.causal):
         raise ValueError(
@@ -50,7 +56,7 @@ def sdpa_attention(
         spans = key_spans(masking)
     groups = None if spans is None else batch_groups(masking, *spans)
     if groups is None:
-        return folded_attention(q, k, v, prior, masking, spans, scale, ssmax)
+        return folded_attention(q, k, v, prior, masking, spans, scale, ssmax, key_bias)
     # One gather into group order, then views per group: indexing q, k, v once per group would
     # cost the backward a zero-filled whole-batch gradient per group.
     order, sizes = torch.cat(groups), [len(index) for index in groups]
@@ -59,7 +65,8 @@ def sdpa_attention(
     for index, q_g, k_g, v_g in zip(groups, qs, ks, vs):
         lo, hi = (t if t.shape[0] == 1 else t[index] for t in spans)
         group = select_rows(masking, index)
-        outputs.append(folded_attention(q_g, k_g, v_g, prior, group, (lo, hi), scale, ssmax))
+        bias = key_bias if key_bias is None or key_bias.shape[0] == 1 else key_bias[index]
+        outputs.append(folded_attention(q_g, k_g, v_g, prior, group, (lo, hi), scale, ssmax, bias))
     return torch.cat(outputs)[order.argsort()]
 
 
@@ -72,31 +79,38 @@ def folded_attention(
     spans: tuple[Tensor, Tensor] | None,
     scale: float,
     ssmax: Scaling | None,
+    key_bias: Tensor | None = None,
 ) -> Tensor:
-    """The prior folded into q/k lanes, through the calls of :func:`~.planning.plan_calls`; rows that
-    see no key return zeros."""
+    """The prior (and ``key_bias``) folded into q/k lanes, through the calls of
+    :func:`~.planning.plan_calls`; rows that see no key return zeros."""
     counts = visible_counts(masking, spans) if ssmax is not None else None
     factor = None if counts is None else ssmax.factor(counts)  # (B or 1, H, Lq, 1)
     row_factor = prior_factor(q, prior, factor, ssmax is not None and ssmax.scale_prior)
     dtype, bound = q.dtype, 0.0 if prior is None else prior.slope_bound()
     if prior is None:
         lanes = FoldLanes(q.new_zeros(1, q.shape[2], 0), q.new_zeros(1, k.shape[2], 0))
-    else:  # a half-precision slope computes in float32 rather than in tiny query runs
+    else:
         lanes = prior.fold(masking.q_pos, masking.k_pos)
-        compute = fold_dtype(largest_slope(lanes.slope, bound), dtype, masking)
+    # A key bias sizes runs of queries as a slope of its drift per key would.
+    rates = key_rates(lanes.slope, key_bias_drift(key_bias))
+    lanes = with_key_bias(lanes, key_bias)
+    if (
+        prior is not None or key_bias is not None
+    ):  # half precision computes in float32 rather than in tiny runs
+        compute = fold_dtype(largest_slope(rates, bound), dtype, masking, key_bias)
         q, k, v = q.to(compute), k.to(compute), v.to(compute)
     width = max(q.shape[-1] + lanes.width, v.shape[-1])
-    fold = Fold(masking, scale, q.shape[1], width)
+    fold = Fold(masking, scale, q.shape[1], width, centred_bias=key_bias is not None)
     # No prior: the calls take q, k, v as they are, and autograd saves no copies.
-    run_calls = autograd_calls if prior is None else folded_calls_kernel(q.device)
-    precision = slope_precision(q.dtype, masking)
+    run_calls = autograd_calls if prior is None and key_bias is None else folded_calls_kernel(q.device)
+    precision = slope_precision(q.dtype, masking, key_bias)
     H = q.shape[1]
     chunk, bands = H, None
     if run_calls is folded_calls:
         chunk = heads_per_thread_team(q.shape[0], torch.get_num_threads())
         if row_factor is None:  # SSMax or a gate scales the slope per row: no band
             bands = slope_bands(q, k, lanes, scale, masking)
-    plans = head_plans(masking, spans, lanes.slope, bound, precision, H, chunk, bands)
+    plans = head_plans(masking, spans, rates, bound, precision, H, chunk, bands)
     return run_calls(fold, plans, q, k, v, lanes, factor, row_factor).to(dtype)
 
 
