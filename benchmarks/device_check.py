@@ -18,8 +18,8 @@ cell that fails records its error while the check goes on:
    32768. Baselines and ``auto`` first at every length, then the other routes.
 3. ``training``: 100 optimizer steps of the ``tiny`` and ``small`` presets per prior (batch 16 of
    random tokens, two packed documents per row, bfloat16 autocast, AdamW, gradient clipping), eager
-   first, then through ``torch.compile``: tokens per second, the seconds of the three warm-up steps
-   (the compilation), peak memory.
+   first, then through ``torch.compile``, each compiled cell in a process of its own: tokens per
+   second, the seconds of the three warm-up steps (the compilation), peak memory.
 
 ``device_check.json`` and ``device_check.md`` (the tables) go to ``--out`` (default
 ``$OUT/device_check`` where ``OUT`` is set, else ``~/.cache/priorattn/device_check``), rewritten
@@ -261,7 +261,7 @@ def run_pytest(args: list[str]) -> int:
 def priors(H: int) -> dict:
     """name -> (prior, ssmax) for H heads; None: plain attention through the library."""
     from priorattn import SSMax
-    from priorattn.priors import GGD, GOAT, ALiBi, Sum
+    from priorattn.priors import GGD, GOAT, ALiBi, Sum, build_prior
 
     return {
         "NoPE": (None, None),
@@ -271,7 +271,24 @@ def priors(H: int) -> dict:
         "GOAT (no slope)": (GOAT(H, 4, slope=False, init="recency"), None),
         "ALiBi + GOAT": (Sum(ALiBi(H), GOAT(H, 2, slope=False)), None),
         "GOAT + SSMax": (GOAT(H, 4, init="recency"), SSMax(H)),
+        "T5": (build_prior("t5", H), None),
+        "KERPLE (log)": (build_prior("kerple", H), None),
+        "Sandwich": (build_prior("sandwich", H), None),
+        "FIRE": (build_prior("fire", H), None),
+        FOX: (None, None),
     }
+
+
+#: FoX (Lin et al. 2025): no prior, the op's ``key_bias`` ``-F_j`` of forget gates (one fold lane).
+FOX = "FoX (key bias)"
+
+
+def fox_key_bias(B: int, H: int, L: int, device: torch.device) -> torch.Tensor:
+    """``-F_j``, minus the cumulative sum of log forget gates, ``(B, H, L)`` float32, with gradient:
+    gates of ``sigmoid(N(2, 1))``, about 0.13 nats forgotten per key, as a trained FoX layer's."""
+    gen = torch.Generator(device=device).manual_seed(1)
+    logits = torch.randn(B, H, L, device=device, generator=gen) + 2.0
+    return (-torch.nn.functional.logsigmoid(logits).cumsum(-1)).requires_grad_()
 
 
 def routes_of(prior, device: torch.device) -> list[str]:
@@ -282,14 +299,14 @@ def routes_of(prior, device: torch.device) -> list[str]:
     return routes
 
 
-def auto_route(q, k, prior) -> str:
+def auto_route(q, k, prior, key_bias=None) -> str:
     """The route ``backend="auto"`` takes for these inputs at default positions."""
     from priorattn.functional import api
     from priorattn.functional.masks import Masking
 
     Lq, Lk = q.shape[2], k.shape[2]
     pos = torch.arange(Lk, device=q.device)[None]
-    return api._choose(q, k, prior, Masking(True, pos[:, Lk - Lq :], pos, starts=(Lk - Lq, 0)))
+    return api._choose(q, k, prior, Masking(True, pos[:, Lk - Lq :], pos, starts=(Lk - Lq, 0)), key_bias)
 
 
 def attention_part(report: Report, deadline: float, sizes: Sizes, device: torch.device) -> None:
@@ -345,8 +362,12 @@ def attention_part(report: Report, deadline: float, sizes: Sizes, device: torch.
         Dk = D - prior.fold_width if prior is not None and prior.can_fold(True) else D
         for route in ["auto", *routes_of(prior, device)]:
 
-            def attend(q, k, v, prior=prior, ssmax=ssmax, route=route):
-                return priorattn.attention(q, k, v, prior=prior, ssmax=ssmax, backend=route)
+            def attend(q, k, v, prior=prior, ssmax=ssmax, route=route, fox=name == FOX):
+                B, H, L, _ = q.shape
+                key_bias = fox_key_bias(B, H, L, q.device) if fox else None
+                return priorattn.attention(
+                    q, k, v, prior=prior, ssmax=ssmax, key_bias=key_bias, backend=route
+                )
 
             plans.append((name, route, attend, Dk, prior))
     first = [("SDPA (flash)", "plain", flash, D, None), ("FlexAttention", "plain", flex, D, None)]
@@ -371,7 +392,8 @@ def attention_part(report: Report, deadline: float, sizes: Sizes, device: torch.
                 try:
                     if route == "auto":
                         (q, k, _), _ = inputs(L, Dk)
-                        cell["auto_takes"] = auto_route(q, k, prior)
+                        key_bias = fox_key_bias(B, H, L, device) if name == FOX else None
+                        cell["auto_takes"] = auto_route(q, k, prior, key_bias)
                     start = time.time()
                     cell.update(measure(fwd_bwd(attend, L, Dk), sizes.reps, device))
                     if time.time() - start > CELL_SECONDS:
@@ -405,6 +427,7 @@ TRAINED = {
     "GGD": dict(prior="ggd"),
     "GOAT": dict(prior="goat"),
     "ALiBi + GOAT": dict(prior="alibi+goat"),
+    "FoX": dict(prior="uniform", encoding="none", attention="fox"),
 }
 
 
@@ -424,11 +447,43 @@ def training_part(report: Report, deadline: float, sizes: Sizes, device: torch.d
                     cell["skipped"] = "the part's time was spent"
                     continue
                 try:
-                    cell.update(train_cell(preset_name, overrides, compiled, sizes, device))
+                    if compiled:
+                        cell.update(train_cell_apart(preset_name, name, sizes, deadline))
+                    else:
+                        cell.update(train_cell(preset_name, overrides, compiled, sizes, device))
                 except Exception as e:
                     failed(cell, e, device)
                 report.save()
                 progress(cell, device)
+
+
+def train_cell_apart(preset_name: str, name: str, sizes: Sizes, deadline: float) -> dict:
+    """A compiled cell in a process of its own: compiling after the eager cells in one process ended
+    it with a segmentation fault on the H200 (torch 2.11), and a crash must cost one cell, not the
+    check. The worker prints the cell's JSON on its last line."""
+    args = [sys.executable, __file__, "--run-train-cell", preset_name, name, "gpu" if sizes is GPU else "dry"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    try:
+        done = subprocess.run(
+            args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=max(1.0, deadline - time.time())
+        )
+    except subprocess.TimeoutExpired:
+        return dict(skipped="the part's time was spent while it compiled")
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        return dict(error=f"worker exit code {done.returncode}: " + " | ".join(tail))
+    return json.loads(lines[-1])
+
+
+def run_train_cell(preset_name: str, name: str, sizes_name: str) -> int:
+    """The compiled-cell worker of :func:`train_cell_apart`."""
+    stand_in_for_missing()
+    sizes = GPU if sizes_name == "gpu" else DRY
+    device = torch.device("cuda" if sizes is GPU else "cpu")
+    set_recompile_limits()
+    print(json.dumps(train_cell(preset_name, TRAINED[name], True, sizes, device)))
+    return 0
 
 
 def train_cell(preset_name: str, overrides: dict, compiled: bool, sizes: Sizes, device: torch.device) -> dict:
@@ -563,6 +618,14 @@ def markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def set_recompile_limits() -> None:
+    """FlexAttention and the compiled training cells compile once per shape and prior: more than
+    dynamo's default of 8 graphs per function, beyond which it would fall back to eager."""
+    for limit in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, limit):
+            setattr(torch._dynamo.config, limit, 256)
+
+
 def default_out() -> Path:
     out = os.environ.get("OUT")
     return Path(out) / "device_check" if out else Path.home() / ".cache" / "priorattn" / "device_check"
@@ -572,6 +635,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--run-pytest"]:
         return run_pytest(argv[1:])
+    if argv[:1] == ["--run-train-cell"]:
+        return run_train_cell(*argv[1:4])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=default_out(), help="where the JSON and markdown go")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
@@ -581,11 +646,7 @@ def main(argv: list[str] | None = None) -> int:
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     sizes = GPU if cuda else DRY
-    # FlexAttention and the compiled training cells compile once per shape and prior: more than
-    # dynamo's default of 8 graphs per function, beyond which it would fall back to eager.
-    for limit in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
-        if hasattr(torch._dynamo.config, limit):
-            setattr(torch._dynamo.config, limit, 256)
+    set_recompile_limits()
     report = Report(
         args.out,
         dict(

@@ -48,6 +48,7 @@ def test_without_a_gpu_it_says_so_in_one_line_after_a_dry_run_of_every_part(tmp_
         ("SDPA (flash)", "plain") in measured
         and ("GGD", "memeff") in measured
         and ("GOAT", "sdpa") in measured
+        and (load_script().FOX, "sdpa") in measured
     )
     assert {c["auto_takes"] for c in cells if c["route"] == "auto"} == {"sdpa", "memeff"}
     assert all(c["skipped"].startswith("FlexAttention has no backward") for c in cells if "ms" not in c)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from factories import make_prior
+from factories import DEVICES, make_prior
 
 import priorattn
 from priorattn.functional import api, flex
@@ -92,6 +92,61 @@ def test_auto_chooses_flex_for_a_prior_that_does_not_fold_where_flex_trains(monk
     gaps = torch.arange(0, 600, 2)  # positions that are no run: no lag table, flex cannot read GGD
     assert choice(q, GGD(2), q_pos=gaps, k_pos=gaps) == "memeff"
     assert choice(q, GGD(2), ssmax=torch.ones(2), window=40) == "flex"
+    key_bias = torch.randn(1, 2, 300)  # FoX's -F_j: on CUDA flex centres it per row, reading nothing
+    assert choice(q, None, key_bias=key_bias) == "flex"
+    assert choice(q, GOAT(2, 2, slope=False), key_bias=key_bias) == "flex"
+    assert choice(q, GGD(2), key_bias=key_bias) == "flex"
+
+
+def drift(L: int, strength: float, gen: torch.Generator) -> torch.Tensor:
+    """FoX's ``-F_j`` in float64 ``(1, 2, L)``: gates forgetting about ``strength`` nats per key."""
+    logits = torch.randn(1, 2, L, generator=gen, dtype=torch.float64) - strength
+    return -torch.nn.functional.logsigmoid(logits).cumsum(-1)
+
+
+def test_row_centred_key_bias_is_the_key_bias_up_to_a_row_constant_with_its_gradient():
+    """``(hi_j - hi_t) + (lo_j - lo_t)`` is ``u_j - u_t`` to float32's precision of the difference
+    (not of ``u``), ``t`` the row's own key; the gradient reaches ``u`` through ``hi_j`` alone."""
+    gen = torch.Generator().manual_seed(0)
+    u = drift(300, 3.0, gen).requires_grad_()  # climbs past 900
+    hi, lo, row_hi, row_lo = flex.row_centred_key_bias(u, 100, torch.float32)
+    centred = (hi[..., None, :] - row_hi[..., :, None]) + (lo[..., None, :] - row_lo[..., :, None])
+    exact = u.detach()[..., None, :] - u.detach()[..., 200:, None]  # rows are keys 200..299
+    near = exact.abs() < 1
+    assert u.detach().max() > 900 and near.sum() > 100
+    assert (centred.double() - exact)[near].abs().max() < 1e-7  # float32 rounding of u itself: ~6e-5
+    assert (u.detach().float().double() - u.detach()).abs().max() > 1e-5
+    weights = torch.randn(1, 2, 100, 300, dtype=torch.float64)
+    (centred.double() * weights).sum().backward()
+    torch.testing.assert_close(u.grad, weights.sum(2), rtol=1e-5, atol=1e-5)  # float32; rows carry none
+    assert not (lo.requires_grad or row_hi.requires_grad or row_lo.requires_grad)
+    same = torch.randn(1, 2, 5)
+    assert flex.row_centred_key_bias(same, 5, torch.float32)[1] is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_flex_keeps_float32_precision_for_a_far_drifting_key_bias(device):
+    """FoX's ``-F_j`` climbing past 5000 over 2048 keys, float32 q, k, v, against the float64
+    reference: within float32's tolerance, where the same bias added once in float32 (the reference
+    in float32) is far off. Forward on the CPU; on CUDA the key bias's gradient too."""
+    gen = torch.Generator().manual_seed(0)
+    L = 2048
+    q, k, v = (torch.randn(1, 2, L, 16, generator=gen, dtype=torch.float64) for _ in range(3))
+    key_bias = drift(L, 2.5, gen).requires_grad_()
+    assert key_bias.max() > 5000
+    grad = torch.randn(1, 2, L, 16, generator=gen, dtype=torch.float64)
+    ref = priorattn.attention(q, k, v, key_bias=key_bias, backend="reference")
+    (expected_grad,) = torch.autograd.grad(ref, key_bias, grad)
+    q32, k32, v32 = (t.float().to(device) for t in (q, k, v))
+    with torch.set_grad_enabled(device == "cuda"):
+        out = priorattn.attention(q32, k32, v32, key_bias=key_bias.to(device), backend="flex")
+        plain = priorattn.attention(q32, k32, v32, key_bias=key_bias.float().to(device), backend="reference")
+    error = (out.double().cpu() - ref).abs().max()
+    assert error < 1e-4
+    assert (plain.double().cpu() - ref).abs().max() > 10 * error
+    if device == "cuda":
+        (got,) = torch.autograd.grad(out, key_bias, grad.float().to(device))
+        torch.testing.assert_close(got.cpu(), expected_grad, rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.parametrize("causal", [True, False])

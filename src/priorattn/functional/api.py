@@ -176,21 +176,21 @@ def check_key_bias(key_bias: object, q: Tensor, Lk: int) -> Tensor:
 def _choose(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking, key_bias: Tensor | None) -> str:
     """Fastest exact route: a decode step's prior (and key bias) as SDPA's additive bias, else fold
     into SDPA where possible, else FlexAttention where it trains (CUDA) and can read the prior (a lag
-    table), otherwise the blockwise route. On CUDA a fold with a slope goes to FlexAttention too: the
-    ``sdpa`` route splits a slope into runs of queries sized for the CPU kernel (26-62x flash SDPA on
-    an H200 at 16k-32k, docs/benchmarks.md), where ``score_mod`` adds ``-m (i - j)`` in one kernel; not
-    beside a ``key_bias``, which flex centres once on all keys (it keeps float32's precision for a
-    drifting key bias on ``sdpa`` and ``memeff`` only)."""
+    table), otherwise the blockwise route. On CUDA a fold with a slope, and a key bias, go to
+    FlexAttention too: the ``sdpa`` route splits them into runs of queries sized for the CPU kernel
+    (26-62x flash SDPA on an H200 at 16k-32k, docs/benchmarks.md) by a drift it must read, where
+    ``score_mod`` adds ``-m (i - j)`` and the key bias centred per row in one kernel, reading nothing."""
     if prior is None and key_bias is None:
         return "sdpa"
     if is_decode_step(q, k):
         return DECODE_ROUTE
+    folds = prior is None or prior.can_fold(masking.causal)
+    if flex_trains_on(q.device) and (folds or tabulates(prior, masking)):
+        if key_bias is not None or (prior is not None and folds and prior.slope_bound() > 0):
+            return "flex"
     if prior is None:  # the key bias alone is one lane: shorter runs of queries still beat blocks
         return "sdpa"
-    slope_folds = prior.can_fold(masking.causal) and prior.slope_bound() > 0
-    if key_bias is None and flex_trains_on(q.device) and slope_folds:
-        return "flex"
-    if prior.can_fold(masking.causal):
+    if folds:
         rates = key_rates(prior.fold_slope(), key_bias_drift(key_bias))
         largest = largest_slope(rates, prior.slope_bound())
         compute = fold_dtype(largest, q.dtype, masking, key_bias)

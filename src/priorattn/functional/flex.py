@@ -22,7 +22,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from ..priors import Prior
 from ..ssmax import Scaling
 from .masks import Masking
-from .prior_inputs import centred_key_bias, prior_factor, split_prior
+from .prior_inputs import prior_factor, split_prior
 from .reference import compute_dtype
 
 
@@ -56,6 +56,27 @@ def slope_gradient_as_key_bias(slope: Tensor, k_pos: Tensor, key_bias: Tensor | 
     term = slope[None, :, None] * k_pos[:, None, :].to(slope.dtype)  # (B, H, Lk)
     zero = term - term.detach()
     return slope.detach(), zero if key_bias is None else key_bias + zero
+
+
+def row_centred_key_bias(key_bias: Tensor, Lq: int, dtype: torch.dtype) -> tuple[Tensor, ...]:
+    """The op's ``key_bias`` ``(B, H, Lk)`` as the float32 pieces ``score_mod`` adds as
+    ``(hi_j - hi_t) + (lo_j - lo_t)``, ``t = i + Lk - Lq`` clamped to the keys: the key at query
+    ``i``'s own place when queries are the newest keys. ``hi`` is the bias rounded to ``dtype``,
+    ``lo`` what the rounding dropped (a float64 bias: FoX's ``-F_j``; None when nothing was dropped).
+
+    The ``t`` terms are one constant per query row, which leaves its softmax as it was and for a
+    bias that grows with ``j`` is the largest value the row sees. Two nearby keys' ``hi`` differ
+    exactly (Sterbenz's lemma), so a bias drifted to 1e4 keeps float32's precision at each row's near
+    keys without reading a value (the ``sdpa`` route centres runs of queries sized by the drift it
+    reads) and in one kernel call. Only ``hi_j`` carries the gradient: a row constant's is zero, and
+    ``lo`` is a rounding error."""
+    hi = key_bias.to(dtype)
+    Lk = key_bias.shape[-1]
+    own = (torch.arange(Lq, device=key_bias.device) + (Lk - Lq)).clamp(0, Lk - 1)
+    if key_bias.dtype == dtype:
+        return hi, None, hi.detach()[..., own], None
+    lo = (key_bias.detach() - hi.detach().to(key_bias.dtype)).to(dtype)
+    return hi, lo, hi.detach()[..., own], lo[..., own]
 
 
 @cache
@@ -111,8 +132,8 @@ def flex_route(
     key_bias: Tensor | None = None,
 ) -> Tensor:
     """Prior attention through compiled FlexAttention (inference only off CUDA); ``key_bias``
-    ``(B or 1, H or 1, Lk)`` joins the key-only terms of ``score_mod``, centred once on all keys (one
-    call: a key bias drifting by hundreds keeps float32's precision on ``sdpa`` and ``memeff`` only)."""
+    ``(B or 1, H or 1, Lk)`` joins the key-only terms of ``score_mod``, centred per query row
+    (:func:`row_centred_key_bias`: a key bias drifting by thousands keeps float32's precision)."""
     learnable = [q, k, v, *(prior.parameters() if prior is not None else ())]
     learnable += [ssmax.s] if ssmax is not None else []
     learnable += [key_bias] if key_bias is not None else []
@@ -127,22 +148,26 @@ def flex_route(
     row_factor = prior_factor(q, prior, factor, ssmax is not None and ssmax.scale_prior)
     row_factor = None if row_factor is None else row_factor.to(dtype).expand(B, H, Lq, 1)
     q_pos, k_pos = masking.q_pos.expand(B, Lq), masking.k_pos.expand(B, -1)
+    centre = key_bias is not None
     inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, row_factor, key_bias)
     if inputs.dense is not None:
         raise ValueError(
             f"backend='flex' needs a prior that folds or a relative prior on contiguous "
             f"positions; {type(prior).__name__} here is neither: use backend='memeff'"
         )
-    # The op's key bias drifts: the key terms are centred where they hold it; a prior's own as they are.
-    centre = key_bias is not None
-    key_bias, slope = inputs.key_bias, inputs.slope
+    # The op's key bias drifts: the key terms are centred per row where they hold it (a prior's own
+    # key terms, GOAT's sink, stay small and go as they are).
+    key_bias, slope, rounding, row_bias, row_rounding = inputs.key_bias, inputs.slope, None, None, None
     if key_bias is not None and centre:
-        key_bias = centred_key_bias(key_bias, slice(None), dtype)
+        key_bias, rounding, row_bias, row_rounding = row_centred_key_bias(key_bias, Lq, dtype)
     # Tensors score_mod reads are made whole (no stride-0 views of a broadcast): inductor lowers
     # their gradients by scattering into each one.
     if slope is not None:
         slope, key_bias = slope_gradient_as_key_bias(slope.contiguous(), k_pos, key_bias)
-    key_bias = None if key_bias is None else key_bias.expand(B, H, -1).contiguous()
+    key_bias, rounding, row_bias, row_rounding = (
+        None if t is None else t.expand(B, H, -1).contiguous()
+        for t in (key_bias, rounding, row_bias, row_rounding)
+    )
     table = None if inputs.table is None else inputs.table.expand(H, -1).contiguous()
     q_pos, k_pos = q_pos.contiguous(), k_pos.contiguous()
     offset = k.shape[2] - 1  # the lag table holds lag (q0 + i) - (k0 + j) at index i - j + Lk - 1
@@ -150,7 +175,12 @@ def flex_route(
     def score_mod(score, b, h, q_idx, kv_idx):
         bias = 0.0
         if key_bias is not None:  # GOAT's sink u_h(j) (Eq. 19) and the op's key bias
-            bias = bias + key_bias[b, h, kv_idx]
+            term = key_bias[b, h, kv_idx]
+            if row_bias is not None:  # centred on the row: near keys differ exactly
+                term = term - row_bias[b, h, q_idx]
+            if rounding is not None:
+                term = term + (rounding[b, h, kv_idx] - row_rounding[b, h, q_idx])
+            bias = bias + term
         if slope is not None:  # -m_h (i - j): the ALiBi lag form, exact at any position
             bias = bias - slope[h] * (q_pos[b, q_idx] - k_pos[b, kv_idx]).to(score.dtype)
         if table is not None:

@@ -94,8 +94,11 @@ class Masking:
             and self.queries_are_newest_keys
         )
 
-    def visible(self, rows: slice = slice(None), cols: slice = slice(None)) -> Tensor:
-        """``(B or 1, 1, lq, lk)`` bool: True where query ``rows`` may attend to key ``cols``."""
+    def visible(self, rows: slice | None = None, cols: slice | None = None) -> Tensor:
+        """``(B or 1, 1, lq, lk)`` bool: True where query ``rows`` may attend to key ``cols`` (None: all)."""
+        # None rather than a slice default: dynamo before torch 2.13 cannot wrap a default slice
+        rows = slice(None) if rows is None else rows
+        cols = slice(None) if cols is None else cols
         if self.plain_causal:  # key index <= query index + (Lk - Lq): a shifted lower triangle
             Lq, Lk = self.q_pos.shape[-1], self.k_pos.shape[-1]
             r0, r1, _ = rows.indices(Lq)
