@@ -78,15 +78,18 @@ def choice(q, prior, **kwargs) -> str:
 
 def test_auto_chooses_flex_for_a_prior_that_does_not_fold_where_flex_trains(monkeypatch):
     """The device check is a seam: on a CUDA device (faked here) GGD, which cannot fold, takes flex,
-    and so does a fold with a slope (ALiBi, GOAT's default); a fold without a slope keeps SDPA, and a
-    prior flex cannot read (no lag table) keeps memeff."""
+    and so does a fold whose slope splits the queries into runs (ALiBi at 4096, GOAT's default); a
+    fold without a slope, or whose slope fits one run, keeps SDPA, and a prior flex cannot read (no
+    lag table) keeps memeff."""
     q = torch.randn(1, 2, 300, 8)
     assert choice(q, GGD(2)) == "memeff"  # the CPU: flex has no backward
     assert choice(q, ALiBi(2)) == "sdpa"
     monkeypatch.setattr(api, "flex_trains_on", lambda device: True)
+    monkeypatch.setattr(api, "largest_slope", lambda slope, bound: bound)  # a GPU reads no slope
     assert choice(q, GGD(2)) == "flex"
-    assert choice(q, ALiBi(2)) == "flex"
-    assert choice(q, GOAT(2, 2)) == "flex"
+    assert choice(q, ALiBi(2)) == "sdpa"  # its slope fits one run of 300 queries: one flash call
+    assert choice(torch.randn(1, 8, 1024, 8), ALiBi(8)) == "flex"  # slopes to 1/2: runs of 512
+    assert choice(q, GOAT(2, 2)) == "flex"  # GOAT's bound of 1 takes runs of 256 float32 queries
     assert choice(q, GOAT(2, 2, slope=False)) == "sdpa"
     assert choice(q, None) == "sdpa"
     gaps = torch.arange(0, 600, 2)  # positions that are no run: no lag table, flex cannot read GGD

@@ -176,25 +176,29 @@ def check_key_bias(key_bias: object, q: Tensor, Lk: int) -> Tensor:
 def _choose(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking, key_bias: Tensor | None) -> str:
     """Fastest exact route: a decode step's prior (and key bias) as SDPA's additive bias, else fold
     into SDPA where possible, else FlexAttention where it trains (CUDA) and can read the prior (a lag
-    table), otherwise the blockwise route. On CUDA a fold with a slope, and a key bias, go to
-    FlexAttention too: the ``sdpa`` route splits them into runs of queries sized for the CPU kernel
-    (26-62x flash SDPA on an H200 at 16k-32k, docs/benchmarks.md) by a drift it must read, where
-    ``score_mod`` adds ``-m (i - j)`` and the key bias centred per row in one kernel, reading nothing."""
+    table), otherwise the blockwise route. On CUDA a fold whose slope would split the queries into
+    runs (sized by the prior's bound, read from nothing), and a key bias, go to FlexAttention too:
+    the ``sdpa`` route's runs cost 26-62x flash SDPA on an H200 at 16k-32k (docs/benchmarks.md), and a
+    key bias's runs are sized by a drift it must read, where ``score_mod`` adds ``-m (i - j)`` and
+    the key bias centred per row in one kernel. A slope that fits one run stays on ``sdpa``: one call
+    of the flash kernel, where flex costs more at short lengths (tiny-model training, an H200)."""
     if prior is None and key_bias is None:
         return "sdpa"
     if is_decode_step(q, k):
         return DECODE_ROUTE
     folds = prior is None or prior.can_fold(masking.causal)
-    if flex_trains_on(q.device) and (folds or tabulates(prior, masking)):
-        if key_bias is not None or (prior is not None and folds and prior.slope_bound() > 0):
-            return "flex"
-    if prior is None:  # the key bias alone is one lane: shorter runs of queries still beat blocks
-        return "sdpa"
-    if folds:
+    span = None  # the longest run of queries one SDPA call of the fold may take (None: all)
+    if prior is not None and folds:
         rates = key_rates(prior.fold_slope(), key_bias_drift(key_bias))
         largest = largest_slope(rates, prior.slope_bound())
         compute = fold_dtype(largest, q.dtype, masking, key_bias)
         span = slope_span(largest, slope_precision(compute, masking, key_bias))
+    runs = span is not None and span < q.shape[2]
+    if flex_trains_on(q.device) and (folds or tabulates(prior, masking)) and (runs or key_bias is not None):
+        return "flex"
+    if prior is None:  # the key bias alone is one lane: shorter runs of queries still beat blocks
+        return "sdpa"
+    if folds:
         if span is None or span >= min(q.shape[2], MIN_FOLD_SPAN):
             return "sdpa"
     elif flex_trains_on(q.device) and tabulates(prior, masking):

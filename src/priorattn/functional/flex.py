@@ -84,6 +84,11 @@ def compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
+@cache
+def compiled_block_mask():
+    return torch.compile(create_block_mask, dynamic=False)
+
+
 def block_mask(masking: Masking, B: int):
     """FlexAttention block mask for ``masking`` (None when nothing is masked). The plain causal mask
     (training, prefill) is made from indices alone and kept per shape: making a block mask evaluates
@@ -107,7 +112,15 @@ def block_mask(masking: Masking, B: int):
             keep = keep & ~masking.key_padding[b, kv_idx]
         return keep
 
-    return create_block_mask(mask_mod, B, None, Lq, Lk, device=str(q_pos.device))
+    # Eagerly, create_block_mask evaluates mask_mod pair by pair through vmap; compiled it is one
+    # kernel (attention-gym's advice). On the CPU, where flex runs forward only, each shape's
+    # compilation would cost more than the masks it makes.
+    make = (
+        compiled_block_mask()
+        if flex_trains_on(q_pos.device) and not torch.compiler.is_compiling()
+        else create_block_mask
+    )
+    return make(mask_mod, B, None, Lq, Lk, device=str(q_pos.device))
 
 
 @lru_cache(maxsize=16)

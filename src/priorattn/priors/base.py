@@ -157,7 +157,9 @@ def in_own_dtype(device: torch.device) -> contextlib.AbstractContextManager:
     CPU bfloat16 products of such small odd shapes are slower (GOAT's sink MLP, 256 positions,
     forward and backward: 334 us under bf16 autocast, 123 us in float32; issue 13).
     """
-    if not is_autocast_available(device.type):  # e.g. "meta": no autocast to turn off
+    # "meta" has no autocast to turn off. A compiled graph runs on a real device, and dynamo before
+    # torch 2.13 cannot trace the availability check (a graph break on CUDA, torch 2.11).
+    if not torch.compiler.is_compiling() and not is_autocast_available(device.type):
         return contextlib.nullcontext()
     return torch.autocast(device.type, enabled=False)
 
