@@ -16,7 +16,7 @@ import torch
 import torch._dynamo
 
 import priorattn
-from priorattn.priors import GGD, GOAT, ALiBi, Sum, Uniform
+from priorattn.priors import GGD, GOAT, ALiBi, Sum, Uniform, build_prior
 
 PRIORS = {
     "none": (lambda: None, "auto"),
@@ -28,6 +28,11 @@ PRIORS = {
     "ggd": (lambda: GGD(4, init="alibi"), "auto"),
     "goat + ssmax": (lambda: GOAT(4, 3, init="recency"), "auto"),
     "goat (no slope) via memeff": (lambda: GOAT(4, 3, slope=False), "memeff"),
+    **{
+        name: (lambda name=name: build_prior(name, 4), "auto")
+        for name in ("t5", "kerple", "sandwich", "fire")
+    },
+    "fox": (lambda: None, "auto"),  # FoX's forget gate: the op's key bias, no prior
 }
 
 
@@ -45,7 +50,9 @@ def main() -> None:
     print("|---|---|---:|---:|---|")
     for name, (make, backend) in PRIORS.items():
         ssmax = name.endswith("ssmax")
-        layer = priorattn.PriorMultiheadAttention(64, 4, prior=make(), backend=backend, ssmax=ssmax)
+        layer = priorattn.PriorMultiheadAttention(
+            64, 4, prior=make(), backend=backend, ssmax=ssmax, forget_gate=name == "fox"
+        )
         counts = []
         places = collections.Counter()
         for kwargs in ({}, {"doc_ids": docs}):

@@ -17,7 +17,7 @@ import priorattn
 from priorattn.functional import prior_inputs
 from priorattn.functional.sdpa import route
 from priorattn.models import GPT, GPTConfig
-from priorattn.priors import GGD, GOAT, ALiBi, Sum, Uniform, with_defaults
+from priorattn.priors import GGD, GOAT, ALiBi, Sum, Uniform, build_prior, with_defaults
 
 
 @pytest.mark.parametrize("backend", ["reference", "sdpa", "memeff", "auto"])
@@ -98,6 +98,10 @@ LAYERS = {
     "ssmax": lambda: dict(prior=GOAT(4, 3, init="recency", train_len=16), ssmax=True),
     "goat_noslope via memeff": lambda: dict(prior=GOAT(4, 3, slope=False, train_len=16), backend="memeff"),
     "fox": lambda: dict(prior=None, forget_gate=True),
+    **{
+        name: lambda name=name: dict(prior=build_prior(name, 4))
+        for name in ("t5", "kerple", "sandwich", "fire")
+    },
 }
 
 
