@@ -13,6 +13,7 @@ import torch
 from conftest import finished, losses, run_command, small_model
 from torch.distributed.tensor import DTensor
 
+from priorattn.eval.jobs import checkpoint_identity
 from priorattn.models import GPT
 from priorattn.train import TrainConfig, export_run, load_run
 from priorattn.train import checkpoint as ckpt
@@ -89,6 +90,8 @@ def test_export_writes_one_file_with_the_fsdp_runs_weights(goat_runs, tmp_path):
     torch.testing.assert_close(logits, plain.model(tokens)[0], atol=1e-5, rtol=0)
     with pytest.raises(FileExistsError, match="already holds a run"):
         export_run(goat_runs["two"], path.parent)
+    # what evaluations key their results by: the step and the sha256 of the shards
+    assert checkpoint_identity(goat_runs["two"])["step"] == 4
 
 
 def test_a_corrupt_shard_is_named_and_the_older_checkpoint_loads(goat_runs, tmp_path):
