@@ -5,7 +5,8 @@ shards it.
 (on one process, the plain model). ``"fsdp"``: FSDP2's ``fully_shard`` on each transformer block
 and then on the whole model (the embedding, the final norm and the head form the outer group), so
 each process keeps ``1 / world_size`` of every sharded parameter, its gradient and its optimizer
-state, and gathers one block's parameters at a time in the forward and backward passes.
+state, and gathers a block's parameters just before the block runs (forward and backward) and
+frees them after it.
 
 Prior and SSMax parameters are left out of the shards and stay whole on every process
 (:func:`replicated_parameters`): they are few (576 for BAM's 120M model, seed 003 App. C), they
@@ -68,8 +69,9 @@ def shard(model: GPT, process: Process, mixed_precision: bool = False) -> GPT:
 
 def replicated_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The parameters FSDP leaves whole on every process: those of the priors and SSMax
-    (:func:`~priorattn.train.optim.prior_parameters`), and any 0-dimensional one (FSDP shards along
-    a first dimension), in the model's order."""
+    (:func:`~priorattn.train.optim.prior_parameters`), then any other 0-dimensional one (FSDP
+    shards along a first dimension: a scalar head's global bandwidth), each once, in the same
+    order on every process."""
     priors = prior_parameters(model)
     scalars = [p for p in model.parameters() if p.dim() == 0]
     return list(dict.fromkeys(priors + scalars))
