@@ -1,6 +1,8 @@
-"""Checkpoints: safetensors + JSON, atomic, exact round trips, clear errors, no pickle."""
+"""Checkpoints: safetensors + JSON, one file or shards, atomic, exact round trips, clear errors, no pickle."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -9,6 +11,7 @@ from priorattn.models import GPT, preset
 from priorattn.train import TrainConfig
 from priorattn.train import checkpoint as ckpt
 from priorattn.train.optim import build_optimizer
+from priorattn.train.parallel import shard
 
 
 def model(**overrides) -> GPT:
@@ -63,6 +66,7 @@ def test_tied_and_shared_tensors_are_stored_once(tmp_path):
 
 
 def files(run_dir) -> list[str]:
+    """The names of the checkpoint files and shard directories."""
     return sorted(p.name for p in run_dir.glob("checkpoint*"))
 
 
@@ -141,11 +145,15 @@ def test_a_different_model_is_named(tmp_path):
         ckpt.load_module(alibi, tensors, state["aliases"], "model.")
 
 
-def test_loading_never_unpickles(tmp_path, monkeypatch):
+def test_loading_never_unpickles(tmp_path, monkeypatch, alone):
+    """Neither one file nor shards (read through their safetensors headers, not DCP's pickled
+    metadata file)."""
     import pickle
 
-    net = model()
-    save(tmp_path, 1, net, build_optimizer(net, TrainConfig()))
+    net, sharded = model(), shard(model(), alone)
+    (tmp_path / "one").mkdir()
+    save(tmp_path / "one", 1, net, build_optimizer(net, TrainConfig()))
+    sharded_save(tmp_path / "shards", 1, sharded, build_optimizer(sharded, TrainConfig()), alone)
 
     def refuse(*args, **kwargs):
         raise AssertionError("pickle used")
@@ -153,4 +161,66 @@ def test_loading_never_unpickles(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "load", refuse)
     monkeypatch.setattr(pickle, "load", refuse)
     monkeypatch.setattr(pickle, "loads", refuse)
-    ckpt.load_checkpoint(tmp_path)
+    ckpt.load_checkpoint(tmp_path / "one")
+    ckpt.load_checkpoint(tmp_path / "shards")
+    ckpt.load_sharded_checkpoint(
+        tmp_path / "shards", lambda stored: {"model.embed.weight": torch.empty(256, 32)}
+    )
+
+
+def sharded_save(run_dir, step, net, optimizer, process, keep=2):
+    model_tensors, aliases = ckpt.module_tensors(net, "model.")
+    optim_tensors, optim_state = ckpt.optimizer_tensors(optimizer)
+    state = dict(aliases=aliases, optimizer=optim_state)
+    return ckpt.save_sharded_checkpoint(run_dir, step, model_tensors | optim_tensors, state, keep, process)
+
+
+def test_a_sharded_checkpoint_reads_back_whole(tmp_path, alone):
+    """Shards (DTensors) and whole tensors saved by the group read back as the plain model's
+    tensors, tied ones once; the index names each shard with its sha256."""
+    plain, sharded = model(), shard(model(), alone)
+    sharded_save(tmp_path, 1, sharded, build_optimizer(sharded, TrainConfig()), alone)
+    step, tensors, state = ckpt.load_checkpoint(tmp_path)
+    expected, aliases = ckpt.module_tensors(plain, "model.")
+    assert step == 1 and state["aliases"] == aliases == {"head.weight": "embed.weight"}
+    assert all(torch.equal(tensors[name], t) for name, t in expected.items())
+    index = json.loads(ckpt.checkpoint_json(tmp_path, 1).read_text())
+    assert index["directory"] == "checkpoint-00000001" and len(index["shards"]) == 1
+
+
+def test_a_sharded_save_killed_before_its_index_leaves_the_previous_checkpoint(tmp_path, alone, monkeypatch):
+    net = shard(model(), alone)
+    optimizer = build_optimizer(net, TrainConfig())
+    sharded_save(tmp_path, 1, net, optimizer, alone)
+    step_once(net, optimizer)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ckpt, "write_json_atomic", killed)
+        with pytest.raises(KeyboardInterrupt):
+            sharded_save(tmp_path, 2, net, optimizer, alone)
+    assert (tmp_path / "checkpoint-00000002").is_dir()  # its shards, written
+    assert ckpt.load_checkpoint(tmp_path)[0] == 1
+    for step in (3, 4):
+        sharded_save(tmp_path, step, net, optimizer, alone)
+    assert files(tmp_path) == [f"checkpoint-0000000{s}{ext}" for s in (3, 4) for ext in ("", ".json")]
+
+
+def test_a_sharded_load_skips_a_single_file_checkpoint_and_names_what_is_missing(tmp_path, alone):
+    net = model()
+    save(tmp_path, 1, net, build_optimizer(net, TrainConfig()))
+    with pytest.raises(
+        ckpt.CheckpointError, match="00000001.json is a single-file checkpoint, not a sharded one"
+    ):
+        ckpt.load_sharded_checkpoint(tmp_path, lambda stored: {})
+    sharded = shard(model(), alone)
+    sharded_save(tmp_path, 2, sharded, build_optimizer(sharded, TrainConfig()), alone)
+    targets = {"model.embed.weight": torch.empty(256, 32), "model.extra": torch.empty(3)}
+    with pytest.raises(ckpt.CheckpointError, match="does not match the model: missing: model.extra"):
+        ckpt.load_sharded_checkpoint(tmp_path, lambda stored: targets)
+    step, tensors, _ = ckpt.load_sharded_checkpoint(
+        tmp_path, lambda stored: {"model.embed.weight": targets["model.embed.weight"]}
+    )
+    assert step == 2 and torch.equal(tensors["model.embed.weight"], model().embed.weight.detach())

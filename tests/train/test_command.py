@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
+from conftest import command_env, finished, losses, run_command
 from factories import exit_code
 
 from priorattn import cli
 from priorattn.train.checkpoint import load_checkpoint
 
 SMALL = ["--preset", "tiny", "--seq-len", "32", "--batch-size", "4", "--eval-sequences", "4", "--quiet"]
-
-
-def losses(run_dir) -> list[dict]:
-    """metrics.jsonl without the wall-clock throughput."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k != "tokens_per_s"} for r in records]
 
 
 def test_train_reports_losses_against_the_baseline(corpus, tmp_path, capsys):
@@ -74,6 +66,22 @@ def test_training_with_the_forward_only_flex_route_is_refused_before_any_file(co
     err = capsys.readouterr().err
     assert "--backend='flex' cannot train on the CPU" in err and "Traceback" not in err
     assert not run.exists()
+
+
+def test_export_copies_a_run_with_its_checkpoint_as_one_file(corpus, tmp_path, capsys):
+    run, copy = tmp_path / "run", tmp_path / "copy"
+    assert cli.main(["train", *SMALL, "--steps", "2", "--data", str(corpus), "--out", str(run)]) == 0
+    capsys.readouterr()
+    assert cli.main(["export", "--run", str(run), "--out", str(copy)]) == 0
+    assert capsys.readouterr().out == f"{copy / 'checkpoint-00000002.safetensors'}\n"
+    assert load_checkpoint(copy)[0] == 2
+    for argv, message in [
+        (["--run", str(tmp_path / "none"), "--out", str(tmp_path / "x")], "holds no run"),
+        (["--run", str(run), "--out", str(run)], "--out='" + str(run) + "' is the run itself"),
+        (["--run", str(run), "--out", str(copy)], "already holds a run: export to another directory"),
+    ]:
+        assert exit_code(["export", *argv]) == 2
+        assert message in capsys.readouterr().err
 
 
 def test_init_from_continues_the_earlier_model_on_its_data(corpus, tmp_path, capsys):
@@ -131,6 +139,15 @@ def test_rope_interpolation_without_rope_is_a_clear_error(corpus, tmp_path, caps
         (["--seq-len", "100000"], "seq_len"),
         (["--batch-size", "6", "--grad-accum", "4"], "--batch-size=6 must be a multiple of --grad-accum=4"),
         (["--lr", "-1"], "error: --lr must be > 0, got -1.0"),
+        (["--parallel", "zero"], "argument --parallel: invalid choice: 'zero' (choose from 'ddp', 'fsdp')"),
+        (
+            ["--parallel", "fsdp"],
+            "error: --parallel='fsdp' shards the model over processes and this run has one",
+        ),
+        (
+            ["--mixed-precision"],
+            "error: --mixed-precision gathers FSDP's parameters in bfloat16: it needs --parallel='fsdp'",
+        ),
         (["--grad-clip", "-1"], "argument --grad-clip: must be a number >= 0, got -1"),
         (["--grad-clip", "inf"], "argument --grad-clip: must be a finite number, got inf"),
         (["--retrieval-mix", "0.5"], "give --seq-len of at least 108, or --retrieval-mix=0"),
@@ -199,20 +216,6 @@ def test_run_directory_errors_name_the_path(corpus, tmp_path, capsys):
         assert f"error: {run / 'config.json'} is not valid JSON (" in err and "Traceback" not in err
 
 
-def run_command(args, env) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "priorattn", "train", *args],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def command_env() -> dict:
-    return os.environ | {"OMP_NUM_THREADS": "1"}
-
-
 def test_sigkill_then_resume_reproduces_the_uninterrupted_run(corpus, tmp_path):
     args = [
         *SMALL,
@@ -265,28 +268,8 @@ def test_torchrun_two_processes_match_one(corpus, tmp_path):
         "--data",
         str(corpus),
     ]
-    one = run_command([*args, "--out", str(tmp_path / "one")], command_env())
-    assert one.wait() == 0, one.stderr.read()
-    two = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            "-m",
-            "priorattn",
-            "train",
-            *args,
-            "--out",
-            str(tmp_path / "two"),
-        ],
-        env=command_env(),
-        capture_output=True,
-        text=True,
-    )
-    assert two.returncode == 0, two.stderr
+    finished(run_command([*args, "--out", str(tmp_path / "one")]))
+    finished(run_command([*args, "--out", str(tmp_path / "two")], processes=2))
     _, tensors, _ = load_checkpoint(tmp_path / "two")
     assert {"rng.0", "rng.1"} <= set(tensors)  # both processes took part
     single, double = losses(tmp_path / "one"), losses(tmp_path / "two")

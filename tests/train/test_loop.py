@@ -55,12 +55,15 @@ def test_training_beats_the_unigram_baseline(corpus, tmp_path):
     assert result.val_loss < result.unigram_loss - 0.3
 
 
-def test_accumulation_and_bf16_follow_the_full_batch(corpus, tmp_path):
+def test_accumulation_checkpointing_and_bf16_follow_the_full_batch(corpus, tmp_path):
     losses = {}
-    for name, overrides in [("full", {}), ("accum", dict(grad_accum=2)), ("bf16", dict(bf16=True))]:
+    variants = [("full", {}), ("accum", dict(grad_accum=2)), ("bf16", dict(bf16=True))]
+    variants.append(("recomputed", dict(checkpoint_activations=True)))  # each block's activations
+    for name, overrides in variants:
         train(small_model(prior="ggd"), settings(corpus, **overrides), tmp_path / name, progress=False)
         losses[name] = [r["train_loss"] for r in metrics(tmp_path / name)]
     assert losses["accum"] == pytest.approx(losses["full"], abs=1e-5)
+    assert losses["recomputed"] == pytest.approx(losses["full"], abs=1e-6)
     assert losses["bf16"] == pytest.approx(losses["full"], abs=3e-2)
 
 

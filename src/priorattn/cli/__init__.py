@@ -27,6 +27,7 @@ def build_parser() -> Parser:
     analysis.add_plot_priors_parser(commands)
     train.add_train_parser(commands)
     train.add_sample_parser(commands)
+    train.add_export_parser(commands)
     evaluation.add_eval_parser(commands)
     evaluation.add_compare_parser(commands)
     evaluation.add_retrieval_parser(commands)

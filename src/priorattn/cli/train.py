@@ -1,7 +1,7 @@
-"""``priorattn train``, ``sample`` and ``plot-runs``: train a GPT into a run directory, continue a
-prompt with it, draw its loss curves. ``train`` has a flag for every field of ``GPTConfig`` and
-``TrainConfig`` (:mod:`priorattn.cli.configs`); :data:`MODEL_FLAGS` and :data:`TRAIN_FLAGS` write
-some of them their own way."""
+"""``priorattn train``, ``sample``, ``export`` and ``plot-runs``: train a GPT into a run directory,
+continue a prompt with it, copy it with its checkpoint as one file, draw its loss curves. ``train``
+has a flag for every field of ``GPTConfig`` and ``TrainConfig`` (:mod:`priorattn.cli.configs`);
+:data:`MODEL_FLAGS` and :data:`TRAIN_FLAGS` write some of them their own way."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from ..mechanisms import mechanism_names
 from ..models.gpt import ENCODINGS, GPTConfig
 from ..models.presets import PRESETS
 from ..scalar.temperature import TAU_KINDS
-from ..train.config import OPTIMIZERS, POSITIONS, TrainConfig
+from ..train.config import OPTIMIZERS, PARALLEL, POSITIONS, TrainConfig
 from .configs import Flag, add_config_flags, given
 from .parsing import fail, int_at_least, non_negative_number, positive_number, prior_specs
 
@@ -119,6 +119,18 @@ TRAIN_FLAGS = {
     "compile": Flag(help="train the model through torch.compile (first step compiles)"),
     "seed": Flag(type=int_at_least(0), help="({default})"),
     "init_from": Flag(help="start from this run's weights (context extension)"),
+    "parallel": Flag(
+        group="processes",
+        choices=PARALLEL,
+        help="under torchrun: replicate the model on every process (ddp) or shard it (fsdp: blocks, "
+        "gradients and optimizer state split over the processes, sharded checkpoints) ({default})",
+    ),
+    "mixed_precision": Flag(
+        group="processes", help="fsdp: gather parameters in bfloat16, reduce gradients in float32 (off)"
+    ),
+    "checkpoint_activations": Flag(
+        group="processes", help="recompute each block's activations in the backward pass (off)"
+    ),
     "log_every": Flag(group="run", type=int_at_least(1), help="({default})"),
     "eval_every": Flag(group="run", type=int_at_least(0), help="0: only at the end ({default})"),
     "eval_sequences": Flag(group="run", type=int_at_least(1), help="({default})"),
@@ -200,6 +212,17 @@ def sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def export(args: argparse.Namespace) -> int:
+    """Copy ``--run`` to ``--out`` with its newest checkpoint as one safetensors file; print its path."""
+    from ..train import export_run
+
+    try:
+        print(export_run(args.run, args.out))
+    except (ValueError, FileNotFoundError, FileExistsError) as e:  # no run, no intact checkpoint, out taken
+        fail(args, e)
+    return 0
+
+
 def plot_runs(args: argparse.Namespace) -> int:
     """Draw the training curves of ``RUN_DIR``s into one PNG; print its path."""
     from ..analysis.runs import plot_runs as draw
@@ -218,10 +241,11 @@ def add_train_parser(commands) -> None:
         description=(
             "Train a GPT. The run directory --out gets config.json, data.json, metrics.jsonl and the "
             "checkpoints; --resume continues it after a crash with the arguments it was started with. "
-            "Under torchrun every process runs this same command (DDP)."
+            "Under torchrun every process runs this same command (DDP, or FSDP with --parallel fsdp)."
         ),
     )
-    groups = {name: p.add_argument_group(name) for name in ("model", SCALAR, "data", "optimization", "run")}
+    names = ("model", SCALAR, "data", "optimization", "processes", "run")
+    groups = {name: p.add_argument_group(name) for name in names}
     groups["model"].add_argument("--preset", choices=sorted(PRESETS), help="model size (tiny)")
     run = groups["run"]
     run.add_argument("--out", type=Path, required=True, help="run directory")
@@ -262,6 +286,21 @@ def add_sample_parser(commands) -> None:
         help="scalar heads: a query seeing n > T keys uses tau (T / n)^2 (docs/scalar_decoding.md)",
     )
     gen.set_defaults(func=sample, parser=gen)
+
+
+def add_export_parser(commands) -> None:
+    out = commands.add_parser(
+        "export",
+        help="copy a run with its checkpoint as one safetensors file (an FSDP run's shards put together)",
+        description=(
+            "Copy RUN to --out (configs, data record, tokenizer, metrics) with its newest intact "
+            "checkpoint written as one checkpoint-<step>.safetensors and its JSON index, as a run "
+            "trained on one process or with DDP saves it."
+        ),
+    )
+    out.add_argument("--run", type=Path, required=True, help="a run directory of priorattn train")
+    out.add_argument("--out", type=Path, required=True, help="the directory of the copy (new)")
+    out.set_defaults(func=export, parser=out)
 
 
 def add_plot_runs_parser(commands) -> None:

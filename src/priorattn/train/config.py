@@ -11,6 +11,7 @@ from ..files import check_text_encoding
 OPTIMIZERS = ("adamw", "radam")
 REG_TERMS = ("align", "spread", "tau")  # the scalar regularizers' terms (seed 002)
 POSITIONS = ("document", "window")
+PARALLEL = ("ddp", "fsdp")
 
 #: Fields whose value in a config saved before the field existed is not today's default: that run
 #: trained the old way, and must resume (and load) with it. Before ``positions``, windows were
@@ -54,6 +55,19 @@ class TrainConfig:
     - ``compile``: train through ``torch.compile`` of the model's forward and loss (its backward
       too), one graph per step's shapes; the first step compiles. Losses match an eager run's to
       float rounding, not bit for bit; evaluation stays eager.
+    - ``parallel``: how the processes of a ``torchrun`` run share the model. ``"ddp"``: each
+      holds all of it (DistributedDataParallel; on one process, the plain model). ``"fsdp"``: each
+      transformer block and the whole model are sharded over the processes (FSDP2's
+      ``fully_shard``), so each holds ``1 / world_size`` of the parameters, gradients and optimizer
+      state; prior and SSMax parameters stay whole on every process (few, float32, their own
+      optimizer group). Checkpoints are then sharded (each process writes its shard) and resume
+      on any number of processes; a new FSDP run needs two or more.
+    - ``mixed_precision``: under ``parallel="fsdp"``, each block computes with its parameters
+      gathered in bfloat16 and reduces gradients in float32 (the shards, and the prior and SSMax
+      parameters, stay float32).
+    - ``checkpoint_activations``: keep only each block's input during the forward pass and
+      recompute the block's activations in the backward (activation checkpointing per block):
+      less memory for about one more forward pass; the same losses.
     - ``log_every``, ``eval_every``, ``save_every``: in optimizer steps; 0 turns evaluation or
       intermediate checkpoints off (the last step is always evaluated and saved).
       ``eval_sequences`` caps the validation sequences per evaluation (``None``: all of them).
@@ -95,6 +109,9 @@ class TrainConfig:
     save_every: int = 200
     keep_checkpoints: int = 2
     init_from: str | None = None
+    parallel: str = "ddp"
+    mixed_precision: bool = False
+    checkpoint_activations: bool = False
     reg_align: float = 0.0
     reg_spread: float = 0.0
     reg_tau: float = 0.0
@@ -120,6 +137,13 @@ class TrainConfig:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.tokenizer not in TOKENIZERS:
             raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
+        if self.parallel not in PARALLEL:
+            raise ValueError(f"parallel must be one of {PARALLEL}, got {self.parallel!r}")
+        if self.mixed_precision and self.parallel != "fsdp":
+            raise ValueError(
+                "mixed_precision=True gathers FSDP's parameters in bfloat16: it needs parallel='fsdp' "
+                "(with DDP, bf16=True autocasts)"
+            )
         if self.positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
         if not 0.0 <= self.retrieval_mix <= 1.0:

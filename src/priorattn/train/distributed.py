@@ -1,4 +1,4 @@
-"""One process or many: the same training code runs plain or under ``torchrun`` (DDP).
+"""One process or many: the same training code runs plain or under ``torchrun`` (DDP or FSDP).
 
 ``torchrun`` sets ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK``; with more than one process the
 process group uses gloo on CPU and nccl on GPUs. Collectives here are no-ops for one process.
@@ -21,6 +21,7 @@ class Process:
     rank: int = 0
     world_size: int = 1
     device: torch.device = torch.device("cpu")
+    grouped: bool = False  # whether this process joined a process group (and leaves it at the end)
 
     @property
     def is_main(self) -> bool:
@@ -51,21 +52,27 @@ class Process:
             dist.barrier()
 
 
-def start_process() -> Process:
-    """Join the ``torchrun`` process group if there is one; pick the device."""
+def start_process(group_alone: bool = False) -> Process:
+    """Join the ``torchrun`` process group if there is one; pick the device. ``group_alone``: a
+    process started without ``torchrun`` makes a group of its own (FSDP shards over a group, of one
+    process too)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     cuda = torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
-    if world_size == 1:
+    if world_size == 1 and not group_alone:
         return Process(device=device)
     if not dist.is_initialized():
         if cuda:
             torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if cuda else "gloo")
-    return Process(dist.get_rank(), dist.get_world_size(), device)
+        backend = "nccl" if cuda else "gloo"
+        if "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend)
+        else:  # no torchrun: no rendezvous address either
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return Process(dist.get_rank(), dist.get_world_size(), device, grouped=True)
 
 
 def end_process(process: Process) -> None:
-    if process.distributed and dist.is_initialized():
+    if process.grouped and dist.is_initialized():
         dist.destroy_process_group()

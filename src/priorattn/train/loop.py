@@ -2,7 +2,9 @@
 
 A run directory holds ``config.json`` (the model and training configs), ``data.json`` and the
 tokenizer (written by :func:`priorattn.data.prepare_data`), ``metrics.jsonl`` (one JSON object per
-logged step) and the newest checkpoints (``checkpoint-<step>.json`` + ``.safetensors`` each).
+logged step) and the newest checkpoints (``checkpoint-<step>.json`` + ``.safetensors`` each, or
+the ``checkpoint-<step>/`` shards of an FSDP run). How processes share the model, DDP or FSDP, is
+:mod:`priorattn.train.parallel`'s.
 
 Resuming is exact: batches are a pure function of the step (:class:`priorattn.data.Batches`), the
 schedule is a function of the step, and the checkpoint holds model, optimizer, scheduler and every
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -35,6 +38,7 @@ from . import checkpoint as ckpt
 from .config import TrainConfig
 from .distributed import Process, end_process, start_process
 from .optim import build_optimizer, build_scheduler, clip_gradients, lr_factor
+from .parallel import average_replicated_gradients, wrap
 from .runs import (
     CONFIG_JSON,
     METRICS_JSONL,
@@ -75,9 +79,9 @@ def train(
     ``steps`` may be raised. Resuming a finished run only reports it, or continues it to the raised
     ``steps``. A run that stopped before its first checkpoint starts again in place, with or
     without ``resume``. Under ``torchrun`` every process calls this function; rank 0
-    writes the run directory.
+    writes the run directory (each process its shard of an FSDP checkpoint).
     """
-    process = start_process()
+    process = start_process(group_alone=config.parallel == "fsdp")
     try:
         with reproducible_kernels(config, process):
             result = _train(model_config, config, Path(run_dir), resume, progress, process)
@@ -96,6 +100,12 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
             "backend='auto', 'sdpa' or 'memeff' (the routes give the same attention)"
         )
     continuing = resume and ckpt.has_checkpoint(run_dir)  # before any process writes one
+    if config.parallel == "fsdp" and not process.distributed and not continuing:
+        raise ValueError(
+            "parallel='fsdp' shards the model over processes and this run has one: start it under "
+            "torchrun with --nproc-per-node 2 or more, or use parallel='ddp' (an FSDP run may resume "
+            "on one process)"
+        )
     created = process.is_main and not run_dir.exists()
     seq_len = config.seq_len or model_config.seq_len
     try:  # everything that can refuse the input, before a step is taken
@@ -114,6 +124,7 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
         if created:  # a refused input (no corpus, a mismatched tokenizer...) leaves no directory behind
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
+    wrapped = wrap(model, config, process)  # FSDP shards the model in place, before the optimizer
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config)
     torch.manual_seed(config.seed + process.rank)  # dropout differs between processes
@@ -123,7 +134,6 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
     if process.is_main:  # written again when continued: the run may have raised its steps
         write_json_atomic(run_dir / CONFIG_JSON, run_configs(model_config, config))
         truncate_metrics(run_dir / METRICS_JSONL, step)
-    wrapped = DistributedDataParallel(model) if process.distributed else model
 
     log = MetricsLog(run_dir, step, enabled=process.is_main)
     bar = tqdm(total=config.steps, initial=step, disable=not (progress and process.is_main), unit="step")
@@ -159,7 +169,7 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
             log.write(record)
             bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_s:,.0f}")
         if (config.save_every and step % config.save_every == 0) or final:
-            _save(run_dir, step, model, optimizer, scheduler, config.keep_checkpoints, process)
+            _save(run_dir, step, model, optimizer, scheduler, config, process)
     bar.close()
     log.close()
     if process.is_main:  # the last logged values (a finished run that was resumed logs nothing new)
@@ -202,7 +212,8 @@ def train_step(
 
     The loss is the cross-entropy summed over every target token of the step (all micro-batches on
     all processes) divided by their count, so the update is the same however the global batch is
-    split. DDP averages gradients over processes, hence the ``world_size`` factor. The model's
+    split. DDP and FSDP average gradients over processes, hence the ``world_size`` factor; under
+    FSDP every micro-step reduces its gradients, so the accumulated ones stay sharded. The model's
     auxiliary losses ``aux`` (each a mean per micro-batch, e.g. the scalar regularizers) add the mean
     over micro-batches of their sum; the returned loss is the cross-entropy alone.
     """
@@ -217,6 +228,7 @@ def train_step(
             extra = {} if aux is None else aux.losses()
             (objective + sum(extra.values()) / len(micro_batches) if extra else objective).backward()
         loss_sum += summed.detach().cpu()
+    average_replicated_gradients(model, process)
     grad_norm = clip_gradients(model, config.grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -227,13 +239,22 @@ def train_step(
 def evaluate(
     model: GPT, packed: PackedSequences, batch_size: int, config: TrainConfig, process: Process
 ) -> float:
-    """Mean cross-entropy per target token over the first ``eval_sequences`` validation sequences."""
+    """Mean cross-entropy per target token over the first ``eval_sequences`` validation sequences,
+    the batches dealt out to the processes in turn.
+
+    Every process runs as many forward passes (FSDP gathers parameters from all of them in each): one
+    left without a batch in the last round scores its last one again and ignores it."""
     model.eval()
     totals = torch.zeros(2)  # summed loss, target count
-    batches = eval_batches(packed, batch_size, config.eval_sequences)
-    for i, (tokens, targets, doc_ids) in enumerate(batches):
-        if i % process.world_size == process.rank:
-            totals[0] += _summed_loss(model, tokens, targets, doc_ids, config, process).cpu()
+    batches = list(eval_batches(packed, batch_size, config.eval_sequences))
+    rounds = math.ceil(len(batches) / process.world_size)
+    for i in range(rounds * process.world_size):
+        if i % process.world_size != process.rank:
+            continue
+        tokens, targets, doc_ids = batches[min(i, len(batches) - 1)]
+        summed = _summed_loss(model, tokens, targets, doc_ids, config, process).cpu()
+        if i < len(batches):
+            totals[0] += summed
             totals[1] += int((targets != IGNORE_INDEX).sum())
     model.train()
     loss, count = process.all_reduce_sum(totals)
@@ -331,25 +352,34 @@ def _start_from(source: Path, model: GPT, tokenizer) -> None:
     ckpt.load_module(model, tensors, state["model_aliases"], "model.")
 
 
-def _save(run_dir, step, model, optimizer, scheduler, keep: int, process: Process) -> None:
+def _save(run_dir, step, model, optimizer, scheduler, config: TrainConfig, process: Process) -> None:
+    """The checkpoint at ``step``: one file written by rank 0, or under FSDP the shards every
+    process writes (its own parts of the model and optimizer state)."""
     rng = process.all_gather(torch.get_rng_state())  # every process's dropout stream
-    if not process.is_main:
-        return
     model_tensors, aliases = ckpt.module_tensors(model, "model.")
     optim_tensors, optim_state = ckpt.optimizer_tensors(optimizer)
-    rng_tensors = {f"rng.{rank}": state for rank, state in enumerate(rng)}
-    state = dict(
-        model_aliases=aliases,
-        optimizer=optim_state,
-        scheduler=scheduler.state_dict(),
-        data_position=dict(step=step),  # batches are a function of the step alone
-        configs=json.loads((run_dir / CONFIG_JSON).read_text()),
-    )
-    ckpt.save_checkpoint(run_dir, step, model_tensors | optim_tensors | rng_tensors, state, keep)
+    tensors = model_tensors | optim_tensors | {f"rng.{rank}": state for rank, state in enumerate(rng)}
+    state = None  # what the JSON index holds, which rank 0 writes
+    if process.is_main:
+        state = dict(
+            model_aliases=aliases,
+            optimizer=optim_state,
+            scheduler=scheduler.state_dict(),
+            data_position=dict(step=step),  # batches are a function of the step alone
+            configs=json.loads((run_dir / CONFIG_JSON).read_text()),
+        )
+    if config.parallel == "fsdp":
+        ckpt.save_sharded_checkpoint(run_dir, step, tensors, state, config.keep_checkpoints, process)
+    elif process.is_main:
+        ckpt.save_checkpoint(run_dir, step, tensors, state, config.keep_checkpoints)
 
 
 def _restore(run_dir, model, optimizer, scheduler, model_config, config, process: Process) -> int:
-    step, tensors, state = ckpt.load_checkpoint(run_dir)
+    if config.parallel == "fsdp":
+        targets = functools.partial(_shard_targets, model, optimizer, process)
+        step, tensors, state = ckpt.load_sharded_checkpoint(run_dir, targets)
+    else:
+        step, tensors, state = ckpt.load_checkpoint(run_dir)
     if "configs" not in state or config_differences(state["configs"], run_configs(model_config, config)):
         raise ckpt.CheckpointError(f"the checkpoint in {run_dir} was written by a run with other configs")
     ckpt.load_module(model, tensors, state["model_aliases"], "model.")
@@ -362,3 +392,24 @@ def _restore(run_dir, model, optimizer, scheduler, model_config, config, process
     if rng is not None:
         torch.set_rng_state(rng)
     return step
+
+
+def _shard_targets(model, optimizer, process: Process, stored: ckpt.Stored) -> dict[str, Tensor]:
+    """What this process reads from a sharded checkpoint: the model's tensors and the optimizer's
+    state, each shaped (and, where sharded, split) as this process holds it, and its own RNG state
+    if the run that saved had a process of its rank. A model of other names is refused here."""
+    model_tensors, _ = ckpt.module_tensors(model, "model.")
+    saved = {name for name in stored if name.startswith("model.")}
+    ckpt.mismatch(missing=sorted(set(model_tensors) - saved), unexpected=sorted(saved - set(model_tensors)))
+    targets = {name: torch.empty_like(t) for name, t in model_tensors.items()}
+    params = [p for group in optimizer.param_groups for p in group["params"]]  # as state_dict numbers them
+    for name, (shape, dtype) in stored.items():
+        if name.startswith("optimizer."):
+            param = params[int(name.split(".")[1])]
+            # the moments are shaped (and split) as their parameter; the step count is one number
+            same = shape == param.shape
+            targets[name] = torch.empty_like(param.detach()) if same else torch.empty(shape, dtype=dtype)
+    rng = f"rng.{process.rank}"
+    if rng in stored:
+        targets[rng] = torch.empty(stored[rng][0], dtype=stored[rng][1])
+    return targets

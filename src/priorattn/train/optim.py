@@ -6,6 +6,7 @@ import math
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from ..priors import Prior
 from ..ssmax import SSMax
@@ -73,8 +74,18 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainConfig):
 
 
 def clip_gradients(model: nn.Module, max_norm: float | None) -> float:
-    """Clip the global gradient norm to ``max_norm`` (if given); the norm before clipping."""
+    """Clip the global gradient norm to ``max_norm`` (if given); the norm before clipping.
+
+    Under FSDP the norm is that of the whole gradient: the sharded gradients' norm over all
+    processes (a DTensor's) with the norm of the ones every process holds whole (priors, SSMax)."""
     params = [p for p in model.parameters() if p.grad is not None]
-    if max_norm is None:
-        return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params])))
-    return float(nn.utils.clip_grad_norm_(params, max_norm))
+    sharded = [p for p in params if isinstance(p.grad, DTensor)]
+    whole = [p for p in params if not isinstance(p.grad, DTensor)]
+    norm = nn.utils.get_total_norm([p.grad for p in whole])
+    if sharded:
+        sharded_norm = nn.utils.get_total_norm([p.grad for p in sharded]).full_tensor()
+        norm = torch.hypot(sharded_norm, norm.to(sharded_norm.device))
+    if max_norm is not None:
+        for group in (sharded, whole):  # one foreach kernel takes DTensors or plain tensors, not both
+            nn.utils.clip_grads_with_norm_(group, max_norm, norm)
+    return float(norm)

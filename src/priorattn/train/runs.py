@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +49,26 @@ def load_run(run_dir: str | Path) -> TrainedRun:
     ckpt.load_module(model, tensors, state["model_aliases"], "model.")
     tokenizer = load_tokenizer(read_data_record(run_dir)["tokenizer"], run_dir)
     return TrainedRun(model.eval(), tokenizer, model_config, train_config, step)
+
+
+def export_run(run_dir: str | Path, out: str | Path) -> Path:
+    """Copy the run in ``run_dir`` to ``out`` with its newest intact checkpoint as one safetensors
+    file (the usual checkpoint, :func:`~priorattn.train.checkpoint.save_checkpoint`): an FSDP run's
+    shards put together, for tools that read one file. The run's other files (configs, data record,
+    tokenizer, metrics) are copied as they are; ``out`` must hold no run. Returns the tensor file."""
+    run_dir, out = Path(run_dir), Path(out)
+    if not (run_dir / CONFIG_JSON).exists():
+        raise FileNotFoundError(f"{run_dir} holds no run ({CONFIG_JSON} is missing)")
+    if out.resolve() == run_dir.resolve():
+        raise ValueError(f"out={str(out)!r} is the run itself: export to another directory")
+    if out.exists() and ckpt.has_checkpoint(out):
+        raise FileExistsError(f"{out} already holds a run: export to another directory")
+    step, tensors, state = ckpt.load_checkpoint(run_dir)
+    prepare_out(out)
+    for path in run_dir.iterdir():  # the run's files; its checkpoints are written anew below
+        if path.is_file() and not path.name.startswith(("checkpoint", ".")):
+            shutil.copy2(path, out / path.name)
+    return ckpt.save_checkpoint(out, step, tensors, state, keep=1)
 
 
 def run_configs(model_config: GPTConfig, config: TrainConfig) -> dict:
