@@ -2,7 +2,8 @@
 
 Every function takes ``results: {label: result dict}`` (what :func:`~priorattn.eval.evaluate_ppl`
 or :func:`~priorattn.eval.evaluate_retrieval` return) and writes one PNG, with a plain-language
-title, axes in words and a caption under the panels (what is plotted, how to read it).
+title, axes in words and a caption under the panels (what is plotted, how to read it); ``run``, for
+the figures of a study, the study run's budget and steps above the panels.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import NullLocator, ScalarFormatter
 
-from ..figures import captioned_figure, save
+from ..figures import RunScale, captioned_figure, save
 
 
 def mark_train_len(ax, train_lens: set[int]) -> None:
@@ -29,7 +30,7 @@ def length_axis(ax, lengths: list[int]) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
 
 
-def plot_ppl(results: dict[str, dict], path: Path) -> Path:
+def plot_ppl(results: dict[str, dict], path: Path, *, run: RunScale | None = None) -> Path:
     """Perplexity against evaluation length (log-x, log-y), the paired delta with its standard error,
     and the loss by token position at the longest length (seed 003 Fig. 6)."""
     lengths = sorted({n for r in results.values() for n in r["lengths"]})
@@ -45,7 +46,7 @@ def plot_ppl(results: dict[str, dict], path: Path) -> Path:
         "grouped in bins that double in width). A model that fails beyond its training length rises "
         "right of the dotted line."
     )
-    fig, panel = captioned_figure((15, 4.6), caption)
+    fig, panel = captioned_figure((15, 4.6), caption, run=run)
     ppl_ax, delta_ax, pos_ax = panel.subplots(1, 3)
     train_lens = {r["train_len"] for r in results.values()}
     for label, r in results.items():
@@ -93,7 +94,9 @@ TASK_TITLES = {
 }
 
 
-def plot_retrieval_heatmaps(results: dict[str, dict], path: Path, title: str = "") -> Path:
+def plot_retrieval_heatmaps(
+    results: dict[str, dict], path: Path, title: str = "", *, run: RunScale | None = None
+) -> Path:
     """Accuracy heatmaps over length (x) and depth (y), one per model, with the mean over depths
     in the bottom row and over lengths in the last column (seed 003 Fig. 3)."""
     n = len(results)
@@ -106,7 +109,7 @@ def plot_retrieval_heatmaps(results: dict[str, dict], path: Path, title: str = "
         "lines, the bottom row averages over depths and the right column over lengths; the panel "
         "title gives the overall mean. Green: found; red: not found."
     )
-    fig, panel = captioned_figure((4.2 * cols + 1.2, 4.2 * rows + 0.4), caption)
+    fig, panel = captioned_figure((4.2 * cols + 1.2, 4.2 * rows + 0.4), caption, run=run)
     axes = np.atleast_2d(panel.subplots(rows, cols, sharey=True, squeeze=False)).ravel()
     image = None
     for ax, (label, r) in zip(axes, results.items()):
@@ -132,7 +135,9 @@ def plot_retrieval_heatmaps(results: dict[str, dict], path: Path, title: str = "
     return save(fig, Path(path))
 
 
-def plot_accuracy_vs_length(results: dict[str, dict], path: Path, title: str = "accuracy") -> Path:
+def plot_accuracy_vs_length(
+    results: dict[str, dict], path: Path, title: str = "accuracy", *, run: RunScale | None = None
+) -> Path:
     """Mean accuracy over depths against length, one line per model (log-x)."""
     train_lens = {r["train_len"] for r in results.values() if "train_len" in r}
     caption = (
@@ -147,7 +152,7 @@ def plot_accuracy_vs_length(results: dict[str, dict], path: Path, title: str = "
         + "Lines with the same values lie on top of each other, so the last drawn can hide the "
         "others (all at 0: no model found the answer)."
     )
-    fig, panel = captioned_figure((7.5, 4.4), caption, fontsize=9)
+    fig, panel = captioned_figure((7.5, 4.4), caption, fontsize=9, run=run)
     ax = panel.subplots()
     for label, r in results.items():
         ax.plot(r["lengths"], r["by_length"], marker="o", label=label)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...figures import captioned_figure, save
+from ...figures import RunScale, captioned_figure, save
 from .config import DNAConfig
 from .measures import gc_trajectory
 
@@ -15,7 +15,7 @@ MATCH, MISMATCH = "#2e9e44", "#e07b00"  # seed 000 Fig. 4c: green = match, orang
 BASES_PER_LINE = 50
 
 
-def plot_nll(results: dict, path: Path) -> Path:
+def plot_nll(results: dict, path: Path, *, run: RunScale) -> Path:
     """How far each model's validation loss is below the unigram baseline, in bits per base, with
     its NLL in nats written on the bar (seed 000 Fig. 4a)."""
     caption = (
@@ -26,7 +26,7 @@ def plot_nll(results: dict, path: Path) -> Path:
         "(nats / ln 2). The baseline itself is in the title; 2 bits is a uniform guess among "
         "A, C, G, T."
     )
-    fig, panel = captioned_figure((6.5, 4.0), caption)
+    fig, panel = captioned_figure((6.5, 4.0), caption, run=run)
     ax = panel.subplots()
     models, baseline = results["models"], results["unigram_bits_per_base"]
     gains = [baseline - m["bits_per_base"] for m in models.values()]
@@ -40,7 +40,7 @@ def plot_nll(results: dict, path: Path) -> Path:
     return save(fig, path)
 
 
-def plot_efficiency(results: dict, path: Path) -> Path:
+def plot_efficiency(results: dict, path: Path, *, run: RunScale) -> Path:
     """Training tokens/s and peak resident memory of each model (seed 000 Fig. 4b)."""
     caption = (
         "Training cost of each model under the same budget. Solid: training throughput in bases "
@@ -49,7 +49,7 @@ def plot_efficiency(results: dict, path: Path) -> Path:
         "library and torch, so the part above it is what training adds. Seed 000 measured peak "
         "CUDA memory of a 125M model; on a CPU with a tiny model the interpreter is a large share."
     )
-    fig, panel = captioned_figure((6.5, 4.0), caption)
+    fig, panel = captioned_figure((6.5, 4.0), caption, run=run)
     models = results["models"]
     x = np.arange(len(models))
     ax = panel.subplots()
@@ -83,7 +83,8 @@ def plot_continuations(results: dict, config: DNAConfig, path: Path) -> Path:
         "The legend gives each model's Pearson r with the truth and its match rate, both averaged "
         f"over {config.continuations} continuations."
     )
-    fig, panel = captioned_figure((9.0, 1.2 + 0.22 * lines * (len(models) + 1) + 2.6), caption)
+    height = 1.2 + 0.22 * lines * (len(models) + 1) + 2.6
+    fig, panel = captioned_figure((9.0, height), caption, run=config.scale)
     top, bottom = panel.subfigures(2, 1, height_ratios=[0.22 * lines * (len(models) + 1) + 0.6, 2.6])
     ax = top.subplots()
     ax.set_axis_off()

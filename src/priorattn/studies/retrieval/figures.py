@@ -40,7 +40,7 @@ def draw_study_figures(config: RetrievalStudyConfig, data: dict, out: Path) -> d
             for s in data["summary"].values()
         }
         figures[f"heatmap_{task}"] = plot_retrieval_heatmaps(
-            results, out / f"retrieval_heatmap_{task}.png", title=TASK_TITLES[task]
+            results, out / f"retrieval_heatmap_{task}.png", title=TASK_TITLES[task], run=config.scale
         )
     curves = {m: runs[0]["prior_curve"] for m, runs in data["runs"].items() if runs[0]["prior_curve"]}
     if curves:
@@ -60,7 +60,7 @@ def plot_accuracy(config: RetrievalStudyConfig, summary: dict, path: Path) -> Pa
         "positional mechanism; dashed: with SSMax."
     )
     n = len(config.tasks)
-    fig, panel = captioned_figure((6.2 * n + 2.2, 4.8), caption, fontsize=11)
+    fig, panel = captioned_figure((6.2 * n + 2.2, 4.8), caption, fontsize=11, run=config.scale)
     axes = np.atleast_1d(panel.subplots(1, n, sharey=True))
     lengths = config.lengths()
     for ax, task in zip(axes, config.tasks):
@@ -95,7 +95,7 @@ def plot_learned_priors(config: RetrievalStudyConfig, curves: dict, summary: dic
     n = len(curves)
     cols = min(n, 4)
     rows = -(-n // cols)
-    fig, panel = captioned_figure((4.4 * cols, 3.6 * rows), caption, fontsize=11)
+    fig, panel = captioned_figure((4.4 * cols, 3.6 * rows), caption, fontsize=11, run=config.scale)
     axes = np.atleast_1d(panel.subplots(rows, cols, squeeze=False)).ravel()
     for ax, (mechanism, curve) in zip(axes, curves.items()):
         distance = np.asarray(curve["distance"]) + 1  # log axis: d + 1
