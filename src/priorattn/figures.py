@@ -12,8 +12,36 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
+
+#: Dots per inch of every saved figure.
+DPI = 110
+#: Inches of the widest figure a report page shows at its own size: the page's column is 1200 px
+#: wide less its padding (``eval/pages.py``), 1166 px at :data:`DPI`. A wider figure is shrunk, and
+#: its text with it.
+PAGE_WIDTH = 10.6
+#: Font sizes (points) and line widths for a figure of :data:`PAGE_WIDTH` with several lines, each
+#: mechanism's line wide enough to tell its colour and style (:func:`legible`).
+LEGIBLE = {
+    "font.size": 11,
+    "axes.titlesize": 12,
+    "axes.labelsize": 11,
+    "xtick.labelsize": 10,
+    "ytick.labelsize": 10,
+    "legend.fontsize": 10,
+    "figure.titlesize": 13,
+    "lines.linewidth": 2.0,
+    "lines.markersize": 6,
+}
+
+
+def legible():
+    """A context for drawing and saving a figure with :data:`LEGIBLE` sizes (matplotlib reads them
+    as each artist is made)."""
+    return matplotlib.rc_context(LEGIBLE)
+
 
 #: Every study's default ``--budget``.
 DEFAULT_BUDGET = 1.0
@@ -95,7 +123,7 @@ def save(fig: Figure, path: Path) -> Path:
     much its run trained."""
     path.parent.mkdir(parents=True, exist_ok=True)
     title = fig.get_suptitle()
-    fig.savefig(path, dpi=110, metadata={"Title": title} if title else None)
+    fig.savefig(path, dpi=DPI, metadata={"Title": title} if title else None)
     return path
 
 

@@ -18,6 +18,7 @@ from ...eval.retrieval import RETRIEVES
 from ...eval.verdicts import Estimate, Winner, compare_to, normal_interval, wilson_interval, winner
 from ...figures import RunScale
 from ...files import write_atomic, write_json_atomic
+from ...models.positions import mechanism_style
 from ..retrieval.report import study_html
 
 # The paired delta (nats per byte) at the longest length is "flat" when its whole 95% interval lies
@@ -192,8 +193,10 @@ def seed_claims(rows: dict[str, dict], longest: int, retrieval_longest: int) -> 
 
 def draw_figures(results: dict, out: Path, run: RunScale) -> dict[str, Path]:
     """Perplexity for every model; passkey and NIAH for the models evaluated past T (if any); each
-    figure headed by the ``run``'s budget and steps."""
-    figures = dict(ppl=plot_ppl({r["label"]: r["ppl"] for r in results.values()}, out / "ppl.png", run=run))
+    figure headed by the ``run``'s budget and steps, each model drawn in its mechanism's style."""
+    styles = {r["label"]: mechanism_style(name) for name, r in results.items()}
+    ppl = {r["label"]: r["ppl"] for r in results.values()}
+    figures = dict(ppl=plot_ppl(ppl, out / "ppl.png", run=run, styles=styles))
     retrieving = {r["label"]: r for r in results.values() if r["passkey"] is not None}
     if not retrieving:
         return figures
@@ -208,6 +211,7 @@ def draw_figures(results: dict, out: Path, run: RunScale) -> dict[str, Path]:
         out / "passkey_accuracy.png",
         title=TASK_TITLES["passkey"],
         run=run,
+        styles=styles,
     )
     for variant in next(iter(retrieving.values()))["niah"]["variants"]:
         figures[f"niah_{variant}"] = plot_accuracy_vs_length(
@@ -218,6 +222,7 @@ def draw_figures(results: dict, out: Path, run: RunScale) -> dict[str, Path]:
             out / f"niah_{variant}.png",
             title=TASK_TITLES[variant],
             run=run,
+            styles=styles,
         )
     return figures
 

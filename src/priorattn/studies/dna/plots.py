@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ...figures import RunScale, captioned_figure, save
+from ...models.positions import mechanism_style
 from .config import DNAConfig
 from .measures import gc_trajectory
 
@@ -30,7 +31,8 @@ def plot_nll(results: dict, path: Path, *, run: RunScale) -> Path:
     ax = panel.subplots()
     models, baseline = results["models"], results["unigram_bits_per_base"]
     gains = [baseline - m["bits_per_base"] for m in models.values()]
-    bars = ax.bar([m["label"] for m in models.values()], gains, color=[f"C{k}" for k in range(len(models))])
+    colours = [mechanism_style(name)["color"] for name in models]
+    bars = ax.bar([m["label"] for m in models.values()], gains, color=colours)
     notes = [f"{m['val_nll']:.4f} nats\n{m['bits_per_base']:.4f} bits" for m in models.values()]
     ax.bar_label(bars, notes, fontsize=8, padding=2)
     ax.axhline(0, color="0.3", linewidth=1)
@@ -79,7 +81,7 @@ def plot_continuations(results: dict, config: DNAConfig, path: Path) -> Path:
         "same random numbers, so differences come from the models); a base is green "
         "where it equals the genome's next base and orange where it does not (a quarter of them "
         "match by chance). Bottom: GC content of each window of "
-        f"{config.gc_window} bases sliding along the continuation, the true sequence in black. "
+        f"{config.gc_window} bases sliding along the continuation, the true sequence as a wide grey band. "
         "The legend gives each model's Pearson r with the truth and its match rate, both averaged "
         f"over {config.continuations} continuations."
     )
@@ -103,13 +105,13 @@ def plot_continuations(results: dict, config: DNAConfig, path: Path) -> Path:
     ax.set_ylim(-y, 0.5)
     ax.set_title(f"Sampled continuations, first prompt (prompt ends ...{first['prompt'][-30:]})", fontsize=9)
     gc = bottom.subplots()
-    gc.plot(gc_trajectory(first["truth"], config.gc_window), color="black", linewidth=2, label="truth")
-    for k, m in enumerate(models.values()):
+    # the truth as a wide light band, apart from every mechanism's line (NoPE's is black)
+    gc.plot(gc_trajectory(first["truth"], config.gc_window), color="0.75", linewidth=5, label="truth")
+    for name, m in models.items():
         r = "undefined" if m["gc_pearson"] is None else f"{m['gc_pearson']:.2f}"
         label = f"{m['label']} (r = {r}, match {100 * m['match_rate']:.0f}%)"
-        gc.plot(
-            gc_trajectory(m["continuations"][0]["generated"], config.gc_window), color=f"C{k}", label=label
-        )
+        style = mechanism_style(name) | dict(marker=None)  # a point per window would hide the line
+        gc.plot(gc_trajectory(m["continuations"][0]["generated"], config.gc_window), label=label, **style)
     gc.set_xlabel(f"window start (base after the prompt), window = {config.gc_window}")
     gc.set_ylabel("GC %")
     gc.set_ylim(0, 100)

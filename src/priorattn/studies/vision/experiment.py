@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from ...figures import RunScale, captioned_figure, heatmap, save, seed_expectation
 from ...files import prepare_out, write_json_atomic
+from ...models.positions import mechanism_style
 from ...train.config import TrainConfig
 from ...train.optim import build_optimizer, build_scheduler, clip_gradients
 from .data import DEFAULT_DATA, load_split
@@ -206,7 +207,9 @@ def plot_accuracy(results: dict, resolutions: list[int], path: Path, *, run: Run
     fig, panel = captioned_figure((7.0, 4.2), caption, fontsize=9, run=run)
     ax = panel.subplots()
     for name, r in results.items():
-        ax.plot(resolutions, [r["accuracy"][str(s)] for s in resolutions], marker="o", label=name)
+        ax.plot(
+            resolutions, [r["accuracy"][str(s)] for s in resolutions], label=name, **mechanism_style(name)
+        )
     ax.set(
         xticks=resolutions, xlabel="test image side (pixels; trained at the first)", ylabel="top-1 accuracy"
     )
