@@ -144,3 +144,12 @@ def route_case(name: str, prior: str, seed: int = 0) -> dict:
     """The options of ``ROUTE_CASES[name]`` for ``prior``, the rest at their plain values."""
     o = dict(Dk=8, Dv=8, offset=0, seed=seed, window=None, docs=False, padding=False, ssmax=False)
     return {**o, "batched_pos": False, **ROUTE_CASES[name], "prior": prior}
+
+
+def figure_title(path: Path) -> str:
+    """The title a study's figure carries in its PNG file (``priorattn.figures.save``), on one line;
+    "" for a figure without one."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return " ".join(image.text.get("Title", "").split())

@@ -89,6 +89,15 @@ def test_load_model_reads_a_saved_model_and_its_tokenizer(tmp_path, corpus_dir):
         load_model(tmp_path / "small")
 
 
+def test_load_model_refuses_a_model_that_already_has_priors(tmp_path):
+    config = LlamaConfig(**{k: v for k, v in CONFIG.items() if k != "model_type"})
+    phf.add_prior(AutoModelForCausalLM.from_config(config), "ggd").save_pretrained(tmp_path)
+    with pytest.raises(
+        ValueError, match="already has priors .*hf-extend adds a prior to a model without one"
+    ):
+        load_model(tmp_path)
+
+
 def test_hf_extend_refuses_a_missing_model_directory(tmp_path, capsys):
     argv = [
         "hf-extend",

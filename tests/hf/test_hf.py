@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from factories import make_prior
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     BloomConfig,
     DynamicCache,
@@ -196,6 +200,41 @@ def test_save_pretrained_and_reload_reproduce_logits_exactly(tmp_path, options):
     assert loaded.config.priorattn == model.config.priorattn
     shared = {id(layer.prior) for layer in phf.attention_layers(loaded)}
     assert len(shared) == (1 if options.get("shared_prior") else 2)
+
+
+def test_a_plain_transformers_load_fails_naming_from_pretrained_which_carries_the_prior(tmp_path):
+    model = phf.add_prior(build("llama"), "goat", prior_init="alibi", seq_len=16)
+    with torch.no_grad():
+        for p in model.parameters():  # priors away from their init, so losing them would show
+            p.add_(0.01 * torch.randn_like(p))
+    model.save_pretrained(tmp_path)
+    refused = r'attn_implementation="priorattn \(load this model with priorattn\.hf\.from_pretrained\)"'
+    with pytest.raises(ValueError, match=refused):
+        AutoModelForCausalLM.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=refused):
+        AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path))
+    # Naming priorattn's attention by hand loads a model without priors: its first call says so.
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="priorattn")
+    tokens = torch.randint(0, 64, (1, 9))
+    with pytest.raises(
+        ValueError, match="has no prior: load a saved priorattn model with priorattn.hf.from_pretrained"
+    ):
+        plain(tokens)
+    loaded = phf.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(tokens).logits, model.eval()(tokens).logits)
+    loaded.save_pretrained(tmp_path / "again")  # a reloaded model is refused in turn
+    with pytest.raises(ValueError, match=refused):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "again")
+
+
+def test_a_plain_load_fails_without_priorattn_imported(tmp_path):
+    """The refusal is in config.json: a process that never imports priorattn gets it too."""
+    phf.add_prior(build("llama"), "ggd").save_pretrained(tmp_path)
+    load = f"import transformers; transformers.AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})"
+    done = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, check=False)
+    assert done.returncode != 0
+    assert "load this model with priorattn.hf.from_pretrained" in done.stderr.splitlines()[-1]
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 
 from priorattn.models.positions import (
+    POSITION_STYLES,
     POSITIONS,
     mechanism_fields,
     mechanism_label,
+    mechanism_style,
     mechanisms,
     positions,
     split_mechanism,
@@ -31,3 +33,17 @@ def test_a_mechanism_outside_the_table_given_is_refused():
         split_mechanism("xpos")
     with pytest.raises(ValueError, match="unknown mechanism 'ggd': use one of nope, each optionally with"):
         split_mechanism("ggd", dict(nope=POSITIONS["nope"]))
+
+
+def test_distinct_mechanisms_are_drawn_in_distinct_colour_and_line_style_pairs():
+    drawn = [*mechanisms(), "rope_pi", "rope_pi+ssmax", "learned", "learned+ssmax"]
+    pairs = [(mechanism_style(m)["color"], str(mechanism_style(m)["linestyle"])) for m in drawn]
+    assert len(set(pairs)) == len(drawn)
+    assert set(POSITIONS) <= set(POSITION_STYLES)  # every position of the studies is chosen, not cycled
+    compared = ["nope", "sinusoidal", "rope", "local_rope", "alibi", "bam", "goat"]  # compare's models
+    for key in ("color", "marker"):
+        assert len({mechanism_style(m)[key] for m in compared}) == len(compared)
+    assert mechanism_style("bam+ssmax") == mechanism_style("bam") | dict(linestyle="--")
+    assert mechanism_style("rope_pi")["color"] == mechanism_style("rope")["color"]
+    with pytest.raises(ValueError, match="unknown mechanism 'xpos'"):
+        mechanism_style("xpos")

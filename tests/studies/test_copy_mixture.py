@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from factories import exit_code
+from factories import exit_code, figure_title
 
 from priorattn import cli
 from priorattn.analysis.plots import (
@@ -23,6 +23,7 @@ from priorattn.studies.copy_mixture import (
     CopyMixtureConfig,
     FixedQueryLM,
     copy_mixture_job,
+    expectation,
     head_recovery,
     train_copy_mixture,
 )
@@ -143,6 +144,10 @@ def test_command_writes_results_and_figure(tmp_path, capsys):
     assert len(result["train_losses"]) == 3
     assert result["optimal_loss"] < result["uniform_loss"] == pytest.approx(np.log(16))
     assert result["config"]["steps"] == 3
+    assert result["scale"] == dict(steps=3, default_steps=600, budget=None, up_to=False, smoke=True)
+    assert figure_title(out / FIGURE).startswith(
+        "SMOKE RUN: 3 training steps per model, against the default 600"
+    )
     assert "sink_argmax" in capsys.readouterr().out
 
 
@@ -159,6 +164,14 @@ def test_command_writes_results_and_figure(tmp_path, capsys):
 def test_command_errors_are_one_line(tmp_path, capsys, args, message):
     assert exit_code(["analyze", "copy-mixture", "--out", str(tmp_path / "o"), "--steps", "1", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("sink, lag, verdict", [(0, 1, "agrees"), (3, 1, "differs"), (0, 2, "differs")])
+def test_the_caption_says_whether_the_run_recovers_the_seeds_first_and_previous_token(sink, lag, verdict):
+    measured = dict(sink_argmax=sink, relative_argmax_lag=lag)
+    text = expectation(measured, CopyMixtureConfig().scale)
+    assert f"This run {verdict}: the sink peaks at key {sink}, the relative part at lag {lag}." in text
+    assert text.startswith("Seed 000 reports the sink peaking at key 0") and "smoke" not in text
 
 
 def test_a_short_run_already_recovers_first_and_previous_token():

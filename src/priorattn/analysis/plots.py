@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 from torch.nn import functional as F
 
-from ..figures import captioned_figure, heatmap, save
+from ..figures import RunScale, captioned_figure, heatmap, save
 from ..priors import GGD, GOAT, ALiBi, GOATSink, Prior, Sum, Uniform, alibi_slopes
 from ..priors.goat import SharedSink
 
@@ -326,17 +326,23 @@ def plot_goat_decomposition(out: Path, length: int = 512, num_heads: int = 8, he
 
 
 def draw_goat_decomposition(
-    path: Path, components: tuple[np.ndarray, np.ndarray, np.ndarray], title: str, caption: str
+    path: Path,
+    components: tuple[np.ndarray, np.ndarray, np.ndarray],
+    title: str,
+    caption: str,
+    *,
+    run: RunScale | None = None,
 ) -> Path:
     """Seed 000 Fig. 1's four panels of one GOAT head's ``(u(j), kappa(i - j), K)`` (as
     :func:`goat_components` gives them, illustrative or learned): (a) the sink, (b) the relative
-    part, (c) their sum with rows centred, (d) the causal prior probabilities."""
+    part, (c) their sum with rows centred, (d) the causal prior probabilities. ``run``: the training
+    run of a study, its steps above the panels."""
     u, relative, K = components
     length = len(u)
     visible = blank_future(K)
     centred = visible - np.nanmean(visible, axis=-1, keepdims=True)
     probs = causal_prior_probs(torch.from_numpy(K)).numpy()
-    fig, panel = captioned_figure((13, 11), caption)
+    fig, panel = captioned_figure((13, 11), caption, run=run)
     (ax_a, ax_b), (ax_c, ax_d) = panel.subplots(2, 2)
     ax_a.plot(np.arange(length), u, color="C3")
     ax_a.set_xlabel("key position j (the token attended to)")

@@ -2,7 +2,12 @@
 
 Every function takes ``results: {label: result dict}`` (what :func:`~priorattn.eval.evaluate_ppl`
 or :func:`~priorattn.eval.evaluate_retrieval` return) and writes one PNG, with a plain-language
-title, axes in words and a caption under the panels (what is plotted, how to read it).
+title, axes in words and a caption under the panels (what is plotted, how to read it); ``run``, for
+the figures of a study, the study run's budget and steps above the panels. The figures with a line
+per model fit a report page's width (:data:`~priorattn.figures.PAGE_WIDTH`, text at
+:data:`~priorattn.figures.LEGIBLE` sizes) and take ``styles``: ``{label: line keywords}``, one
+colour, marker and line style per model (``compare`` gives each mechanism's,
+:func:`priorattn.models.positions.mechanism_style`); a label without one takes matplotlib's next.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.ticker import NullLocator, ScalarFormatter
 
-from ..figures import captioned_figure, save
+from ..figures import PAGE_WIDTH, RunScale, captioned_figure, legible, save
 
 
 def mark_train_len(ax, train_lens: set[int]) -> None:
@@ -29,38 +34,51 @@ def length_axis(ax, lengths: list[int]) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
 
 
-def plot_ppl(results: dict[str, dict], path: Path) -> Path:
+def plot_ppl(
+    results: dict[str, dict],
+    path: Path,
+    *,
+    run: RunScale | None = None,
+    styles: dict[str, dict] | None = None,
+) -> Path:
     """Perplexity against evaluation length (log-x, log-y), the paired delta with its standard error,
-    and the loss by token position at the longest length (seed 003 Fig. 6)."""
+    and the loss by token position at the longest length (seed 003 Fig. 6); one legend for all
+    three."""
+    with legible():
+        return _plot_ppl(results, path, run, styles or {})
+
+
+def _plot_ppl(results: dict[str, dict], path: Path, run: RunScale | None, styles: dict[str, dict]) -> Path:
     lengths = sorted({n for r in results.values() for n in r["lengths"]})
     caption = (
-        "Left: perplexity on held-out text (the exponential of the mean next-token loss; lower is "
+        "Top left: perplexity on held-out text (the exponential of the mean next-token loss; lower is "
         "better) against how many tokens the model reads at once. The dotted line is the training "
         "length: points right of it test inputs longer than any seen in training. A flat line "
         "copes with them; a rising one degrades.\n\n"
-        "Middle: does the extra context help? The loss of the same final tokens read after the "
+        "Top right: does the extra context help? The loss of the same final tokens read after the "
         "long context minus after a training-length context (error bars: one standard error over "
         "windows). Below 0 the extra context helps; above 0 it hurts; near 0 it is ignored.\n\n"
-        f"Right: mean loss at each token position inside the {lengths[-1]}-token windows (positions "
+        f"Bottom: mean loss at each token position inside the {lengths[-1]}-token windows (positions "
         "grouped in bins that double in width). A model that fails beyond its training length rises "
         "right of the dotted line."
     )
-    fig, panel = captioned_figure((15, 4.6), caption)
-    ppl_ax, delta_ax, pos_ax = panel.subplots(1, 3)
+    fig, panel = captioned_figure((PAGE_WIDTH, 7.6), caption, fontsize=11, run=run)
+    (ppl_ax, delta_ax), (pos_ax, key) = panel.subplots(2, 2)
     train_lens = {r["train_len"] for r in results.values()}
-    for label, r in results.items():
-        ppl_ax.plot(r["lengths"], r["ppl"], marker="o", label=label)
+    for i, (label, r) in enumerate(results.items()):
+        style = dict(color=f"C{i}", marker="o") | styles.get(label, {})
+        ppl_ax.plot(r["lengths"], r["ppl"], label=label, **style)
         paired = [
             (n, d, se or 0.0) for n, d, se in zip(r["lengths"], r["paired_delta"], r["paired_delta_se"])
         ]
         paired = [p for p in paired if p[1] is not None]
         if paired:
             n, d, se = zip(*paired)
-            delta_ax.errorbar(n, d, yerr=se, marker="o", capsize=3, label=label)
+            delta_ax.errorbar(n, d, yerr=se, capsize=3, label=label, **style)
         longest = r["position_loss"][-1]
         edges = np.asarray(longest["edges"], dtype=float)
         centres = np.sqrt(edges[:-1] * np.maximum(edges[1:] - 1, edges[:-1]))  # geometric bin centres
-        pos_ax.plot(centres, longest["loss"], marker=".", label=label)
+        pos_ax.plot(centres, longest["loss"], label=label, **style | dict(markersize=4))
     ppl_ax.set(yscale="log", xlabel="input length (tokens)", ylabel="perplexity (lower is better)")
     ppl_ax.yaxis.set_major_formatter(ScalarFormatter())
     ppl_ax.yaxis.set_minor_formatter(ScalarFormatter())
@@ -75,7 +93,8 @@ def plot_ppl(results: dict[str, dict], path: Path) -> Path:
     for ax in (ppl_ax, delta_ax, pos_ax):
         mark_train_len(ax, train_lens)
         ax.grid(alpha=0.3, which="both")
-    ppl_ax.legend(fontsize=8)
+    key.set_axis_off()
+    key.legend(*ppl_ax.get_legend_handles_labels(), loc="center", title="model")
     panel.suptitle("Perplexity beyond the training length")
     return save(fig, Path(path))
 
@@ -93,7 +112,9 @@ TASK_TITLES = {
 }
 
 
-def plot_retrieval_heatmaps(results: dict[str, dict], path: Path, title: str = "") -> Path:
+def plot_retrieval_heatmaps(
+    results: dict[str, dict], path: Path, title: str = "", *, run: RunScale | None = None
+) -> Path:
     """Accuracy heatmaps over length (x) and depth (y), one per model, with the mean over depths
     in the bottom row and over lengths in the last column (seed 003 Fig. 3)."""
     n = len(results)
@@ -106,7 +127,7 @@ def plot_retrieval_heatmaps(results: dict[str, dict], path: Path, title: str = "
         "lines, the bottom row averages over depths and the right column over lengths; the panel "
         "title gives the overall mean. Green: found; red: not found."
     )
-    fig, panel = captioned_figure((4.2 * cols + 1.2, 4.2 * rows + 0.4), caption)
+    fig, panel = captioned_figure((4.2 * cols + 1.2, 4.2 * rows + 0.4), caption, run=run)
     axes = np.atleast_2d(panel.subplots(rows, cols, sharey=True, squeeze=False)).ravel()
     image = None
     for ax, (label, r) in zip(axes, results.items()):
@@ -132,8 +153,22 @@ def plot_retrieval_heatmaps(results: dict[str, dict], path: Path, title: str = "
     return save(fig, Path(path))
 
 
-def plot_accuracy_vs_length(results: dict[str, dict], path: Path, title: str = "accuracy") -> Path:
+def plot_accuracy_vs_length(
+    results: dict[str, dict],
+    path: Path,
+    title: str = "accuracy",
+    *,
+    run: RunScale | None = None,
+    styles: dict[str, dict] | None = None,
+) -> Path:
     """Mean accuracy over depths against length, one line per model (log-x)."""
+    with legible():
+        return _plot_accuracy_vs_length(results, path, title, run, styles or {})
+
+
+def _plot_accuracy_vs_length(
+    results: dict[str, dict], path: Path, title: str, run: RunScale | None, styles: dict[str, dict]
+) -> Path:
     train_lens = {r["train_len"] for r in results.values() if "train_len" in r}
     caption = (
         "Each line is one model: the share of prompts in which it reproduced the hidden answer "
@@ -147,14 +182,15 @@ def plot_accuracy_vs_length(results: dict[str, dict], path: Path, title: str = "
         + "Lines with the same values lie on top of each other, so the last drawn can hide the "
         "others (all at 0: no model found the answer)."
     )
-    fig, panel = captioned_figure((7.5, 4.4), caption, fontsize=9)
+    fig, panel = captioned_figure((PAGE_WIDTH * 0.75, 4.8), caption, fontsize=11, run=run)
     ax = panel.subplots()
-    for label, r in results.items():
-        ax.plot(r["lengths"], r["by_length"], marker="o", label=label)
+    for i, (label, r) in enumerate(results.items()):
+        style = dict(color=f"C{i}", marker="o") | styles.get(label, {})
+        ax.plot(r["lengths"], r["by_length"], label=label, **style)
     length_axis(ax, sorted({n for r in results.values() for n in r["lengths"]}))
     mark_train_len(ax, train_lens)
     ax.set(ylim=(-0.03, 1.03), xlabel="input length (tokens)", ylabel=RETRIEVED)
     ax.set_title(title)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5))
     return save(fig, Path(path))

@@ -83,9 +83,10 @@ def prior_attention(
     """
     if not hasattr(module, "prior"):
         raise ValueError(
-            f"{type(module).__name__} has no prior: call priorattn.hf.add_prior(model) instead of "
-            f"setting attn_implementation={NAME!r} by hand (models built from one config object share "
-            "it, and with it the attention add_prior sets: build each from its own config)"
+            f"{type(module).__name__} has no prior: load a saved priorattn model with "
+            "priorattn.hf.from_pretrained, and call priorattn.hf.add_prior(model) instead of setting "
+            f"attn_implementation={NAME!r} by hand (models built from one config object share it, and "
+            "with it the attention add_prior sets: build each from its own config)"
         )
     _refuse_unsupported(dropout, kwargs)
     B, H, Lq, _ = query.shape

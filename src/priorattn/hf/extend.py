@@ -26,7 +26,7 @@ from ..files import prepare_out, write_json_atomic
 from ..models.gpt import token_cross_entropy
 from ..train import TrainConfig
 from ..train.optim import build_optimizer, build_scheduler, clip_gradients
-from .model import CachedLM, add_prior, from_pretrained, model_dir
+from .model import CONFIG_KEY, CachedLM, add_prior, from_pretrained, model_dir
 
 RESULTS_JSON = "results.json"
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
@@ -37,16 +37,23 @@ def load_model(source: str | Path) -> tuple[PreTrainedModel, Tokenizer]:
 
     ``source``: a directory holding ``config.json`` and weights (as ``save_pretrained`` writes), or a
     directory or ``.json`` file holding only a config, from which a randomly initialised model is
-    built (a demo). The tokenizer is the directory's ``tokenizer.json``, else UTF-8 bytes.
+    built (a demo). The tokenizer is the directory's ``tokenizer.json``, else UTF-8 bytes. A
+    directory that :func:`~priorattn.hf.add_prior` already changed is refused.
     """
     source = Path(source)
     if source.is_file() and source.suffix == ".json":
         return _from_config(json.loads(source.read_text(encoding="utf-8"))), ByteTokenizer()
     path = model_dir(source)
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    if CONFIG_KEY in config:
+        raise ValueError(
+            f"{path} already has priors (its config.json records {CONFIG_KEY!r}): hf-extend adds a "
+            "prior to a model without one"
+        )
     if any(path.glob(pattern) for pattern in WEIGHT_FILES):
         model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
     else:
-        model = _from_config(json.loads((path / "config.json").read_text(encoding="utf-8")))
+        model = _from_config(config)
     tokenizer = BPETokenizer.load(path) if (path / TOKENIZER_FILE).is_file() else ByteTokenizer()
     if tokenizer.vocab_size > model.config.get_text_config().vocab_size:
         raise ValueError(

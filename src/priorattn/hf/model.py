@@ -4,7 +4,9 @@ The prior becomes a submodule of every attention layer (``model.layers.3.self_at
 Llama), so its parameters are ordinary model parameters: the model's optimizer trains them,
 ``save_pretrained`` writes them next to the weights, and what :func:`add_prior` did is recorded in
 ``config.json`` under ``"priorattn"`` (the prior as its spec), from which :func:`from_pretrained`
-re-attaches them.
+re-attaches them. A plain ``AutoModelForCausalLM.from_pretrained`` would build the model without
+them (and drop their tensors as unexpected), so ``config.json`` also names an attention
+implementation that does not exist, :data:`PLAIN_LOAD_REFUSAL`, which makes that load fail.
 """
 
 from __future__ import annotations
@@ -25,6 +27,11 @@ from ..priors.registry import UnregisteredPrior
 from .attention import NAME
 
 CONFIG_KEY = "priorattn"  # where config.json records what add_prior did
+#: The ``"attn_implementation"`` that ``config.json`` gives a model with priors. No attention goes by
+#: this name (priorattn's own is :data:`~priorattn.hf.NAME`), so ``transformers`` refuses to load the
+#: directory by itself, whether ``priorattn.hf`` is imported or not, with an error quoting this
+#: string: ``Specified `attn_implementation="priorattn (load ...)"` is not supported``.
+PLAIN_LOAD_REFUSAL = "priorattn (load this model with priorattn.hf.from_pretrained)"
 
 
 class WithoutRotation(nn.Module):
@@ -85,7 +92,9 @@ def add_prior(
 
     Returns ``model`` itself, changed in place; ``model.save_pretrained`` then records all of this in
     ``config.json``, the prior as its ``spec()`` (every option), so :func:`from_pretrained` builds
-    it again, whether it was given as a spec or as a module of a registered prior.
+    it again, whether it was given as a spec or as a module of a registered prior; and records
+    :data:`PLAIN_LOAD_REFUSAL` as the attention implementation, so a plain
+    ``AutoModelForCausalLM.from_pretrained`` of that directory fails instead of losing the priors.
     """
     layers = attention_layers(model)
     if any("prior" in vars(layer) or "prior" in layer._modules for layer in layers):
@@ -130,6 +139,9 @@ def add_prior(
         setattr(parent, name, WithoutRotation(child))
     model.set_attn_implementation(NAME)
     model.config.priorattn = record | dict(backend=backend)
+    # Saved as config.json's "attn_implementation" (the attention itself lives in the config's
+    # _attn_implementation, which is not saved): what a plain transformers load reads and refuses.
+    model.config.attn_implementation = PLAIN_LOAD_REFUSAL
     return model
 
 
@@ -201,6 +213,7 @@ def from_pretrained(path: str | Path, prior: Prior | None = None, **kwargs) -> P
             "(load it with transformers, then call add_prior)"
         )
     del config.priorattn  # add_prior records it again
+    config._attn_implementation = None  # PLAIN_LOAD_REFUSAL, read from config.json; add_prior sets ours
     spec, module = record.pop("prior"), record.pop("prior_module", None)
     if isinstance(spec, str):  # a name, its options flattened beside it (before the prior registry)
         flattened = {key: record.pop(key) for key in LEGACY_PRIOR_FIELDS if key in record}

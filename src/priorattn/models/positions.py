@@ -31,6 +31,34 @@ POSITIONS: dict[str, tuple[str, dict]] = {
 }
 SSMAX = "+ssmax"
 
+#: How every figure draws a position: ``(colour, marker, line style)``, so a mechanism looks the
+#: same in every study's figures. The mechanisms ``compare`` trains by default take the Okabe-Ito
+#: colour-blind-safe palette (Okabe and Ito 2008), one colour each, with a marker each so that
+#: overlapping lines stay apart; GOAT's ablations take colours of their own. Two names the studies
+#: add to the vocabulary are drawn here too: the retrieval study's ``rope_pi`` (RoPE's model scored
+#: with position interpolation: RoPE's colour, dotted) and the vision study's ``learned`` absolute
+#: embeddings. :func:`mechanism_style` draws SSMax dashed and the priors registered beyond these.
+POSITION_STYLES: dict[str, tuple[str, str, str]] = {
+    "nope": ("#000000", "o", "-"),
+    "sinusoidal": ("#E69F00", "v", "-"),
+    "rope": ("#0072B2", "s", "-"),
+    "local_rope": ("#009E73", "D", "-"),
+    "alibi": ("#56B4E9", "^", "-"),
+    "bam": ("#D55E00", "P", "-"),
+    "goat": ("#CC79A7", "*", "-"),
+    "goat_noslope": ("#8C564B", "X", "-"),
+    "goat_nosink": ("#7F7F7F", "p", "-"),
+    "goat_spectral": ("#BCBD22", "h", "-"),
+    "goat_fixedslope": ("#17BECF", "<", "-"),
+    "goat_gate": ("#6A3D9A", ">", "-"),
+    "rope_pi": ("#0072B2", "s", ":"),
+    "learned": ("#B8860B", "d", "-"),
+}
+#: The line style of a position with SSMax, for each style without it.
+SSMAX_LINESTYLES = {"-": "--", ":": "-."}
+#: Colours of the registered priors :data:`POSITION_STYLES` does not name, in registration order.
+OTHER_COLOURS = ("#E41A1C", "#377EB8", "#4DAF4A", "#984EA3", "#FF7F00", "#A65628", "#F781BF", "#999999")
+
 
 def positions() -> dict[str, tuple[str, dict]]:
     """:data:`POSITIONS`, then every prior registered now (:func:`priorattn.priors.names`) under its
@@ -63,6 +91,26 @@ def mechanism_label(mechanism: str, table: dict | None = None) -> str:
     table = positions() if table is None else table
     position, ssmax = split_mechanism(mechanism, table)
     return table[position][0] + (" + SSMax" if ssmax else "")
+
+
+def mechanism_style(mechanism: str) -> dict:
+    """How figures draw ``mechanism`` (any name of :func:`mechanisms`, ``rope_pi`` or ``learned``):
+    matplotlib line keywords ``{"color", "marker", "linestyle"}``, the position's from
+    :data:`POSITION_STYLES` and dashed (dash-dotted for a dotted one) with SSMax. A registered prior
+    the table does not name is drawn dotted in a colour of :data:`OTHER_COLOURS`, its place among
+    those priors picking the colour and, past the palette, a sparser dotting. Distinct mechanisms
+    get distinct (colour, line style) pairs."""
+    others = [name for name in positions() if name not in POSITION_STYLES]
+    position, ssmax = split_mechanism(mechanism, dict.fromkeys([*POSITION_STYLES, *others]))
+    if position in POSITION_STYLES:
+        colour, marker, linestyle = POSITION_STYLES[position]
+        return dict(
+            color=colour, marker=marker, linestyle=SSMAX_LINESTYLES[linestyle] if ssmax else linestyle
+        )
+    round_, index = divmod(others.index(position), len(OTHER_COLOURS))
+    gap = 1 + round_  # each round of the palette dots more sparsely
+    linestyle = (0, (4, gap, 1, gap)) if ssmax else (0, (1, gap))
+    return dict(color=OTHER_COLOURS[index], marker="o", linestyle=linestyle)
 
 
 def mechanism_fields(mechanism: str, table: dict | None = None) -> dict:

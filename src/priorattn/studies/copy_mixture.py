@@ -41,6 +41,7 @@ from ..analysis.plots import (
 )
 from ..checks import check_int
 from ..data.copy_mixture import CopyMixture, CopyMixtureBatches
+from ..figures import RunScale, seed_expectation
 from ..files import prepare_out, write_json_atomic
 from ..functional import attention
 from ..models import GPT, GPTConfig
@@ -54,6 +55,8 @@ from ..train.optim import build_optimizer, build_scheduler
 MODELS = ("probe", "gpt")
 RESULTS_JSON = "results.json"
 FIGURE = "copy_mixture_prior.png"
+#: The default training steps: fewer make a smoke run.
+STEPS = 600
 LAG_CONVENTION = (
     "lags count from the predicted token, (i + 1) - j: lag 1 is key j = i, the query's own token, "
     "which token i + 1 repeats when it copies the previous token (seed 000's j = i - 1)"
@@ -76,7 +79,7 @@ class CopyMixtureConfig:
     d_model: int = 32
     heads: int = 1
     goat_freqs: int = 8
-    steps: int = 600
+    steps: int = STEPS
     batch_size: int = 32
     lr: float = 3e-3
     prior_lr: float = 3e-2
@@ -92,6 +95,11 @@ class CopyMixtureConfig:
         check_int("length", self.length, low=2)  # a previous token to copy
         if self.d_model % self.heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by heads={self.heads}")
+
+    @property
+    def scale(self) -> RunScale:
+        """The steps that ``results.json`` and the figure state; below :data:`STEPS` a smoke run."""
+        return RunScale(self.steps, STEPS)
 
     def train_config(self) -> TrainConfig:
         # "window" positions: every row is one sequence from position 0, and the probe is not a GPT
@@ -240,6 +248,7 @@ def copy_mixture_job(
     drawn = heads[layer * config.heads + head]
     result = dict(
         config=asdict(config),
+        scale=config.scale.record(),
         layer=layer,
         head=head,
         sink_argmax=drawn["sink_argmax"],
@@ -252,7 +261,7 @@ def copy_mixture_job(
     )
     components = identified_goat_components(*goat_components(priors[layer], config.length, head))
     draw_goat_decomposition(
-        out / FIGURE, components, figure_title(config, head), figure_caption(config, drawn)
+        out / FIGURE, components, figure_title(config, head), figure_caption(config, drawn), run=config.scale
     )
     write_json_atomic(out / RESULTS_JSON, result)
     return result
@@ -273,11 +282,21 @@ def figure_caption(config: CopyMixtureConfig, measured: dict) -> str:
         "one column per key position j; the blank upper triangle is masked. A sink u(j) and a "
         "relative part kappa(i - j) can trade a straight line without changing attention (it only "
         "shifts rows), so (a) shows u with its least-squares line removed and (b) holds that line.\n\n"
-        "What seed 000 reports: the sink peaking at key 0, the first token, and the relative part "
-        "along the diagonal j = i, the query's own token, which the predicted token i + 1 repeats "
-        "when it copies the previous one (the seed's j = i - 1, counted from the predicted token: "
-        f"lag 1). Measured here: the sink peaks at key {measured['sink_argmax']}, the relative part "
-        f"at lag {measured['relative_argmax_lag']}; in (d) the prior alone gives on average "
+        f"{expectation(measured, config.scale)} In (d) the prior alone gives on average "
         f"{measured['prior_first']:.2f} of a query's attention to the first token and "
         f"{measured['prior_previous']:.2f} to its own position."
+    )
+
+
+def expectation(measured: dict, run: RunScale) -> str:
+    """Seed 000 Fig. 1, judged on one head's :func:`head_recovery`: the sink peaks at key 0 and the
+    relative part at lag 1."""
+    sink, lag = measured["sink_argmax"], measured["relative_argmax_lag"]
+    return seed_expectation(
+        "Seed 000 reports the sink peaking at key 0, the first token, and the relative part along "
+        "the diagonal j = i, the query's own token, which the predicted token i + 1 repeats when it "
+        "copies the previous one (the seed's j = i - 1, counted from the predicted token: lag 1).",
+        sink == 0 and lag == 1,
+        f"the sink peaks at key {sink}, the relative part at lag {lag}",
+        run,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from factories import word_salad
+from factories import figure_title, word_salad
 
 from priorattn.eval.verdicts import Estimate, Winner, normal_interval, wilson_interval
 from priorattn.studies.compare.report import (
@@ -105,6 +105,9 @@ def test_compare_writes_the_report_and_reuses_finished_work(corpus, tmp_path, mo
         assert model["passkey_at_T"]["lengths"] == [384] and len(model["passkey_at_T"]["accuracy"][0]) == 2
         assert model["passkey_at_T"]["checkpoint"]["step"] == 2
     assert saved["config"]["steps"] == 2 and saved["summary"]["alibi"]["label"] == "ALiBi"
+    assert saved["scale"] == dict(steps=2, default_steps=600, budget=1.0, up_to=False, smoke=True)
+    assert "SMOKE RUN (budget 1): 2 training steps per model" in report
+    assert figure_title(tmp_path / "out" / "ppl.png").startswith("SMOKE RUN (budget 1): 2 training steps")
     metrics = (tmp_path / "out" / "models" / "alibi" / "metrics.jsonl").read_text()
 
     again = []
@@ -162,6 +165,8 @@ def test_budget_scales_training_and_shrinks_a_smoke_run():
     assert CompareConfig.for_budget(1.0).steps == 600
     assert CompareConfig.for_budget(2.0).steps == 1200
     smoke = CompareConfig.for_budget(0.1)
+    assert smoke.scale.record() == dict(steps=60, default_steps=600, budget=0.1, up_to=False, smoke=True)
+    assert not CompareConfig.for_budget(1.0).scale.smoke
     assert smoke.steps == 60 and max(smoke.ppl_factors) < 64 and smoke.trials == 1
     assert 32 in CompareConfig.for_budget(4).retrieval_factors
     for bad in (0, -1, float("nan"), float("inf")):

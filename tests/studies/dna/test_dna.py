@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from factories import exit_code
+from factories import exit_code, figure_title
 
 from priorattn import cli
 from priorattn.studies.dna import DNAConfig, dna, gc_trajectory, match_rate, pearson
@@ -118,8 +118,18 @@ def test_a_tiny_run_writes_results_and_figures_and_is_reused(genome, tmp_path):
     assert 1.9 < results["unigram_bits_per_base"] <= 2.0  # 4 near-equally frequent bases
     assert json.loads((out / "results.json").read_text())["models"]["goat"]["val_nll"] == goat["val_nll"]
     assert all((out / name).stat().st_size > 0 for name in ("nll.png", "efficiency.png", "continuations.png"))
+    assert results["scale"] == dict(steps=2, default_steps=400, budget=1.0, up_to=False, smoke=True)
+    for name in ("nll.png", "efficiency.png", "continuations.png"):
+        assert figure_title(out / name).startswith("SMOKE RUN (budget 1): 2 training steps per model")
     again = dna(config, out, progress=False, log=logged.append)
     assert logged[-1].startswith("[1/1] goat: reusing") and again["models"] == results["models"]
+
+
+def test_the_budget_sets_the_steps_and_a_run_below_it_is_a_smoke_run():
+    assert DNAConfig.for_budget(0.1).scale.record() == dict(
+        steps=40, default_steps=400, budget=0.1, up_to=False, smoke=True
+    )
+    assert not DNAConfig.for_budget(1).scale.smoke
 
 
 def test_a_missing_genome_says_how_to_fetch_one(tmp_path, capsys):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from eval_fakes import InductionOracle
+from factories import figure_title
 
 from priorattn.data.synthetic import SYNTHETIC_TASKS, SyntheticTask
 from priorattn.eval.synthetic import interpolated_rope, score_synthetic
@@ -232,6 +233,10 @@ def test_the_study_runs_reuses_what_it_finished_and_retrains_on_new_settings(tmp
     assert (tmp_path / "report.html").exists() and (tmp_path / "retrieval_accuracy.png").exists()
     saved = json.loads((tmp_path / "results.json").read_text())
     assert set(saved["summary"]) == {"alibi", "rope_pi"} and saved["config"]["steps"] == 6
+    assert saved["scale"] == dict(steps=6, default_steps=2000, budget=1.0, up_to=True, smoke=True)
+    for figure in saved["figures"].values():  # fewer steps than the default: a smoke run
+        assert figure_title(figure).startswith("SMOKE RUN (budget 1): up to 6 training steps per model")
+    assert "SMOKE RUN (budget 1): up to 6 training steps" in (tmp_path / "report.html").read_text()
     assert (tmp_path / "models" / "rope" / "seed-0" / "model.safetensors").exists()  # PI scores RoPE's model
     assert data["runs"]["alibi"][0]["tasks"]["passkey"]["lengths"] == [64, 128]
 

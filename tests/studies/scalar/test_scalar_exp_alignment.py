@@ -5,8 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from factories import figure_title
 from test_scalar_exp_capture import tiny_gpt
 
+from priorattn.figures import RunScale
 from priorattn.studies.scalar.alignment import (
     alignment_summary,
     binned_median,
@@ -86,5 +88,7 @@ def test_alignment_figure_is_written(tmp_path):
     summary = alignment_summary(captures)
     assert len(summary["layers"]) == 2 and list(summary["nearest_mass"]) == ["1", "2", "4", "8"]
     weights, distances = weight_distance_pairs(captures)
-    path = plot_alignment({"a": (weights, distances, summary), "b": (weights, distances, summary)}, tmp_path)
+    drawn = {"a": (weights, distances, summary), "b": (weights, distances, summary)}
+    path = plot_alignment(drawn, tmp_path, "This run agrees.", run=RunScale(2, 300, 0.01))
     assert path.name == "alignment.png" and path.stat().st_size > 10_000
+    assert figure_title(path).startswith("SMOKE RUN (budget 0.01): 2 training steps per model")

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from factories import figure_title
 
 from priorattn import cli
 from priorattn.studies.scalar import Settings
 
 #: Two steps of the tiny preset on windows of 32 tokens.
-TINY = Settings(steps=2, seq_len=32, batch_size=2, evaluations=2, eval_sequences=2, windows=2)
+TINY = Settings(steps=2, seq_len=32, batch_size=2, evaluations=2, eval_sequences=2, windows=2, budget=0.01)
 
 
 @pytest.fixture(autouse=True)
@@ -26,6 +27,7 @@ def run(number: int, out) -> dict:
     assert results["experiment"] == number and results["settings"]["seq_len"] == 32
     for figure in results["figures"]:
         assert (out / figure).stat().st_size > 10_000
+        assert figure_title(out / figure).startswith("SMOKE RUN (budget 0.01): 2 training steps per model")
     return results
 
 

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from factories import figure_title
 from test_scalar_exp_capture import tiny_gpt
 
+from priorattn.figures import RunScale
 from priorattn.studies.scalar.capture import capture_scalar_layers
-from priorattn.studies.scalar.context_length import decode_errors, length_sweep, plot_context_length
+from priorattn.studies.scalar.context_length import (
+    decode_errors,
+    expectation,
+    length_sweep,
+    plot_context_length,
+)
 
 
 @pytest.mark.parametrize("attention", ["scalar", "hybrid"])
@@ -75,5 +82,8 @@ def test_length_sweep_records_and_figure(tmp_path):
     for r in records:
         wide, narrow = r["k"]["4"]["missed"]["mean"], r["k"]["2"]["missed"]["mean"]
         assert 0 <= wide <= narrow <= 1
-    path = plot_context_length({"hybrid": records, "again": records}, tmp_path)
-    assert path.stat().st_size > 10_000
+    run = RunScale(2, 300, 0.01)
+    path = plot_context_length(
+        {"hybrid": records, "again": records}, tmp_path, expectation(records, run), run=run
+    )
+    assert path.stat().st_size > 10_000 and figure_title(path).startswith("SMOKE RUN (budget 0.01)")

@@ -5,9 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from factories import figure_title
 from test_scalar_exp_capture import tiny_gpt
 
 from priorattn.eval.ppl import pick_windows
+from priorattn.figures import RunScale
 from priorattn.studies.scalar import sink
 from priorattn.studies.scalar.capture import capture_scalar_layers
 
@@ -64,8 +66,8 @@ def test_summary_by_position_and_length(tmp_path):
     assert first["mean"] == pytest.approx(float(masses.mean()))
     assert first["layers"][1]["heads"] == pytest.approx(masses[1].mean(dim=(0, 2)).tolist())
     tau = {"sink": ([1, 2, 3], [0.1, 0.2, 0.3]), "no sink": ([1, 2, 3], [0.1, 0.1, 0.1])}
-    path = sink.plot_sink({"sink": records}, tau, tmp_path)
-    assert path.stat().st_size > 10_000
+    path = sink.plot_sink({"sink": records}, tau, tmp_path, run=RunScale(2, 300, 0.01))
+    assert path.stat().st_size > 10_000 and figure_title(path).startswith("SMOKE RUN (budget 0.01)")
 
 
 def test_a_model_without_a_sink_is_refused():

@@ -12,7 +12,7 @@ from priorattn.studies.scalar import Settings, weight_search
 from priorattn.studies.scalar.weight_search import BASELINE, Grid, Setting, pareto_front, to_confirm
 
 #: Two steps of the tiny preset on windows of 32 tokens.
-TINY = Settings(steps=2, seq_len=32, batch_size=2, evaluations=2, eval_sequences=2, windows=2)
+TINY = Settings(steps=2, seq_len=32, batch_size=2, evaluations=2, eval_sequences=2, windows=2, budget=0.01)
 
 
 def test_the_grid_is_every_combination_with_the_baseline_first_and_each_setting_once():

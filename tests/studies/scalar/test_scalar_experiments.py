@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from factories import exit_code
+from factories import exit_code, figure_title
 
 from priorattn import cli
 from priorattn.models import GPT, GPTConfig
@@ -30,7 +30,7 @@ from priorattn.studies.scalar.common import (
 )
 
 #: A few steps of a small model on short windows: seconds.
-TINY = Settings(steps=2, seq_len=32, batch_size=2, evaluations=2, eval_sequences=2, windows=2)
+TINY = Settings(steps=2, seq_len=32, batch_size=2, evaluations=2, eval_sequences=2, windows=2, budget=0.01)
 HYBRID = Variant("hybrid", "hybrid", dict(attention="hybrid"))
 
 
@@ -84,6 +84,9 @@ def test_results_json_holds_the_experiment_its_settings_and_results(tmp_path, mo
     assert results["experiment"] == 7 and results["description"] == "a test" and results["budget"] == 0.5
     assert results["settings"]["steps"] == 150 == seen["settings"].steps and results["answer"] == 42
     assert results["settings"]["seed"] == 2
+    assert results["scale"] == dict(steps=150, default_steps=300, budget=0.5, up_to=False, smoke=True)
+    full = run_experiment(7, tmp_path / "full", progress=False)["scale"]
+    assert (full["steps"], full["smoke"]) == (300, False)
 
 
 def test_a_finished_variant_is_reused_and_other_settings_are_refused(tmp_path):
@@ -194,6 +197,10 @@ def test_each_experiment_command_writes_its_results_and_figures(number, tmp_path
         for entry in results["variants"].values():
             assert len(entry["tau_curve"]["tau"]) == 3 and entry["scalar_space"]["key_std"] > 0
     assert all((out / figure).stat().st_size > 0 for figure in results["figures"])
+    assert results["scale"]["smoke"] and all(
+        figure_title(out / figure).startswith("SMOKE RUN (budget 0.01): 3 training steps per model")
+        for figure in results["figures"]
+    )
     assert "results.json" in capsys.readouterr().out
 
 

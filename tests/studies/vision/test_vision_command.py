@@ -6,11 +6,12 @@ import json
 
 import numpy as np
 import pytest
-from factories import exit_code
+from factories import exit_code, figure_title
 from idx_fixtures import write_idx
 
 from priorattn import cli
-from priorattn.studies.vision.experiment import VisionConfig
+from priorattn.figures import RunScale
+from priorattn.studies.vision.experiment import VisionConfig, accuracy_expectation, locality_expectation
 
 
 def run_vision(out, data, *models: str, seed: int = 0) -> dict:
@@ -29,8 +30,10 @@ def test_vision_writes_accuracy_per_model_and_resolution(fashion_dir, tmp_path, 
         assert result["model"]["position"] == name
         assert (out / f"{name}.safetensors").is_file()
     assert results["config"]["train_images"] == 100 and results["config"]["steps"] == 5
+    assert results["scale"] == dict(steps=5, default_steps=500, budget=0.005, up_to=False, smoke=True)
     for plot in ("accuracy.png", "goat_prior.png"):
         assert (out / plot).stat().st_size > 10_000
+        assert figure_title(out / plot).startswith("SMOKE RUN (budget 0.005): 5 training steps per model")
     assert "goat     28px" in capsys.readouterr().out
 
 
@@ -77,3 +80,33 @@ def test_budget_scales_steps_and_images():
     small, large = VisionConfig.for_budget(0.1), VisionConfig.for_budget(10)
     assert (small.steps, small.train_images, small.test_images) == (50, 2_000, 200)
     assert (large.steps, large.train_images, large.test_images) == (5_000, 60_000, 10_000)
+
+
+FULL = RunScale(500, 500, 1.0)
+
+
+def test_the_accuracy_caption_says_whether_goat_keeps_more_than_the_learned_embeddings():
+    def results(goat: float, learned: float) -> dict:
+        return {
+            name: dict(accuracy={"28": 0.8, "84": acc})
+            for name, acc in (("goat", goat), ("learned", learned))
+        }
+
+    assert "This run agrees: at 84 pixels GOAT scores 0.500, learned 0.300" in accuracy_expectation(
+        results(0.5, 0.3), [28, 84], FULL
+    )
+    assert "This run differs: at 84 pixels GOAT scores 0.300, learned 0.400" in accuracy_expectation(
+        results(0.3, 0.4), [28, 84], FULL
+    )
+    only_goat = {"goat": dict(accuracy={"28": 0.8, "84": 0.5})}
+    assert "This run cannot tell" in accuracy_expectation(only_goat, [28, 84], FULL)
+
+
+def test_the_prior_caption_says_whether_the_learned_prior_is_local():
+    rows, cols = np.indices((5, 5))
+    distance = np.hypot(rows - 2, cols - 2)
+    local = np.stack([-distance, -distance])[None]  # (layers 1, heads 2, 5, 5): falls away from the centre
+    assert "This run agrees: 2 of 2 heads" in locality_expectation(local, FULL)
+    ramp = np.stack([cols - 2.0, distance])[None]  # a ramp across the grid, a prior that rises outward
+    assert "This run differs: 0 of 2 heads" in locality_expectation(ramp, FULL)
+    assert "This run cannot tell" in locality_expectation(local[..., 1:4, 1:4], FULL)

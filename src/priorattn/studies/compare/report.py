@@ -16,7 +16,9 @@ from ...eval.pages import STYLE, image, number, table
 from ...eval.plots import TASK_TITLES, plot_accuracy_vs_length, plot_ppl, plot_retrieval_heatmaps
 from ...eval.retrieval import RETRIEVES
 from ...eval.verdicts import Estimate, Winner, compare_to, normal_interval, wilson_interval, winner
+from ...figures import RunScale
 from ...files import write_atomic, write_json_atomic
+from ...models.positions import mechanism_style
 from ..retrieval.report import study_html
 
 # The paired delta (nats per byte) at the longest length is "flat" when its whole 95% interval lies
@@ -189,9 +191,12 @@ def seed_claims(rows: dict[str, dict], longest: int, retrieval_longest: int) -> 
     return claims
 
 
-def draw_figures(results: dict, out: Path) -> dict[str, Path]:
-    """Perplexity for every model; passkey and NIAH for the models evaluated past T (if any)."""
-    figures = dict(ppl=plot_ppl({r["label"]: r["ppl"] for r in results.values()}, out / "ppl.png"))
+def draw_figures(results: dict, out: Path, run: RunScale) -> dict[str, Path]:
+    """Perplexity for every model; passkey and NIAH for the models evaluated past T (if any); each
+    figure headed by the ``run``'s budget and steps, each model drawn in its mechanism's style."""
+    styles = {r["label"]: mechanism_style(name) for name, r in results.items()}
+    ppl = {r["label"]: r["ppl"] for r in results.values()}
+    figures = dict(ppl=plot_ppl(ppl, out / "ppl.png", run=run, styles=styles))
     retrieving = {r["label"]: r for r in results.values() if r["passkey"] is not None}
     if not retrieving:
         return figures
@@ -199,11 +204,14 @@ def draw_figures(results: dict, out: Path) -> dict[str, Path]:
         {label: r["passkey"] for label, r in retrieving.items()},
         out / "passkey_heatmaps.png",
         title=TASK_TITLES["passkey"],
+        run=run,
     )
     figures["passkey"] = plot_accuracy_vs_length(
         {label: r["passkey"] | dict(train_len=r["ppl"]["train_len"]) for label, r in retrieving.items()},
         out / "passkey_accuracy.png",
         title=TASK_TITLES["passkey"],
+        run=run,
+        styles=styles,
     )
     for variant in next(iter(retrieving.values()))["niah"]["variants"]:
         figures[f"niah_{variant}"] = plot_accuracy_vs_length(
@@ -213,6 +221,8 @@ def draw_figures(results: dict, out: Path) -> dict[str, Path]:
             },
             out / f"niah_{variant}.png",
             title=TASK_TITLES[variant],
+            run=run,
+            styles=styles,
         )
     return figures
 
@@ -252,7 +262,7 @@ def write_report(config, results: dict, out: Path, retrieval: dict | None = None
     ``retrieval``: what :func:`~priorattn.studies.retrieval.study.run_retrieval_study` returned; its
     claims answer the seeds' retrieval claims, so the byte-level ones are listed only for models
     that retrieve at T."""
-    figures = draw_figures(results, out)
+    figures = draw_figures(results, out, config.scale)
     rows = summary(results)
     any_model = next(iter(results.values()))
     T = any_model["ppl"]["train_len"]
@@ -268,6 +278,7 @@ def write_report(config, results: dict, out: Path, retrieval: dict | None = None
     data = dict(
         created=created,
         config=asdict(config),
+        scale=config.scale.record(),
         environment=dict(
             torch=torch.__version__, python=platform.python_version(), threads=torch.get_num_threads()
         ),
@@ -297,6 +308,11 @@ def write_report(config, results: dict, out: Path, retrieval: dict | None = None
         else f"<code>{html.escape(config.data)}</code>"
     )
     parts = [f"<h1>priorattn compare: {len(results)} positional mechanisms</h1>"]
+    if config.scale.smoke:
+        parts.append(
+            f"<p class='differ'>{html.escape(config.scale.title())} (the language models): run with "
+            "the default budget for the study.</p>"
+        )
     parts.append(
         f"<p>Created {created} by <code>python -m priorattn compare</code>. Every model is the "
         f"<code>{config.preset}</code> preset trained for {config.steps} steps of {config.batch_size} x "

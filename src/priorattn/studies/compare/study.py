@@ -26,6 +26,7 @@ from ...data.retrieval import NIAH_VARIANTS
 from ...eval.jobs import RESULTS_JSON, checkpoint_identity, niah_job, passkey_job, ppl_job
 from ...eval.ppl import check_factors
 from ...eval.retrieval import RETRIEVES
+from ...figures import RunScale
 from ...files import check_text_encoding, prepare_out, write_json_atomic
 from ...models import preset
 from ...models.positions import mechanism_fields, mechanism_label, split_mechanism
@@ -36,6 +37,8 @@ from ..retrieval.study import RetrievalStudyConfig
 # The language models compare trains by default: seed 003 Fig. 6's and seed 000 Fig. 3's mechanisms,
 # BAM as seed 003 defines it (GGD + SSMax).
 DEFAULT_MODELS = ("nope", "sinusoidal", "rope", "local_rope", "alibi", "bam+ssmax", "goat")
+#: Each language model's training steps at budget 1.
+STEPS = 600
 
 
 @dataclass
@@ -48,6 +51,7 @@ class CompareConfig:
     embedded Shakespeare works), its text files decoded with ``text_encoding``. ``ppl_factors`` and
     ``retrieval_factors`` are the evaluation lengths in units of ``T = seq_len``: increasing, from
     1 (the report reads the first as ``T``), perplexity with at least one length past ``T``.
+    ``budget``: the one these settings were made for (:attr:`scale`).
     """
 
     models: list[str] = field(default_factory=lambda: list(DEFAULT_MODELS))
@@ -56,7 +60,7 @@ class CompareConfig:
     preset: str = "tiny"
     seq_len: int = 256
     window: int = 128
-    steps: int = 600
+    steps: int = STEPS
     batch_size: int = 8
     retrieval_mix: float = 0.5
     seed: int = 0
@@ -68,6 +72,7 @@ class CompareConfig:
     trials: int = 2
     niah_variants: list[str] = field(default_factory=lambda: list(NIAH_VARIANTS))
     retrieval: RetrievalStudyConfig | None = field(default_factory=RetrievalStudyConfig)
+    budget: float = 1.0
 
     def __post_init__(self):
         if not self.models:
@@ -101,8 +106,9 @@ class CompareConfig:
         study = {} if retrieval_mechanisms is None else dict(mechanisms=list(retrieval_mechanisms))
         config = cls(
             models=list(models or DEFAULT_MODELS),
-            steps=max(10, round(600 * budget)),
+            steps=max(10, round(STEPS * budget)),
             retrieval=RetrievalStudyConfig.for_budget(budget, **study),
+            budget=budget,
         )
         if budget < 0.5:
             config.ppl_factors, config.retrieval_factors = [1, 2, 4, 8], [1, 2, 4]
@@ -111,6 +117,12 @@ class CompareConfig:
             config.retrieval_factors.append(32)
             config.trials = 4
         return config
+
+    @property
+    def scale(self) -> RunScale:
+        """The budget and steps of the language models, as ``results.json`` and the figures state
+        them (the retrieval study states its own)."""
+        return RunScale(self.steps, STEPS, self.budget)
 
     def model_config(self, name: str):
         fields = dict(mechanism_fields(name), seq_len=self.seq_len, vocab_size=vocab_size_of("byte"))

@@ -7,11 +7,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ...figures import RunScale
 from ...models.positions import mechanism_fields, split_mechanism
 
 DEFAULT_GENOME = "~/.cache/priorattn/genomes/E.Coli/references/MG1655-K12.fasta.gz"
 DEFAULT_MODELS = ("goat", "rope", "alibi")
 BASES = "ACGT"
+#: Each model's training steps at budget 1.
+STEPS = 400
 
 
 @dataclass
@@ -20,13 +23,14 @@ class DNAConfig:
 
     The default (budget 1) trains each tiny model for 400 steps of 8 x 512 bases of E. coli K-12
     MG1655 (``make genomes``) and samples 3 continuations of 200 bases after 256-base prompts.
+    ``budget``: the one these settings were made for (:attr:`scale`).
     """
 
     models: list[str] = field(default_factory=lambda: list(DEFAULT_MODELS))
     genome: str = DEFAULT_GENOME
     preset: str = "tiny"
     seq_len: int = 512
-    steps: int = 400
+    steps: int = STEPS
     batch_size: int = 8
     seed: int = 0
     continuations: int = 3
@@ -34,6 +38,7 @@ class DNAConfig:
     new_bases: int = 200
     gc_window: int = 25  # seed 000 Fig. 4c
     temperature: float = 1.0
+    budget: float = 1.0
 
     def __post_init__(self):
         if not self.models:
@@ -48,7 +53,13 @@ class DNAConfig:
         """Training steps scale with ``budget`` (at least 10)."""
         if not budget > 0 or not math.isfinite(budget):
             raise ValueError(f"budget must be a positive number, got {budget!r}")
-        return cls(models=list(models or DEFAULT_MODELS), steps=max(10, round(400 * budget)), **fields)
+        steps = max(10, round(STEPS * budget))
+        return cls(models=list(models or DEFAULT_MODELS), steps=steps, budget=budget, **fields)
+
+    @property
+    def scale(self) -> RunScale:
+        """The budget and steps that ``results.json`` and every figure state."""
+        return RunScale(self.steps, STEPS, self.budget)
 
     def train_argv(self, name: str, run_dir: Path, progress: bool) -> list[str]:
         """The ``priorattn train`` command line of model ``name``."""

@@ -44,7 +44,7 @@ def dna(config: DNAConfig, out: str | Path, *, progress: bool = True, log=print)
             "ragout-examples) into ~/.cache/priorattn/genomes, or give a FASTA file with --genome"
         )
     out = prepare_out(out)
-    settings = asdict(config) | {"models": None}  # what a model's results depend on
+    settings = asdict(config) | {"models": None, "budget": None}  # what a model's results depend on
     models = {}
     for i, name in enumerate(config.models, 1):
         run_dir = out / "models" / name
@@ -59,6 +59,7 @@ def dna(config: DNAConfig, out: str | Path, *, progress: bool = True, log=print)
         write_json_atomic(saved, models[name])
     results = dict(
         genome=str(genome),
+        scale=config.scale.record(),
         settings=settings,
         unigram_bits_per_base=read_data_record(out / "models" / config.models[0])["unigram_loss"]
         / math.log(2),
@@ -67,8 +68,8 @@ def dna(config: DNAConfig, out: str | Path, *, progress: bool = True, log=print)
     )
     from .plots import plot_continuations, plot_efficiency, plot_nll
 
-    plot_nll(results, out / "nll.png")
-    plot_efficiency(results, out / "efficiency.png")
+    plot_nll(results, out / "nll.png", run=config.scale)
+    plot_efficiency(results, out / "efficiency.png", run=config.scale)
     plot_continuations(results, config, out / "continuations.png")
     write_json_atomic(out / RESULTS_JSON, results)
     return results

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ...figures import captioned_figure, save
+from ...figures import RunScale, captioned_figure, save
+from ...models.positions import mechanism_style
 from .config import DNAConfig
 from .measures import gc_trajectory
 
@@ -15,7 +16,7 @@ MATCH, MISMATCH = "#2e9e44", "#e07b00"  # seed 000 Fig. 4c: green = match, orang
 BASES_PER_LINE = 50
 
 
-def plot_nll(results: dict, path: Path) -> Path:
+def plot_nll(results: dict, path: Path, *, run: RunScale) -> Path:
     """How far each model's validation loss is below the unigram baseline, in bits per base, with
     its NLL in nats written on the bar (seed 000 Fig. 4a)."""
     caption = (
@@ -26,11 +27,12 @@ def plot_nll(results: dict, path: Path) -> Path:
         "(nats / ln 2). The baseline itself is in the title; 2 bits is a uniform guess among "
         "A, C, G, T."
     )
-    fig, panel = captioned_figure((6.5, 4.0), caption)
+    fig, panel = captioned_figure((6.5, 4.0), caption, run=run)
     ax = panel.subplots()
     models, baseline = results["models"], results["unigram_bits_per_base"]
     gains = [baseline - m["bits_per_base"] for m in models.values()]
-    bars = ax.bar([m["label"] for m in models.values()], gains, color=[f"C{k}" for k in range(len(models))])
+    colours = [mechanism_style(name)["color"] for name in models]
+    bars = ax.bar([m["label"] for m in models.values()], gains, color=colours)
     notes = [f"{m['val_nll']:.4f} nats\n{m['bits_per_base']:.4f} bits" for m in models.values()]
     ax.bar_label(bars, notes, fontsize=8, padding=2)
     ax.axhline(0, color="0.3", linewidth=1)
@@ -40,7 +42,7 @@ def plot_nll(results: dict, path: Path) -> Path:
     return save(fig, path)
 
 
-def plot_efficiency(results: dict, path: Path) -> Path:
+def plot_efficiency(results: dict, path: Path, *, run: RunScale) -> Path:
     """Training tokens/s and peak resident memory of each model (seed 000 Fig. 4b)."""
     caption = (
         "Training cost of each model under the same budget. Solid: training throughput in bases "
@@ -49,7 +51,7 @@ def plot_efficiency(results: dict, path: Path) -> Path:
         "library and torch, so the part above it is what training adds. Seed 000 measured peak "
         "CUDA memory of a 125M model; on a CPU with a tiny model the interpreter is a large share."
     )
-    fig, panel = captioned_figure((6.5, 4.0), caption)
+    fig, panel = captioned_figure((6.5, 4.0), caption, run=run)
     models = results["models"]
     x = np.arange(len(models))
     ax = panel.subplots()
@@ -79,11 +81,12 @@ def plot_continuations(results: dict, config: DNAConfig, path: Path) -> Path:
         "same random numbers, so differences come from the models); a base is green "
         "where it equals the genome's next base and orange where it does not (a quarter of them "
         "match by chance). Bottom: GC content of each window of "
-        f"{config.gc_window} bases sliding along the continuation, the true sequence in black. "
+        f"{config.gc_window} bases sliding along the continuation, the true sequence as a wide grey band. "
         "The legend gives each model's Pearson r with the truth and its match rate, both averaged "
         f"over {config.continuations} continuations."
     )
-    fig, panel = captioned_figure((9.0, 1.2 + 0.22 * lines * (len(models) + 1) + 2.6), caption)
+    height = 1.2 + 0.22 * lines * (len(models) + 1) + 2.6
+    fig, panel = captioned_figure((9.0, height), caption, run=config.scale)
     top, bottom = panel.subfigures(2, 1, height_ratios=[0.22 * lines * (len(models) + 1) + 0.6, 2.6])
     ax = top.subplots()
     ax.set_axis_off()
@@ -102,13 +105,13 @@ def plot_continuations(results: dict, config: DNAConfig, path: Path) -> Path:
     ax.set_ylim(-y, 0.5)
     ax.set_title(f"Sampled continuations, first prompt (prompt ends ...{first['prompt'][-30:]})", fontsize=9)
     gc = bottom.subplots()
-    gc.plot(gc_trajectory(first["truth"], config.gc_window), color="black", linewidth=2, label="truth")
-    for k, m in enumerate(models.values()):
+    # the truth as a wide light band, apart from every mechanism's line (NoPE's is black)
+    gc.plot(gc_trajectory(first["truth"], config.gc_window), color="0.75", linewidth=5, label="truth")
+    for name, m in models.items():
         r = "undefined" if m["gc_pearson"] is None else f"{m['gc_pearson']:.2f}"
         label = f"{m['label']} (r = {r}, match {100 * m['match_rate']:.0f}%)"
-        gc.plot(
-            gc_trajectory(m["continuations"][0]["generated"], config.gc_window), color=f"C{k}", label=label
-        )
+        style = mechanism_style(name) | dict(marker=None)  # a point per window would hide the line
+        gc.plot(gc_trajectory(m["continuations"][0]["generated"], config.gc_window), label=label, **style)
     gc.set_xlabel(f"window start (base after the prompt), window = {config.gc_window}")
     gc.set_ylabel("GC %")
     gc.set_ylim(0, 100)

@@ -253,6 +253,7 @@ def write_study(
         created=time.strftime("%Y-%m-%d %H:%M"),
         config=asdict(config),
         smoke=config.smoke,
+        scale=config.scale.record(),
         environment=dict(
             torch=torch.__version__, python=platform.python_version(), workers=workers, threads_per_worker=1
         ),
@@ -289,8 +290,8 @@ def study_html(data: dict, out: Path, level: int = 2) -> str:
     parts = [f"<{h}>Retrieval beyond the training length (synthetic tasks)</{h}>"]
     if data["smoke"]:
         parts.append(
-            f"<p class='differ'>A smoke run (budget {config.budget:g}, {config.steps} steps): its numbers "
-            "judge nothing; run with the default budget for the study.</p>"
+            f"<p class='differ'>{html.escape(config.scale.title())}: run with the default budget for "
+            "the study.</p>"
         )
     shift = " with a token shift" if config.token_shift else ""
     parts.append(

@@ -41,6 +41,7 @@ from ...data.synthetic import SYNTHETIC_TASKS, SyntheticTask
 from ...eval.ppl import check_factors
 from ...eval.retrieval import uniform_depths
 from ...eval.synthetic import exact_matches, score_synthetic
+from ...figures import RunScale
 from ...files import as_saved, prepare_out, read_json, sha256_of, write_atomic, write_json_atomic
 from ...models import GPT, GPTConfig
 from ...models.positions import POSITIONS as MODEL_POSITIONS
@@ -60,6 +61,8 @@ DEFAULT_POSITIONS = ("nope", "rope", "alibi", "bam", "goat")
 DEFAULT_MECHANISMS = tuple(m for p in DEFAULT_POSITIONS for m in (p, p + SSMAX))
 ALL_MECHANISMS = tuple(m for p in POSITIONS for m in (p, p + SSMAX))
 RETRIEVES_AT_T = 0.95  # a mechanism below this at T cannot be judged beyond it
+#: The training steps at budget 1: a cap, each model stopping when it retrieves at T.
+STEPS = 2000
 
 
 def position_of(mechanism: str) -> tuple[str, bool]:
@@ -99,7 +102,7 @@ class RetrievalStudyConfig:
     n_layers: int = 2
     n_heads: int = 2
     goat_freqs: int = 3
-    steps: int = 2000
+    steps: int = STEPS
     batch_size: int = 32
     lr: float = 3e-3
     prior_lr: float = 1e-3
@@ -178,9 +181,14 @@ class RetrievalStudyConfig:
         return config
 
     @property
+    def scale(self) -> RunScale:
+        """The budget and step cap that ``results.json`` and every figure state."""
+        return RunScale(self.steps, STEPS, self.budget, up_to=True)
+
+    @property
     def smoke(self) -> bool:
-        """Whether this is a run below the default budget, whose numbers judge nothing."""
-        return self.budget < 1
+        """Whether this is a run below the default budget or steps, whose numbers judge nothing."""
+        return self.scale.smoke
 
     def min_train_len(self) -> int:
         return max(SyntheticTask(name).min_length() for name in self.tasks)

@@ -2,7 +2,8 @@
 
 :data:`EXPERIMENTS` maps each experiment's number to its description and its ``run(settings, out,
 *, progress, log) -> dict`` (a module of this package each); :func:`run_experiment` trains what it
-needs into ``DIR/runs`` (reused on a re-run) and writes ``DIR/results.json`` and its figures.
+needs into ``DIR/runs`` (reused on a re-run) and writes ``DIR/results.json`` and its figures,
+both stating the budget and steps (``"scale"``; below budget 1 a smoke run).
 See ``docs/scalar_experiments.md``.
 """
 
@@ -74,7 +75,13 @@ def run_experiment(
     experiment = EXPERIMENTS[number]
     results = experiment.run(settings, out, progress=progress, log=log)
     results = (
-        dict(experiment=number, description=experiment.description, budget=budget, settings=asdict(settings))
+        dict(
+            experiment=number,
+            description=experiment.description,
+            budget=budget,
+            scale=settings.scale.record(),
+            settings=asdict(settings),
+        )
         | results
     )
     write_json_atomic(out / RESULTS_JSON, results)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ...figures import captioned_figure, save
+from ...figures import RunScale, captioned_figure, save, seed_expectation
 from ...scalar.layers import ScalarAttentionMap
 from . import regularizer_ablation
 from .common import (
@@ -139,10 +139,36 @@ def binned_median(x: np.ndarray, y: np.ndarray, edges: np.ndarray) -> tuple[np.n
     return np.array(centres), np.array(medians)
 
 
-def plot_alignment(drawn: dict[str, tuple[np.ndarray, np.ndarray, dict]], out: Path) -> Path:
+#: The window at which the nearest-key mass judges the seed's expectation.
+JUDGED_K = "8"
+
+
+def expectation(measured: dict[str, dict], run: RunScale) -> str:
+    """Seed 002 experiment 2, judged on the hybrid with experiment 3's ``L_align`` (``"align"``)
+    against the hybrid without (``"hybrid"``): with ``L_align`` working, weight falls more with
+    scalar distance (a lower rank correlation rho) and the nearest keys hold more of the mass."""
+    without, with_align = measured["hybrid"]["alignment"], measured["align"]["alignment"]
+    mass = [a["nearest_mass"].get(JUDGED_K) for a in (without, with_align)]
+    rho = [a["rank_correlation"] for a in (without, with_align)]
+    agrees = None if None in mass else rho[1] < rho[0] and mass[1] > mass[0]
+    masses = "not measured" if None in mass else f"{mass[0]:.3f} -> {mass[1]:.3f}"
+    return seed_expectation(
+        "Seed 002 expects that with the alignment regularizer L_align working, high-weight pairs sit "
+        "at small scalar distance: the median line falls to the right and the nearest keys hold more "
+        "of the mass.",
+        agrees,
+        f"with L_align ({regularizer_ablation.ALIGN:g}) rho goes from {rho[0]:.3f} to {rho[1]:.3f} "
+        f"and the {JUDGED_K} nearest keys' mass from {masses}",
+        run,
+    )
+
+
+def plot_alignment(
+    drawn: dict[str, tuple[np.ndarray, np.ndarray, dict]], out: Path, expectation: str, *, run: RunScale
+) -> Path:
     """``alignment.png``: per setting (name -> ``(weights, distances, summary)``), a 2D histogram of
     scalar distance against attention weight with its binned median, and the nearest-key mass
-    against the window size for every setting."""
+    against the window size for every setting; the caption ends with ``expectation``."""
     from matplotlib.colors import LogNorm
 
     caption = (
@@ -154,14 +180,12 @@ def plot_alignment(drawn: dict[str, tuple[np.ndarray, np.ndarray, dict]], out: P
         "weight. Last panel: the attention mass that the k keys nearest the query in scalar distance hold "
         "(what a sorted cache's window of k keys reads), averaged over queries that see more than k "
         "keys.\n\n"
-        "Look for (seed 002 experiment 2): with the alignment regularizer L_align working, "
-        "high-weight pairs sit at small scalar distance (the median line falls to the right) and the "
-        "nearest keys hold more of the mass. rho is Spearman's rank correlation between weight and "
-        "distance (-1: weight falls with distance alone)."
+        "rho is Spearman's rank correlation between weight and distance (-1: weight falls with "
+        f"distance alone). {expectation}"
     )
     columns = 3
     rows = -(-(len(drawn) + 1) // columns)  # the histograms, then the mass panel
-    fig, panel = captioned_figure((6.0 * columns, 5.0 * rows), caption)
+    fig, panel = captioned_figure((6.0 * columns, 5.0 * rows), caption, run=run)
     axes = panel.subplots(rows, columns, squeeze=False).flatten()
     for spare in axes[len(drawn) + 1 :]:
         spare.set_visible(False)
@@ -209,5 +233,5 @@ def run(settings: Settings, out: Path, *, progress: bool = True, log=print) -> d
         maps = attention_maps(model_run.model, tokens)
         measured[variant.name] = summary(variant, trained) | dict(alignment=alignment_summary(maps))
         drawn[variant.label] = (*weight_distance_pairs(maps), measured[variant.name]["alignment"])
-    figure = plot_alignment(drawn, out)
+    figure = plot_alignment(drawn, out, expectation(measured, settings.scale), run=settings.scale)
     return dict(variants=measured, figures=[figure.name])

@@ -12,7 +12,7 @@ their scalar heads on validation windows (:func:`validation_windows`, :func:`att
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ...data import vocab_size_of
+from ...figures import RunScale
 from ...models import GPT, GPTConfig, preset
 from ...scalar.layers import ScalarAttentionMap, ScalarMultiheadAttention
 from ...train import TrainConfig, TrainedRun, TrainResult, load_run, train
@@ -49,6 +50,7 @@ class Settings:
 
     Budget 1 trains the ``tiny`` preset (4 layers, 4 heads, d_model 128, bytes) for 300 steps of
     8 x 128 tokens (the seed's "ctx-128") on the embedded corpus, evaluating validation loss 10 times.
+    ``budget`` is the one these settings were made for (:attr:`scale`).
     """
 
     steps: int = STEPS
@@ -59,6 +61,12 @@ class Settings:
     eval_sequences: int = 64
     windows: int = 8  # validation windows the attention measurements average over
     seed: int = 0
+    budget: float = 1.0
+
+    @property
+    def scale(self) -> RunScale:
+        """The budget and steps every figure and ``results.json`` of the experiment state."""
+        return RunScale(self.steps, STEPS, self.budget)
 
     @classmethod
     def for_budget(cls, budget: float = 1.0, seed: int = 0) -> Settings:
@@ -69,7 +77,7 @@ class Settings:
             raise ValueError(f"budget must be a positive finite number, got {budget!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {seed!r}")
-        return cls(steps=max(2, round(STEPS * budget)), seed=seed)
+        return cls(steps=max(2, round(STEPS * budget)), seed=seed, budget=budget)
 
     def model_config(self, variant: Variant) -> GPTConfig:
         fields = dict(seq_len=self.seq_len, vocab_size=vocab_size_of("byte")) | variant.model
@@ -111,22 +119,26 @@ def compare_variants(
     out: Path,
     title: str,
     captions: tuple[str, str],
+    expectation: Callable[[dict[str, dict], RunScale], str],
     *,
     progress: bool = True,
     log=print,
 ) -> dict:
     """The results of an experiment that compares ``variants``: train each, measure the mass of
     those with scalar heads (:func:`measure_mass`), draw the validation curves (``val_loss.png``,
-    ``title``, ``captions[0]``) and the masses (``mass.png``, ``captions[1]``)."""
+    ``title``, ``captions[0]`` followed by ``expectation(results, scale)``, the seed's expectation
+    judged on the results) and the masses (``mass.png``, ``captions[1]``)."""
     results = {}
     for variant in variants:
         trained = train_variant(variant, settings, out, progress=progress, log=log)
         results[variant.name] = summary(variant, trained)
         if variant.model.get("attention", "standard") != "standard":
             results[variant.name]["mass_captured"] = measure_mass(trained.run_dir, settings)
+    run = settings.scale
+    caption = f"{captions[0]} {expectation(results, run)}"
     figures = [
-        plot_val_curves(results, out, "val_loss.png", title, captions[0]),
-        plot_mass(results, out, "mass.png", "Mass on the k nearest scalar keys", captions[1]),
+        plot_val_curves(results, out, "val_loss.png", title, caption, run=run),
+        plot_mass(results, out, "mass.png", "Mass on the k nearest scalar keys", captions[1], run=run),
     ]
     return dict(variants=results, mass_ks=list(MASS_KS), figures=figures)
 
@@ -300,12 +312,15 @@ def mass_summary(
     return {name: {str(k): mass for k, mass in by_k.items()} for name, by_k in masses.items()}
 
 
-def plot_val_curves(variants: dict[str, dict], out: Path, name: str, title: str, caption: str) -> str:
+def plot_val_curves(
+    variants: dict[str, dict], out: Path, name: str, title: str, caption: str, *, run: RunScale
+) -> str:
     """The validation curves of :func:`summary` entries as ``out/NAME``: every evaluation (left,
-    with the unigram baseline) and the second half of training, zoomed (right); its name."""
+    with the unigram baseline) and the second half of training, zoomed (right); its name. ``run``:
+    the experiment's budget and steps, above the panels."""
     from ...figures import captioned_figure
 
-    fig, panel = captioned_figure((11, 4.4), caption)
+    fig, panel = captioned_figure((11, 4.4), caption, run=run)
     whole, late = panel.subplots(1, 2)
     for entry in variants.values():
         steps, losses = entry["val_curve"]["steps"], entry["val_curve"]["val_loss"]
@@ -324,7 +339,9 @@ def plot_val_curves(variants: dict[str, dict], out: Path, name: str, title: str,
     return save_figure(fig, out, name)
 
 
-def plot_mass(variants: dict[str, dict], out: Path, name: str, title: str, caption: str) -> str:
+def plot_mass(
+    variants: dict[str, dict], out: Path, name: str, title: str, caption: str, *, run: RunScale
+) -> str:
     """The :func:`measure_mass` (``"mass_captured"``) of the entries that have it against k, as
     ``out/NAME``: nearest keys solid, heaviest dotted in the same colour, random keys grey; its name."""
     from ...figures import captioned_figure
@@ -334,7 +351,7 @@ def plot_mass(variants: dict[str, dict], out: Path, name: str, title: str, capti
         "reading k keys holds. Dotted, same colour: the k heaviest keys, the most any k keys hold. "
         "Grey: k keys at random."
     )
-    fig, panel = captioned_figure((6.5, 4.4), f"{caption} {lines}")
+    fig, panel = captioned_figure((6.5, 4.4), f"{caption} {lines}", run=run)
     ax = panel.subplots()
     for entry in variants.values():
         if "mass_captured" in entry:

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from ...figures import captioned_figure, save
+from ...figures import RunScale, captioned_figure, save, seed_expectation
 from ...scalar.sorted_cache import SortedScalarCache
 from . import regularizer_ablation
 from .alignment import HYBRID
@@ -140,9 +140,37 @@ def length_sweep(
     return records
 
 
-def plot_context_length(sweeps: dict[str, list[dict]], out: Path) -> Path:
+#: The window stays "effectively constant" (seed 002) while the mass it misses grows at most this
+#: many times from the training length to the longest context.
+FLAT_GROWTH = 2.0
+
+
+def expectation(records: list[dict], run: RunScale) -> str:
+    """Seed 002 experiment 4's hypothesis, judged on the regularized hybrid's :func:`length_sweep`
+    ``records``: with the regularizers the window stays effectively constant, the mass a window of
+    the largest k misses growing at most :data:`FLAT_GROWTH` times from the first length to the
+    last."""
+    k = records[0]["k"]
+    largest = max(k, key=int)
+    first, last = (r["k"][largest]["missed"]["mean"] for r in (records[0], records[-1]))
+    measured = (
+        f"with all three regularizers a window of k = {largest} misses {first:.3g} of the mass at "
+        f"{records[0]['length']} tokens and {last:.3g} at {records[-1]['length']}"
+    )
+    return seed_expectation(
+        "Seed 002 hypothesizes that the regularizers keep the window effectively constant: flat "
+        f"lines, a fixed k suffices at any length (here: the missed mass grows at most "
+        f"{FLAT_GROWTH:g}-fold).",
+        last <= FLAT_GROWTH * first,
+        measured,
+        run,
+    )
+
+
+def plot_context_length(sweeps: dict[str, list[dict]], out: Path, expectation: str, *, run: RunScale) -> Path:
     """``context_length.png``: mass missed, output error and keys per bandwidth against length, one
-    line per model and window size (``sweeps``: model name -> :func:`length_sweep` records)."""
+    line per model and window size (``sweeps``: model name -> :func:`length_sweep` records); the
+    caption ends with ``expectation``."""
     caption = (
         "Each model was trained at its short training length and is evaluated here on longer "
         "validation windows. At every length the last positions of each window are decoded from a "
@@ -153,11 +181,10 @@ def plot_context_length(sweeps: dict[str, list[dict]], out: Path) -> Path:
         "error of the attention output, same mean. Right: how many keys lie within one bandwidth "
         "sqrt(tau) of the query: when it grows with the context, a fixed window holds less of the "
         "mass.\n\n"
-        "Look for (seed 002 experiment 4): flat lines mean a fixed k suffices at any length (the "
-        f"seed's hypothesis); rising lines mean k must grow with the context. Values below "
-        f"{ERROR_FLOOR:g} are drawn at it."
+        "Flat lines mean a fixed k suffices at any length; rising lines mean k must grow with the "
+        f"context. Values below {ERROR_FLOOR:g} are drawn at it. {expectation}"
     )
-    fig, panel = captioned_figure((16, 5.2), caption)
+    fig, panel = captioned_figure((16, 5.2), caption, run=run)
     ax_missed, ax_error, ax_keys = panel.subplots(1, 3)
     for c, (name, records) in enumerate(sweeps.items()):
         lengths = [r["length"] for r in records]
@@ -207,5 +234,6 @@ def run(settings: Settings, out: Path, *, progress: bool = True, log=print) -> d
         records = length_sweep(model_run.model, windows_at, lengths=lengths, progress=progress)
         variants[variant.name] = summary(variant, trained) | dict(lengths=records)
         sweeps[variant.label] = records
-    figure = plot_context_length(sweeps, out)
+    judged = expectation(variants[regularized.name]["lengths"], settings.scale)
+    figure = plot_context_length(sweeps, out, judged, run=settings.scale)
     return dict(variants=variants, ks=list(KS), queries=QUERIES, windows=WINDOWS, figures=[figure.name])

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from ...eval import evaluate_ppl
 from ...eval.jobs import eval_documents
+from ...figures import RunScale, seed_expectation
 from ...scalar.model import add_inference_length_rule
 from ...scalar.temperature import rule_tau_init
 from .common import (
@@ -116,9 +117,14 @@ def run(settings: Settings, out: Path, *, progress: bool = True, log=print) -> d
             )
     figures = [
         plot_val_curves(
-            results, out, "val_loss.png", "Experiment 8: the length rule in training", TRAIN_CAPTION
+            results,
+            out,
+            "val_loss.png",
+            "Experiment 8: the length rule in training",
+            TRAIN_CAPTION,
+            run=settings.scale,
         ),
-        plot_lengths(scored, out, "length_rule.png", L),
+        plot_lengths(scored, out, "length_rule.png", L, run=settings.scale),
     ]
     return dict(
         variants=results,
@@ -139,9 +145,34 @@ TRAIN_CAPTION = (
 )
 
 
-def plot_lengths(scored: dict[str, dict], out: Path, name: str, train_len: int) -> str:
+#: The k whose nearest keys must hold most of the mass for attention to count as local.
+LOCAL_K = "64"
+
+
+def expectation(scored: dict[str, dict], train_len: int, run: RunScale) -> str:
+    """Seed 002's "Long Context Behavior", judged on the model trained without the rule, under its
+    own tau (``"own"``): its attention is local at ``LOCALITY_FACTOR`` training lengths when the
+    :data:`LOCAL_K` keys nearest each query hold more than half its mass."""
+    mass = scored["own"]["mass_captured"]["nearest"].get(LOCAL_K)
+    length = LOCALITY_FACTOR * train_len
+    measured = (
+        f"at {length} bytes the {LOCAL_K} nearest scalar keys hold "
+        + ("nothing measured" if mass is None else f"{mass:.3f}")
+        + " of the own-tau model's mass"
+    )
+    return seed_expectation(
+        "Seed 002 expects a trained model's own attention to be local at any length (here: more than "
+        f"half the mass on the {LOCAL_K} nearest scalar keys).",
+        None if mass is None else mass > 0.5,
+        measured,
+        run,
+    )
+
+
+def plot_lengths(scored: dict[str, dict], out: Path, name: str, train_len: int, *, run: RunScale) -> str:
     """Loss against evaluation length (left) and the mass on the ``k`` nearest scalar keys at
-    ``LOCALITY_FACTOR`` training lengths against ``k`` (right), one line per evaluation."""
+    ``LOCALITY_FACTOR`` training lengths against ``k`` (right), one line per evaluation; the
+    caption judges the seed's expectation (:func:`expectation`)."""
     from ...figures import captioned_figure
 
     caption = (
@@ -150,10 +181,10 @@ def plot_lengths(scored: dict[str, dict], out: Path, name: str, train_len: int) 
         f"training length {train_len}. Right: on validation windows of {LOCALITY_FACTOR * train_len} "
         "bytes, the attention mass on the k keys nearest each query in scalar distance (mean over "
         "layers, heads and queries that see more than k keys): what a sorted cache reading k keys "
-        "holds. Seed 002 expects a trained model's own attention to be local at any length; "
-        "'rule at inference' is the rule added to a model trained without it."
+        "holds. 'rule at inference' is the rule added to a model trained without it. "
+        f"{expectation(scored, train_len, run)}"
     )
-    fig, panel = captioned_figure((12, 4.6), caption)
+    fig, panel = captioned_figure((12, 4.6), caption, run=run)
     ax_loss, ax_mass = panel.subplots(1, 2)
     for entry in scored.values():
         ax_loss.plot(entry["lengths"], entry["loss"], marker="o", label=entry["label"])

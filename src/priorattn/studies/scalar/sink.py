@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ...eval.ppl import position_bins
-from ...figures import captioned_figure, save
+from ...figures import RunScale, captioned_figure, save, seed_expectation
 from .alignment import HYBRID
 from .capture import ScalarLayerCapture, capture_scalar_layers
 from .common import Settings, Variant, load_run, metric_curve, summary, train_variant, validation_windows
@@ -120,13 +120,40 @@ def sink_by_length(model, windows_at: Callable[[int], Tensor], lengths: Sequence
     ]
 
 
+def expectation(by_length: dict[str, list[dict]], run: RunScale) -> str:
+    """Seed 002's picture of the sink, judged on each sink model's share by nearest-key distance at
+    the training length (``by_length``: name -> :func:`sink_by_length` records): it absorbs garbage
+    mass when it takes more of the attention of queries with no key near (the farthest bin that
+    holds queries) than of queries with a key near (the nearest such bin)."""
+    shares = {}
+    for name, records in by_length.items():
+        held = [v for v in records[0]["by_nearest_distance"] if v is not None]
+        shares[name] = (held[0], held[-1])
+    measured = "; ".join(
+        f"{name}: {near:.3f} of the attention of queries with a key near, {far:.3f} of those farthest"
+        for name, (near, far) in shares.items()
+    )
+    return seed_expectation(
+        "Seed 002 expects the sink to absorb garbage mass: to take the attention of queries with no "
+        "key near ((c) rising to the right).",
+        all(far > near for near, far in shares.values()) if shares else None,
+        measured or "no model with a sink",
+        run,
+    )
+
+
 def plot_sink(
-    by_length: dict[str, list[dict]], tau_curves: dict[str, tuple[list[int], list[float]]], out: Path
+    by_length: dict[str, list[dict]],
+    tau_curves: dict[str, tuple[list[int], list[float]]],
+    out: Path,
+    *,
+    run: RunScale,
 ) -> Path:
     """``sink.png``: for each model with a sink (``by_length``: name -> :func:`sink_by_length`
     records, the first at the training length), its mass per layer and head, by query position at
     every length and by nearest-key distance; and the mean tau over training of every model
-    (``tau_curves``: name -> ``(steps, mean tau)``)."""
+    (``tau_curves``: name -> ``(steps, mean tau)``). The caption judges the seed's picture
+    (:func:`expectation`)."""
     caption = (
         "Models trained with a sink key at scalar 0 (seed 002 'Attention Sinks': a persistent key every "
         "query sees, with a learned value), measured on validation windows. (a) The sink's share of "
@@ -136,10 +163,10 @@ def plot_sink(
         "the distance from the query to its nearest real key, in bandwidths sqrt(tau): if the sink "
         "absorbs 'garbage' mass it takes the attention of queries with no key near them. (d) The mean "
         "learned bandwidth tau over training, with and without a sink.\n\n"
-        "Look for (seed 002 experiment 5): a sink that takes mass mostly where no key is near (c rising "
-        "to the right), and whether tau grows differently when a sink exists."
+        f"{expectation(by_length, run)} The seed also asks whether tau grows differently when a "
+        "sink exists: compare the lines of (d)."
     )
-    fig, panel = captioned_figure((15, 10), caption)
+    fig, panel = captioned_figure((15, 10), caption, run=run)
     (ax_heads, ax_position), (ax_distance, ax_tau) = panel.subplots(2, 2)
     names = list(by_length)
     width = 0.8 / max(len(names), 1)
@@ -209,5 +236,5 @@ def run(settings: Settings, out: Path, *, progress: bool = True, log=print) -> d
             result["sink"] = by_length[variant.label] = sink_by_length(model_run.model, windows_at, lengths)
         variants[variant.name] = result
         tau_curves[variant.label] = (tau["steps"], tau["tau"])
-    figure = plot_sink(by_length, tau_curves, out)
+    figure = plot_sink(by_length, tau_curves, out, run=settings.scale)
     return dict(variants=variants, lengths=lengths, windows=WINDOWS, figures=[figure.name])

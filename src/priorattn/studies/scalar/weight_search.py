@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ...figures import RunScale
 from ...scalar.regularizers import Regularization
 from .common import (
     MASS_KS,
@@ -173,7 +174,7 @@ def search(grid: Grid, settings: Settings, out: Path, *, progress: bool = True, 
         name: measure(points[name], replicate, out, suffix, progress=progress, log=log)
         for name in to_confirm(results, by_k[str(MASS_KS[0])])
     }
-    figures = [plot_pareto(results, by_k, confirmed, out, "pareto.png")]
+    figures = [plot_pareto(results, by_k, confirmed, out, "pareto.png", run=settings.scale)]
     return dict(
         variants=results,
         pareto_fronts=by_k,
@@ -204,11 +205,17 @@ CAPTION = (
 
 
 def plot_pareto(
-    results: dict[str, dict], by_k: dict[str, list[str]], confirmed: dict[str, dict], out: Path, name: str
+    results: dict[str, dict],
+    by_k: dict[str, list[str]],
+    confirmed: dict[str, dict],
+    out: Path,
+    name: str,
+    *,
+    run: RunScale,
 ) -> str:
     from ...figures import captioned_figure
 
-    fig, panel = captioned_figure((14, 4.6), CAPTION.format(bound=LOSS_BOUND, shown=SHOWN_LOSS))
+    fig, panel = captioned_figure((14, 4.6), CAPTION.format(bound=LOSS_BOUND, shown=SHOWN_LOSS), run=run)
     axes = panel.subplots(1, len(by_k), sharey=True)
     baseline = results[BASELINE.name]
     top = baseline["val_loss"] + SHOWN_LOSS
