@@ -49,14 +49,23 @@ class RoPE(nn.Module):
         if not interpolation > 0.0:
             raise ValueError(f"interpolation must be > 0, got {interpolation!r}")
         self.head_dim = head_dim
-        self.base = float(base)
-        self.interpolation = float(interpolation)
+        self._base = float(base)
+        self._interpolation = float(interpolation)
         # Per lane ``[theta, theta]`` (lanes r and r + D/2 turn together) and the sign of the sine
         # that multiplies lane ``(r + D/2) mod D`` in a rotation: plain float64 tensors, not buffers.
         theta = self.freqs()
         self.lane_freqs = torch.cat([theta, theta])
         self.sine_signs = torch.cat([-torch.ones_like(theta), torch.ones_like(theta)])
         self._tables: dict[tuple[torch.dtype, torch.device], RotationTable] = {}
+
+    # Read-only: the rotation tables are made from them (an edit would leave the tables behind).
+    @property
+    def base(self) -> float:
+        return self._base
+
+    @property
+    def interpolation(self) -> float:
+        return self._interpolation
 
     def freqs(self, device: torch.device | None = None) -> Tensor:
         """``theta_r = base^(-2r / D)`` as ``(D/2,)`` float64."""

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from ..checks import check_int
 from ..data.packing import IGNORE_INDEX
 from ..data.synthetic import SYNTHETIC_TASKS, SyntheticTask
+from ..encodings import RoPE
 from .ppl import check_lengths
 from .retrieval import check_depths
 
@@ -50,16 +51,20 @@ def exact_matches(model, inputs: torch.Tensor, targets: torch.Tensor) -> torch.T
 @contextmanager
 def interpolated_rope(model, factor: float):
     """RoPE position interpolation at evaluation (Chen et al. 2023; seed 000's PI baseline): every
-    RoPE layer of ``model`` rotates position ``p`` as ``p / factor`` inside the block."""
-    ropes = [block.attn.rope for block in model.blocks if getattr(block.attn, "rope", None) is not None]
-    saved = [rope.interpolation for rope in ropes]
+    RoPE layer of ``model`` rotates position ``p`` as ``p / factor`` inside the block.
+
+    Each layer's RoPE is replaced by a new one for the block and put back after it: a RoPE keeps the
+    rotations of the positions it has run in a table (:meth:`~priorattn.encodings.RoPE.rotations_of_run`),
+    which an edit of its ``interpolation`` would leave in use."""
+    layers = [block.attn for block in model.blocks if getattr(block.attn, "rope", None) is not None]
+    saved = [layer.rope for layer in layers]
     try:
-        for rope in ropes:
-            rope.interpolation = float(factor)
+        for layer, rope in zip(layers, saved):
+            layer.rope = RoPE(rope.head_dim, rope.base, interpolation=float(factor))
         yield
     finally:
-        for rope, value in zip(ropes, saved):
-            rope.interpolation = value
+        for layer, rope in zip(layers, saved):
+            layer.rope = rope
 
 
 def score_synthetic(

@@ -78,6 +78,24 @@ def test_position_interpolation_is_applied_inside_the_block_and_undone():
     assert [block.attn.rope.interpolation for block in model.blocks] == [1.0, 1.0]
 
 
+def test_position_interpolation_scores_as_a_model_built_with_it_after_the_model_has_run():
+    """A forward pass keeps each RoPE's rotations of its run of positions in a table; the scoring with
+    interpolation must not read the table made before it (the study trains, then scores)."""
+    config = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_layers=2, n_heads=2, encoding="rope")
+    torch.manual_seed(0)
+    model = GPT(config).eval()
+    built_with_it = GPT(GPTConfig(**config.to_dict() | dict(rope_interpolation=4.0))).eval()
+    built_with_it.load_state_dict(model.state_dict())
+    tokens = torch.randint(0, 16, (2, 12))
+    with torch.no_grad():
+        plain = model(tokens)[0]  # makes the tables
+        with interpolated_rope(model, 4.0):
+            interpolated = model(tokens)[0]
+        assert torch.equal(interpolated, built_with_it(tokens)[0])
+        assert not torch.allclose(interpolated, plain)
+        assert torch.equal(model(tokens)[0], plain)
+
+
 def test_mechanism_names_ssmax_and_the_pi_model():
     assert position_of("bam+ssmax") == ("bam", True) and position_of("goat") == ("goat", False)
     assert trained_as("rope_pi+ssmax") == "rope+ssmax"
