@@ -20,6 +20,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from ..priors import Prior
+from ..priors.score_mod import at, score_mod_of
 from ..ssmax import Scaling
 from .masks import Masking
 from .prior_inputs import centred_key_bias, prior_factor, split_prior
@@ -63,6 +64,24 @@ def compiled_flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
+def mask_mod_of(masking: Masking):
+    """FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)`` for ``masking``: whether query ``q_idx`` of
+    row ``b`` sees key ``kv_idx``, on their positions (positions shared by the batch serve every row)."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        lag = at(masking.q_pos, b, q_idx) - at(masking.k_pos, b, kv_idx)
+        keep = lag >= 0 if masking.causal else lag == lag
+        if masking.window is not None:
+            keep = keep & ((lag if masking.causal else lag.abs()) < masking.window)
+        if masking.q_doc is not None:
+            keep = keep & (masking.q_doc[b, q_idx] == masking.k_doc[b, kv_idx])
+        if masking.key_padding is not None:
+            keep = keep & ~masking.key_padding[b, kv_idx]
+        return keep
+
+    return mask_mod
+
+
 def block_mask(masking: Masking, B: int):
     """FlexAttention block mask for ``masking`` (None when nothing is masked). The plain causal mask
     (training, prefill) is made from indices alone and kept per shape: making a block mask evaluates
@@ -73,20 +92,7 @@ def block_mask(masking: Masking, B: int):
     if masking.plain_causal:  # dynamo does not trace into an lru_cache: a compiled graph makes its own
         make = lower_right_causal.__wrapped__ if torch.compiler.is_compiling() else lower_right_causal
         return make(Lq, Lk, str(masking.q_pos.device))
-    q_pos, k_pos = masking.q_pos.expand(B, Lq), masking.k_pos.expand(B, Lk)
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        lag = q_pos[b, q_idx] - k_pos[b, kv_idx]
-        keep = lag >= 0 if masking.causal else lag == lag
-        if masking.window is not None:
-            keep = keep & ((lag if masking.causal else lag.abs()) < masking.window)
-        if masking.q_doc is not None:
-            keep = keep & (masking.q_doc[b, q_idx] == masking.k_doc[b, kv_idx])
-        if masking.key_padding is not None:
-            keep = keep & ~masking.key_padding[b, kv_idx]
-        return keep
-
-    return create_block_mask(mask_mod, B, None, Lq, Lk, device=str(q_pos.device))
+    return create_block_mask(mask_mod_of(masking), B, None, Lq, Lk, device=str(masking.q_pos.device))
 
 
 @lru_cache(maxsize=16)
@@ -144,21 +150,17 @@ def flex_route(
         slope, key_bias = slope_gradient_as_key_bias(slope.contiguous(), k_pos, key_bias)
     key_bias = None if key_bias is None else key_bias.expand(B, H, -1).contiguous()
     table = None if inputs.table is None else inputs.table.expand(H, -1).contiguous()
-    q_pos, k_pos = q_pos.contiguous(), k_pos.contiguous()
-    offset = k.shape[2] - 1  # the lag table holds lag (q0 + i) - (k0 + j) at index i - j + Lk - 1
-
-    def score_mod(score, b, h, q_idx, kv_idx):
-        bias = 0.0
-        if key_bias is not None:  # GOAT's sink u_h(j) (Eq. 19) and the op's key bias
-            bias = bias + key_bias[b, h, kv_idx]
-        if slope is not None:  # -m_h (i - j): the ALiBi lag form, exact at any position
-            bias = bias - slope[h] * (q_pos[b, q_idx] - k_pos[b, kv_idx]).to(score.dtype)
-        if table is not None:
-            bias = bias + table[h, q_idx - kv_idx + offset]
-        if row_factor is not None:  # SSMax's factor, a query gate
-            bias = bias * row_factor[b, h, q_idx, 0]
-        return score + bias
-
+    # the lag table's column 0 holds the lag of the last key and the first query (prior_inputs.lag_table)
+    low = 0 if table is None else masking.starts[0] - masking.starts[1] - (k.shape[2] - 1)
+    score_mod = score_mod_of(
+        q_pos.contiguous(),
+        k_pos.contiguous(),
+        key_bias=key_bias,
+        slope=slope,
+        table=table,
+        low=low,
+        row_factor=row_factor,
+    )
     mask = block_mask(masking, B)
     # Inside a compiled graph flex_attention is compiled with it; called eagerly, it needs its own.
     attend = flex_attention if torch.compiler.is_compiling() else compiled_flex()
