@@ -289,7 +289,7 @@ def auto_route(q, k, prior) -> str:
 
     Lq, Lk = q.shape[2], k.shape[2]
     pos = torch.arange(Lk, device=q.device)[None]
-    return api._choose(q, k, prior, Masking(True, pos[:, Lk - Lq :], pos, starts=(Lk - Lq, 0)))
+    return api._choose(q, k, prior, Masking(True, pos[:, Lk - Lq :], pos, starts=(Lk - Lq, 0)), None)
 
 
 def attention_part(report: Report, deadline: float, sizes: Sizes, device: torch.device) -> None:
