@@ -83,6 +83,14 @@ def test_rope_interpolation_divides_positions():
     assert not torch.allclose(RoPE(8, interpolation=4.0)(x, positions), RoPE(8)(x, positions))
 
 
+def test_rope_base_and_interpolation_cannot_be_edited_behind_its_tables():
+    rope = RoPE(8)
+    rope.rotations_of_run(0, 4, torch.float32, torch.device("cpu"))
+    for name in ("base", "interpolation"):
+        with pytest.raises(AttributeError):
+            setattr(rope, name, 2.0)
+
+
 def test_rope_angles_are_float64_at_long_positions():
     """At position ~10^6 a float32 angle is off by up to 0.03 rad; float64 angles are not."""
     D, base, p = 8, 10.0, 1_234_567

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import warnings
+from functools import partial
 
 import pytest
 import torch
 from factories import PRIOR_NAMES, make_prior, recording_flash_takes
 
 from priorattn import KVCache, PriorMultiheadAttention, SSMax
-from priorattn.encodings import RoPE, Sinusoidal
+from priorattn.encodings import RoPE, Sinusoidal, YaRNRoPE
 from priorattn.functional import api
 from priorattn.functional.sdpa import flash
 from priorattn.priors import GGD, GOAT, ALiBi, Uniform
@@ -313,6 +314,10 @@ def test_encoding_takes_a_rope_module_or_builds_one():
     assert PriorMultiheadAttention(32, 4, prior=Uniform(), encoding="rope").rope.head_dim == 8
     built = PriorMultiheadAttention(32, 4, prior=GOAT(4, 2), encoding="rope", rope_interpolation=4.0)
     assert (built.rope.head_dim, built.rope.interpolation) == (2, 4.0)
+    # a function of the content width builds a RoPE the layer sizes: GOAT's 8 lanes leave 8 of 16
+    yarn = partial(YaRNRoPE, scale=4.0, original_len=64)
+    built = PriorMultiheadAttention(32, 2, prior=GOAT(2, 3), encoding=yarn).rope
+    assert type(built) is YaRNRoPE and (built.head_dim, built.scale, built.original_len) == (8, 4.0, 64)
 
 
 def test_ssmax_true_builds_one_scale_per_head():
@@ -335,6 +340,11 @@ def test_ssmax_true_builds_one_scale_per_head():
         (dict(encoding="alibi"), ValueError, "encoding must be None, 'rope' or a RoPE module"),
         (dict(encoding=Sinusoidal(32)), TypeError, "added to the token embeddings"),
         (dict(encoding=RoPE(6)), ValueError, "encoding rotates 6 lanes but q/k have 8"),
+        (
+            dict(encoding=lambda width: Sinusoidal(width)),
+            TypeError,
+            "encoding must be None, 'rope', a RoPE module or a function of the content width giving one",
+        ),
         (dict(ssmax=SSMax(2)), ValueError, "ssmax has 2 heads"),
         (dict(ssmax=torch.ones(4)), TypeError, "ssmax must be None, True or an SSMax module"),
         (dict(window=0), ValueError, "window must be a positive int"),

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .checks import check_doc_ids, check_key_padding_mask, check_positions, describe
-from .encodings import RoPE, Sinusoidal
+from .encodings import RoPE, Sinusoidal, scaled_rope
 from .functional import attention
 from .functional.api import check_normalizer, check_options
 from .functional.sdpa import is_decode_step, to_width
@@ -240,8 +242,10 @@ class PriorMultiheadAttention(nn.Module):
         num_heads: query heads ``H``. num_kv_heads: key/value heads ``Hkv`` (grouped-query
             attention), default ``H``.
         prior: a :class:`~priorattn.priors.Prior` with ``num_heads`` heads (or head-independent).
-        encoding: ``None``, ``"rope"`` or a :class:`~priorattn.encodings.RoPE` of width ``d_q``,
-            applied to the content q/k at their positions.
+        encoding: ``None``, ``"rope"``, a :class:`~priorattn.encodings.RoPE` of width ``d_q``, or a
+            function of ``d_q`` that builds one (for a RoPE whose width the layer decides, e.g.
+            ``functools.partial(YaRNRoPE, scale=4.0, original_len=2048)``), applied to the content
+            q/k at their positions.
         rope_interpolation: with ``encoding="rope"``, RoPE's position interpolation factor
             (positions ``p -> p / rope_interpolation``); a RoPE module carries its own.
         ssmax: ``None``, ``True`` (a new :class:`~priorattn.SSMax`) or an ``SSMax`` module.
@@ -270,7 +274,7 @@ class PriorMultiheadAttention(nn.Module):
         num_heads: int,
         *,
         prior: Prior | None = None,
-        encoding: RoPE | str | None = None,
+        encoding: RoPE | Callable[[int], RoPE] | str | None = None,
         rope_interpolation: float = 1.0,
         ssmax: SSMax | bool | None = None,
         causal: bool = True,
@@ -450,7 +454,9 @@ def _check_content_lanes(prior: Prior, head_dim: int, content_dim: int) -> None:
         )
 
 
-def _rope(encoding: RoPE | str | None, content_dim: int, interpolation: float) -> RoPE | None:
+def _rope(
+    encoding: RoPE | Callable[[int], RoPE] | str | None, content_dim: int, interpolation: float
+) -> RoPE | None:
     if interpolation != 1.0 and encoding != "rope":
         raise ValueError(
             f"rope_interpolation={interpolation!r} goes with encoding='rope' (a RoPE module carries "
@@ -464,9 +470,14 @@ def _rope(encoding: RoPE | str | None, content_dim: int, interpolation: float) -
         return RoPE(content_dim, interpolation=interpolation)
     if isinstance(encoding, Sinusoidal):
         raise TypeError("Sinusoidal is added to the token embeddings, not inside attention")
+    if callable(encoding) and not isinstance(encoding, nn.Module):
+        encoding = encoding(content_dim)  # a RoPE for the content width
     if not isinstance(encoding, RoPE):
         kind = type(encoding).__name__
-        raise TypeError(f"encoding must be None, 'rope' or a RoPE module, got {kind}")
+        raise TypeError(
+            f"encoding must be None, 'rope', a RoPE module or a function of the content width giving "
+            f"one, got {kind}"
+        )
     if encoding.head_dim != content_dim:
         raise ValueError(f"encoding rotates {encoding.head_dim} lanes but q/k have {content_dim}")
     return encoding
@@ -496,16 +507,26 @@ def _forget_gate(forget_gate: ForgetGate | bool | None, d_model: int, num_heads:
     return forget_gate
 
 
+def config_rope(config) -> Callable[[int], RoPE] | None:
+    """The RoPE of a ``GPTConfig``'s layers as a function of their content width: RoPE extended by
+    ``config.rope_interpolation`` as ``config.rope_scaling`` says, from the training length
+    ``config.seq_len`` (:func:`~priorattn.encodings.scaled_rope`); None without a RoPE encoding."""
+    if config.encoding not in ("rope", "local_rope"):
+        return None
+    return partial(
+        scaled_rope, config.rope_scaling, factor=config.rope_interpolation, original_len=config.seq_len
+    )
+
+
 def standard_attention(config, prior: Prior | None, forget_gate: bool = False) -> PriorMultiheadAttention:
     """One block's attention for a ``GPTConfig`` with ``attention="standard"``: every head
-    dot-product, with the config's RoPE (``"local_rope"``'s window is ``config.window``), SSMax,
-    grouped key/value heads, window, route and normalizer."""
+    dot-product, with the config's RoPE (:func:`config_rope`; ``"local_rope"``'s window is
+    ``config.window``), SSMax, grouped key/value heads, window, route and normalizer."""
     return PriorMultiheadAttention(
         config.d_model,
         config.n_heads,
         prior=prior,
-        encoding="rope" if config.encoding in ("rope", "local_rope") else None,
-        rope_interpolation=config.rope_interpolation,
+        encoding=config_rope(config),
         ssmax=config.ssmax,
         num_kv_heads=config.n_kv_heads,
         head_dim=config.head_dim,

@@ -50,6 +50,8 @@ def test_flags_with_their_own_reading_keep_it():
     assert configs("--reg-spread-range", "adaptive")[1].reg_spread_range is None
     assert configs("--reg-spread-range=-2,2")[1].reg_spread_range == (-2.0, 2.0)
     assert configs("--normalizer", "1.5")[0].normalizer == 1.5
+    model, _ = configs("--encoding", "rope", "--rope-scaling", "yarn", "--rope-interpolation", "4")
+    assert (model.rope_scaling, model.rope_interpolation) == ("yarn", 4.0)
 
 
 def documented(config: type, name: str, annotation: type, default, doc: str) -> type:
@@ -106,6 +108,8 @@ def test_a_field_removed_from_a_config_loses_its_flag_with_no_edit_of_the_comman
         (["--prior", "goat(R=4)"], "prior 'goat' has no option 'R': its options are num_freqs, "),
         (["--ssmax=yes"], "argument --ssmax/--no-ssmax: ignored explicit argument 'yes'"),
         (["--window", "none", "--encoding", "local_rope"], "sliding window: give --window"),
+        (["--rope-scaling", "linear"], "argument --rope-scaling: invalid choice: 'linear'"),
+        (["--rope-scaling", "ntk"], "--rope-scaling='ntk' scales RoPE: it needs --encoding='rope'"),
     ],
 )
 def test_a_bad_value_is_one_line_and_leaves_no_run_directory(tmp_path, capsys, args, message):

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from priorattn.data import document_positions
+from priorattn.encodings import NTKAwareRoPE, YaRNRoPE
 from priorattn.models import GPT, PRESETS, GPTConfig, preset
 from priorattn.models.gpt import ENCODINGS
 from priorattn.priors import GGD, GOAT, Sum, with_defaults
@@ -165,6 +166,29 @@ def test_cached_decoding_equals_full_forward(prior, encoding):
         cached, caches = decode(gpt, x, prefill=4)
     torch.testing.assert_close(cached, full.detach(), rtol=0, atol=1e-10)
     assert all(len(cache) == 11 for cache in caches)
+
+
+@pytest.mark.parametrize("scaling", ["pi", "ntk", "yarn"])
+@pytest.mark.parametrize("prior", ["uniform", "goat"])
+def test_cached_decoding_of_an_extended_rope_equals_full_forward(scaling, prior):
+    gpt = model(prior=prior, encoding="rope", rope_interpolation=4.0, rope_scaling=scaling)
+    x = tokens(2, 40)  # 2.5 times seq_len
+    full, _, _ = gpt(x)
+    with torch.no_grad():
+        cached, _ = decode(gpt, x, prefill=17, chunk=3)
+    torch.testing.assert_close(cached, full.detach(), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("scaling", ["ntk", "yarn"])
+def test_a_config_builds_the_rope_of_its_scaling_for_every_layer(scaling):
+    gpt = GPT(config(encoding="rope", prior="goat", rope_interpolation=4.0, rope_scaling=scaling))
+    cls = {"ntk": NTKAwareRoPE, "yarn": YaRNRoPE}[scaling]
+    for block in gpt.blocks:
+        rope = block.attn.rope
+        assert type(rope) is cls and rope.scale == 4.0 and rope.head_dim == block.attn.content_dim
+    assert scaling == "ntk" or gpt.blocks[0].attn.rope.original_len == TINY["seq_len"]
+    hybrid = GPT(config(encoding="rope", attention="hybrid", rope_interpolation=4.0, rope_scaling=scaling))
+    assert all(type(block.attn.rope) is cls for block in hybrid.blocks)
 
 
 def test_cached_decoding_with_documents_and_positions_equals_full_forward():
@@ -354,6 +378,14 @@ def test_config_saved_before_rope_interpolation_loads_without_it():
     assert GPTConfig.from_dict(saved).rope_interpolation == 1.0
 
 
+def test_config_saved_before_rope_scaling_loads_as_position_interpolation():
+    saved = config(encoding="rope", rope_interpolation=2.0).to_dict()
+    del saved["rope_scaling"]
+    assert GPTConfig.from_dict(saved).rope_scaling == "pi"
+    yarn = config(encoding="rope", rope_interpolation=2.0, rope_scaling="yarn")
+    assert GPTConfig.from_dict(json.loads(json.dumps(yarn.to_dict()))) == yarn
+
+
 def test_config_saved_before_token_shift_loads_without_it_and_the_field_round_trips():
     saved = config().to_dict()
     del saved["token_shift"]
@@ -468,6 +500,18 @@ def test_preset_overrides_and_unknown_names():
         ),
         (dict(encoding="rope", rope_interpolation="2"), "rope_interpolation must be a number, got '2'"),
         (dict(rope_interpolation=2.0), "it needs encoding='rope' or 'local_rope', got encoding='none'"),
+        (
+            dict(encoding="rope", rope_scaling="linear"),
+            r"rope_scaling must be one of \('pi', 'ntk', 'yarn'\), got 'linear'",
+        ),
+        (
+            dict(rope_scaling="yarn"),
+            "rope_scaling='yarn' scales RoPE: it needs encoding='rope' or 'local_rope', got encoding='none'",
+        ),
+        (
+            dict(encoding="rope", rope_scaling="ntk", rope_interpolation=0.5),
+            "rope_scaling='ntk' extends the context: rope_interpolation must be >= 1, got 0.5",
+        ),
         (dict(token_shift="yes"), "token_shift must be True or False, got 'yes'"),
         (dict(token_shift=1), "token_shift must be True or False, got 1"),
     ],

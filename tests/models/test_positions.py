@@ -36,7 +36,8 @@ def test_a_mechanism_outside_the_table_given_is_refused():
 
 
 def test_distinct_mechanisms_are_drawn_in_distinct_colour_and_line_style_pairs():
-    drawn = [*mechanisms(), "rope_pi", "rope_pi+ssmax", "learned", "learned+ssmax"]
+    extensions = ["rope_pi", "rope_ntk", "rope_yarn"]  # the retrieval study's (study.EXTENSIONS)
+    drawn = [*mechanisms(), *extensions, *(e + "+ssmax" for e in extensions), "learned", "learned+ssmax"]
     pairs = [(mechanism_style(m)["color"], str(mechanism_style(m)["linestyle"])) for m in drawn]
     assert len(set(pairs)) == len(drawn)
     assert set(POSITIONS) <= set(POSITION_STYLES)  # every position of the studies is chosen, not cycled

@@ -64,13 +64,18 @@ def test_init_from_is_the_earlier_model_on_the_earlier_data(tmp_path):
     assert (config.data, config.text_encoding) == ("other", "latin-1")
 
 
-def test_init_from_may_only_change_the_rope_interpolation(tmp_path):
+def test_init_from_may_only_change_the_rope_interpolation_and_scaling(tmp_path):
     earlier_model = preset("tiny", encoding="rope", seq_len=32)
     short = saved_run(tmp_path / "short", earlier_model, TrainConfig(seq_len=32))
     extend = {"init_from": str(short), "seq_len": 64}
     model, _ = resolve_configs(tmp_path / "long", {"rope_interpolation": 2.0}, extend)
     assert model == preset("tiny", encoding="rope", seq_len=32, rope_interpolation=2.0)
-    message = r"^prior=, window= cannot be combined with init_from= \(the model is that run's; only "
+    model, _ = resolve_configs(tmp_path / "long", {"rope_interpolation": 2.0, "rope_scaling": "yarn"}, extend)
+    assert model == preset("tiny", encoding="rope", seq_len=32, rope_interpolation=2.0, rope_scaling="yarn")
+    message = (
+        r"^prior=, window= cannot be combined with init_from= \(the model is that run's; only "
+        r"rope_interpolation= and rope_scaling= may change\)$"
+    )
     with pytest.raises(ValueError, match=message):
         resolve_configs(tmp_path / "long", {"prior": "goat", "window": 8}, extend)
     with pytest.raises(ValueError, match=r"^preset= cannot be combined with init_from="):

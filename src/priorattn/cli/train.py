@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from ..data import KINDS as TOKENIZERS
+from ..encodings import ROPE_SCALINGS
 from ..mechanisms import mechanism_names
 from ..models.gpt import ENCODINGS, GPTConfig
 from ..models.presets import PRESETS
@@ -46,7 +47,14 @@ MODEL_FLAGS = {
     "window": Flag(type=int_at_least(1), help="sliding window (required by local_rope)"),
     "rope_interpolation": Flag(
         type=positive_number,
-        help="RoPE position interpolation: positions p -> p / S; with --init-from, new/old seq-len (1)",
+        help="RoPE's context-extension factor S, applied as --rope-scaling says; with --init-from, "
+        "new/old seq-len (1)",
+    ),
+    "rope_scaling": Flag(
+        choices=tuple(ROPE_SCALINGS),
+        help="how RoPE reaches S times its training length: pi (positions p -> p / S), ntk (base "
+        "* S^(D/(D-2))), yarn (NTK-by-parts over the model's training length, q and k times 0.1 ln S + 1) "
+        "({default})",
     ),
     "ssmax": Flag(help="Scalable-Softmax in every layer"),
     "shared_prior": Flag(

@@ -31,13 +31,15 @@ class RoPE(nn.Module):
     ``theta_r = base^(-2r / D)``, ``r = 0 .. D/2 - 1`` (rotate-half convention, as GPT-NeoX and
     LLaMA). A rotation depends only on the token's own position, so ``<rope(q, i), rope(k, j)>``
     depends only on ``i - j`` and a KV cache may store keys already rotated. ``interpolation > 1``
-    squeezes positions into the trained range (position interpolation: ``p -> p / interpolation``).
+    squeezes positions into the trained range (position interpolation, Chen et al. 2023:
+    ``p -> p / interpolation``). The other context extensions are subclasses that change
+    :meth:`freqs` and :attr:`attention_factor` (:mod:`priorattn.encodings.rope_scaling`).
 
     Angles are formed in float64, then cast to the input's dtype: at position 10^5 a float32 angle
-    is off by ~0.01 rad. No parameters, no buffers: the frequencies are plain float64 tensors, so
-    ``.float()`` or ``.half()`` on a parent module cannot round them. A layer makes the rotations
-    of its positions once (:meth:`rotations`, or :meth:`rotations_of_run` for a run of positions,
-    read from a table) and applies them to q and k (:meth:`rotate`).
+    is off by ~0.01 rad. No parameters, no buffers: the frequencies are formed in float64 with each
+    rotation, so ``.float()`` or ``.half()`` on a parent module cannot round them. A layer makes the
+    rotations of its positions once (:meth:`rotations`, or :meth:`rotations_of_run` for a run of
+    positions, read from a table) and applies them to q and k (:meth:`rotate`).
     """
 
     def __init__(self, head_dim: int, base: float = 10_000.0, interpolation: float = 1.0):
@@ -49,28 +51,49 @@ class RoPE(nn.Module):
         if not interpolation > 0.0:
             raise ValueError(f"interpolation must be > 0, got {interpolation!r}")
         self.head_dim = head_dim
-        self.base = float(base)
-        self.interpolation = float(interpolation)
-        # Per lane ``[theta, theta]`` (lanes r and r + D/2 turn together) and the sign of the sine
-        # that multiplies lane ``(r + D/2) mod D`` in a rotation: plain float64 tensors, not buffers.
-        theta = self.freqs()
-        self.lane_freqs = torch.cat([theta, theta])
-        self.sine_signs = torch.cat([-torch.ones_like(theta), torch.ones_like(theta)])
+        self._base = float(base)
+        self._interpolation = float(interpolation)
+        # The sign of the sine that multiplies lane ``(r + D/2) mod D`` in a rotation: a plain
+        # float64 tensor, not a buffer.
+        half = torch.ones(head_dim // 2, dtype=torch.float64)
+        self.sine_signs = torch.cat([-half, half])
         self._tables: dict[tuple[torch.dtype, torch.device], RotationTable] = {}
 
+    # Read-only: the rotation tables are made from them (an edit would leave the tables behind).
+    @property
+    def base(self) -> float:
+        return self._base
+
+    @property
+    def interpolation(self) -> float:
+        return self._interpolation
+
+    @property
+    def attention_factor(self) -> float:
+        """The factor a rotation multiplies q and k by, so the content logits by its square: 1 here
+        (YaRN's ``sqrt(1/t)``: :class:`~priorattn.encodings.YaRNRoPE`)."""
+        return 1.0
+
     def freqs(self, device: torch.device | None = None) -> Tensor:
-        """``theta_r = base^(-2r / D)`` as ``(D/2,)`` float64."""
-        lanes = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=device)
-        return self.base ** (-lanes / self.head_dim)
+        """``theta_r = base^(-2r / D)`` as ``(D/2,)`` float64: the angle per position of lanes ``r``
+        and ``r + D/2``."""
+        return rope_freqs(self.head_dim, self.base, device)
 
     def rotations(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """``cos`` and signed ``sin`` per lane for integer ``positions`` ``(L,)`` or ``(B, L)``, each
-        ``(L, D)`` or ``(B, 1, L, D)`` in ``dtype``: made once for a layer's q and k."""
+        ``(L, D)`` or ``(B, 1, L, D)`` in ``dtype`` (times :attr:`attention_factor`): made once for a
+        layer's q and k."""
         device = positions.device
-        angle = (positions.to(torch.float64) / self.interpolation)[..., None] * self.lane_freqs.to(device)
+        theta = self.freqs(device)
+        lane_freqs = torch.cat([theta, theta])  # lanes r and r + D/2 turn together
+        angle = (positions.to(torch.float64) / self.interpolation)[..., None] * lane_freqs
         if angle.dim() == 3:
             angle = angle[:, None]  # (B, 1, L, D)
-        return angle.cos().to(dtype), (angle.sin() * self.sine_signs.to(device)).to(dtype)
+        cos, sin = angle.cos(), angle.sin() * self.sine_signs.to(device)
+        factor = self.attention_factor
+        if factor != 1.0:
+            cos, sin = cos * factor, sin * factor
+        return cos.to(dtype), sin.to(dtype)
 
     def rotations_of_run(
         self, start: int, length: int, dtype: torch.dtype, device: torch.device
@@ -123,3 +146,9 @@ class RoPE(nn.Module):
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, base={self.base:g}, interpolation={self.interpolation:g}"
+
+
+def rope_freqs(head_dim: int, base: float, device: torch.device | None = None) -> Tensor:
+    """``base^(-2r / head_dim)``, ``r = 0 .. head_dim/2 - 1``, as ``(head_dim/2,)`` float64."""
+    lanes = torch.arange(0, head_dim, 2, dtype=torch.float64, device=device)
+    return base ** (-lanes / head_dim)

@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from ..checks import check_int
 from ..data.packing import IGNORE_INDEX
 from ..data.synthetic import SYNTHETIC_TASKS, SyntheticTask
+from ..encodings import ROPE_SCALINGS, scaled_rope
 from .ppl import check_lengths
 from .retrieval import check_depths
 
@@ -48,18 +49,24 @@ def exact_matches(model, inputs: torch.Tensor, targets: torch.Tensor) -> torch.T
 
 
 @contextmanager
-def interpolated_rope(model, factor: float):
-    """RoPE position interpolation at evaluation (Chen et al. 2023; seed 000's PI baseline): every
-    RoPE layer of ``model`` rotates position ``p`` as ``p / factor`` inside the block."""
-    ropes = [block.attn.rope for block in model.blocks if getattr(block.attn, "rope", None) is not None]
-    saved = [rope.interpolation for rope in ropes]
+def extended_rope(model, scaling: str, factor: float, train_len: int):
+    """RoPE extended at evaluation by ``factor`` from the training length ``train_len``, as
+    ``scaling`` says (:func:`~priorattn.encodings.scaled_rope`: ``"pi"``, position interpolation,
+    Chen et al. 2023, seed 000's PI baseline; ``"ntk"``; ``"yarn"``): every RoPE layer of ``model``
+    rotates with it inside the block.
+
+    Each layer's RoPE is replaced by a new one of its width and base for the block and put back after
+    it: a RoPE keeps the rotations of the positions it has run in a table
+    (:meth:`~priorattn.encodings.RoPE.rotations_of_run`), which an edit in place would leave in use."""
+    layers = [block.attn for block in model.blocks if getattr(block.attn, "rope", None) is not None]
+    saved = [layer.rope for layer in layers]
     try:
-        for rope in ropes:
-            rope.interpolation = float(factor)
+        for layer, rope in zip(layers, saved):
+            layer.rope = scaled_rope(scaling, rope.head_dim, factor, original_len=train_len, base=rope.base)
         yield
     finally:
-        for rope, value in zip(ropes, saved):
-            rope.interpolation = value
+        for layer, rope in zip(layers, saved):
+            layer.rope = rope
 
 
 def score_synthetic(
@@ -71,15 +78,19 @@ def score_synthetic(
     prompts: int,
     seed: int,
     interpolate_from: int | None = None,
+    rope_scaling: str = "pi",
     progress: bool = True,
 ) -> dict:
     """Exact-match counts of ``model`` on ``task``: ``correct[i][j]`` of ``prompts`` sequences of
     ``lengths[i]`` tokens with the needle at ``depths[j]``.
 
-    ``interpolate_from=T`` scores a RoPE model with position interpolation at every length ``n > T``
-    (factor ``n / T``), the trained model unchanged at ``T``. Returns ``{"task", "lengths",
-    "depths", "prompts", "correct"}``; accuracies are ``correct / prompts``.
+    ``interpolate_from=T`` scores a RoPE model trained at ``T`` extended as ``rope_scaling`` says
+    (position interpolation, ``"ntk"`` or ``"yarn"``: :func:`extended_rope`) at every length
+    ``n > T`` (factor ``n / T``), the trained model unchanged at ``T``. Returns ``{"task",
+    "lengths", "depths", "prompts", "correct"}``; accuracies are ``correct / prompts``.
     """
+    if rope_scaling not in ROPE_SCALINGS:
+        raise ValueError(f"rope_scaling must be one of {', '.join(ROPE_SCALINGS)}, got {rope_scaling!r}")
     check_lengths(lengths)
     check_int("prompts", prompts, low=1)
     check_int("seed", seed, low=0)
@@ -92,8 +103,9 @@ def score_synthetic(
     correct = np.zeros((len(lengths), len(depths)), dtype=np.int64)
     bar = tqdm(total=len(lengths) * len(depths), desc=task.name, unit="cell", disable=not progress)
     for i, length in enumerate(lengths):
-        interpolate = interpolate_from is not None and length > interpolate_from
-        with interpolated_rope(model, length / interpolate_from) if interpolate else nullcontext():
+        extend = interpolate_from is not None and length > interpolate_from
+        factor = length / interpolate_from if extend else 1.0
+        with extended_rope(model, rope_scaling, factor, interpolate_from) if extend else nullcontext():
             for j, depth in enumerate(depths):
                 samples = [
                     task.sample(length, depth, cell_rng(seed, task.name, length, j, k))

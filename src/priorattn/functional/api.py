@@ -10,7 +10,7 @@ from torch import Tensor
 from ..checks import check_doc_ids, check_key_padding_mask, check_positions, describe, value_checks_enabled
 from ..priors import Prior, Uniform
 from ..ssmax import Scaling, SSMax
-from .flex import flex_route, flex_trains_on
+from .flex import flex_route, flex_trains_on, mask_mod_of
 from .masks import Masking, values_are_free
 from .memeff import memeff_attention
 from .normalizers import Regularizer, regularizer
@@ -125,6 +125,35 @@ def attention(
     return route(q, k, v, prior, masking, scale, scaling, key_bias)
 
 
+def flex_mask_mod(
+    q_pos: Tensor,
+    k_pos: Tensor | None = None,
+    *,
+    causal: bool = True,
+    doc_ids: Tensor | tuple[Tensor, Tensor] | None = None,
+    key_padding_mask: Tensor | None = None,
+    window: int | None = None,
+):
+    """FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)`` for :func:`attention`'s masks: True where
+    query ``q_idx`` of row ``b`` sees key ``kv_idx`` under ``causal``, ``doc_ids``,
+    ``key_padding_mask`` and ``window`` as :func:`attention` reads them, on the positions ``q_pos``,
+    ``k_pos`` (``(L,)`` or ``(B, L)``; ``k_pos`` None: ``q_pos``). With a prior's
+    :meth:`~priorattn.priors.Prior.score_mod` it runs a priorattn prior in ``flex_attention``:
+    ``create_block_mask(flex_mask_mod(pos, doc_ids=docs), B, None, L, L)``. Every query should see
+    a key (FlexAttention returns zeros for one that sees none, as :func:`attention` does)."""
+    k_pos = q_pos if k_pos is None else k_pos
+    Lq, Lk = (pos.shape[-1] if isinstance(pos, Tensor) else 0 for pos in (q_pos, k_pos))
+    rows = [t.shape[0] for t in (q_pos, k_pos) if isinstance(t, Tensor) and t.dim() == 2]
+    for t in (doc_ids[1] if isinstance(doc_ids, tuple | list) else doc_ids, key_padding_mask):
+        rows += [t.shape[0]] if isinstance(t, Tensor) and t.dim() == 2 else []
+    B = max(rows, default=1)
+    q_pos, k_pos = check_positions("q_pos", q_pos, B, Lq), check_positions("k_pos", k_pos, B, Lk)
+    check_window(window)
+    q_doc, k_doc = _doc_ids(doc_ids, B, Lq, Lk)
+    padding = None if key_padding_mask is None else check_key_padding_mask(key_padding_mask, B, Lk)
+    return mask_mod_of(Masking(causal, q_pos, k_pos, q_doc, k_doc, padding, window))
+
+
 def check_options(prior: Prior | None, num_heads: int, window, backend: str, heads: str) -> None:
     """Checks shared by :func:`attention` and the layers that call it; ``heads`` says where
     ``num_heads`` came from, for the message."""
@@ -134,6 +163,10 @@ def check_options(prior: Prior | None, num_heads: int, window, backend: str, hea
         raise TypeError(f"prior must be a priorattn.priors.Prior, got {type(prior).__name__}")
     if prior is not None and prior.num_heads is not None and prior.num_heads != num_heads:
         raise ValueError(f"prior has {prior.num_heads} heads but {heads}")
+    check_window(window)
+
+
+def check_window(window: object) -> None:
     if window is not None and (not isinstance(window, int) or window < 1):
         raise ValueError(f"window must be a positive int, got {window!r}")
 

@@ -20,6 +20,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from ..priors import Prior
+from ..priors.score_mod import RowCentre, at, score_mod_of
 from ..ssmax import Scaling
 from .masks import Masking
 from .prior_inputs import prior_factor, split_prior
@@ -58,25 +59,26 @@ def slope_gradient_as_key_bias(slope: Tensor, k_pos: Tensor, key_bias: Tensor | 
     return slope.detach(), zero if key_bias is None else key_bias + zero
 
 
-def row_centred_key_bias(key_bias: Tensor, Lq: int, dtype: torch.dtype) -> tuple[Tensor, ...]:
-    """The op's ``key_bias`` ``(B, H, Lk)`` as the float32 pieces ``score_mod`` adds as
-    ``(hi_j - hi_t) + (lo_j - lo_t)``, ``t = i + Lk - Lq`` clamped to the keys: the key at query
-    ``i``'s own place when queries are the newest keys. ``hi`` is the bias rounded to ``dtype``,
-    ``lo`` what the rounding dropped (a float64 bias: FoX's ``-F_j``; None when nothing was dropped).
+def row_centred_key_bias(key_bias: Tensor, Lq: int, dtype: torch.dtype) -> tuple[Tensor, RowCentre]:
+    """The op's ``key_bias`` ``(B, H, Lk)`` rounded to ``dtype`` (``hi``, with its gradient) and the
+    :class:`~priorattn.priors.score_mod.RowCentre` ``score_mod`` subtracts from it per query row:
+    ``hi`` at key ``t = i + Lk - Lq`` (clamped to the keys: query ``i``'s own place when queries are
+    the newest keys), and what the rounding dropped (a float64 bias: FoX's ``-F_j``; None when
+    nothing was dropped).
 
-    The ``t`` terms are one constant per query row, which leaves its softmax as it was and for a
-    bias that grows with ``j`` is the largest value the row sees. Two nearby keys' ``hi`` differ
-    exactly (Sterbenz's lemma), so a bias drifted to 1e4 keeps float32's precision at each row's near
-    keys without reading a value (the ``sdpa`` route centres runs of queries sized by the drift it
-    reads) and in one kernel call. Only ``hi_j`` carries the gradient: a row constant's is zero, and
-    ``lo`` is a rounding error."""
+    A constant per query row leaves its softmax as it was, and for a bias that grows with ``j`` the
+    row's own key holds the largest value the row sees. Two nearby keys' ``hi`` differ exactly
+    (Sterbenz's lemma), so a bias drifted to 1e4 keeps float32's precision at each row's near keys
+    without reading a value (the ``sdpa`` route centres runs of queries sized by the drift it reads)
+    and in one kernel call. Only ``hi`` at the keys carries the gradient: a row constant's is zero,
+    and the dropped part is a rounding error."""
     hi = key_bias.to(dtype)
     Lk = key_bias.shape[-1]
     own = (torch.arange(Lq, device=key_bias.device) + (Lk - Lq)).clamp(0, Lk - 1)
     if key_bias.dtype == dtype:
-        return hi, None, hi.detach()[..., own], None
-    lo = (key_bias.detach() - hi.detach().to(key_bias.dtype)).to(dtype)
-    return hi, lo, hi.detach()[..., own], lo[..., own]
+        return hi, RowCentre(hi.detach()[..., own])
+    rounding = (key_bias.detach() - hi.detach().to(key_bias.dtype)).to(dtype)
+    return hi, RowCentre(hi.detach()[..., own], rounding, rounding[..., own])
 
 
 @cache
@@ -89,6 +91,24 @@ def compiled_block_mask():
     return torch.compile(create_block_mask, dynamic=False)
 
 
+def mask_mod_of(masking: Masking):
+    """FlexAttention's ``mask_mod(b, h, q_idx, kv_idx)`` for ``masking``: whether query ``q_idx`` of
+    row ``b`` sees key ``kv_idx``, on their positions (positions shared by the batch serve every row)."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        lag = at(masking.q_pos, b, q_idx) - at(masking.k_pos, b, kv_idx)
+        keep = lag >= 0 if masking.causal else lag == lag
+        if masking.window is not None:
+            keep = keep & ((lag if masking.causal else lag.abs()) < masking.window)
+        if masking.q_doc is not None:
+            keep = keep & (masking.q_doc[b, q_idx] == masking.k_doc[b, kv_idx])
+        if masking.key_padding is not None:
+            keep = keep & ~masking.key_padding[b, kv_idx]
+        return keep
+
+    return mask_mod
+
+
 def block_mask(masking: Masking, B: int):
     """FlexAttention block mask for ``masking`` (None when nothing is masked). The plain causal mask
     (training, prefill) is made from indices alone and kept per shape: making a block mask evaluates
@@ -99,28 +119,16 @@ def block_mask(masking: Masking, B: int):
     if masking.plain_causal:  # dynamo does not trace into an lru_cache: a compiled graph makes its own
         make = lower_right_causal.__wrapped__ if torch.compiler.is_compiling() else lower_right_causal
         return make(Lq, Lk, str(masking.q_pos.device))
-    q_pos, k_pos = masking.q_pos.expand(B, Lq), masking.k_pos.expand(B, Lk)
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        lag = q_pos[b, q_idx] - k_pos[b, kv_idx]
-        keep = lag >= 0 if masking.causal else lag == lag
-        if masking.window is not None:
-            keep = keep & ((lag if masking.causal else lag.abs()) < masking.window)
-        if masking.q_doc is not None:
-            keep = keep & (masking.q_doc[b, q_idx] == masking.k_doc[b, kv_idx])
-        if masking.key_padding is not None:
-            keep = keep & ~masking.key_padding[b, kv_idx]
-        return keep
-
     # Eagerly, create_block_mask evaluates mask_mod pair by pair through vmap; compiled it is one
     # kernel (attention-gym's advice). On the CPU, where flex runs forward only, each shape's
     # compilation would cost more than the masks it makes.
+    device = masking.q_pos.device
     make = (
         compiled_block_mask()
-        if flex_trains_on(q_pos.device) and not torch.compiler.is_compiling()
+        if flex_trains_on(device) and not torch.compiler.is_compiling()
         else create_block_mask
     )
-    return make(mask_mod, B, None, Lq, Lk, device=str(q_pos.device))
+    return make(mask_mod_of(masking), B, None, Lq, Lk, device=str(device))
 
 
 @lru_cache(maxsize=16)
@@ -170,38 +178,29 @@ def flex_route(
         )
     # The op's key bias drifts: the key terms are centred per row where they hold it (a prior's own
     # key terms, GOAT's sink, stay small and go as they are).
-    key_bias, slope, rounding, row_bias, row_rounding = inputs.key_bias, inputs.slope, None, None, None
+    key_bias, slope, rows = inputs.key_bias, inputs.slope, None
     if key_bias is not None and centre:
-        key_bias, rounding, row_bias, row_rounding = row_centred_key_bias(key_bias, Lq, dtype)
+        key_bias, rows = row_centred_key_bias(key_bias, Lq, dtype)
     # Tensors score_mod reads are made whole (no stride-0 views of a broadcast): inductor lowers
     # their gradients by scattering into each one.
     if slope is not None:
         slope, key_bias = slope_gradient_as_key_bias(slope.contiguous(), k_pos, key_bias)
-    key_bias, rounding, row_bias, row_rounding = (
-        None if t is None else t.expand(B, H, -1).contiguous()
-        for t in (key_bias, rounding, row_bias, row_rounding)
-    )
+    key_bias = None if key_bias is None else key_bias.expand(B, H, -1).contiguous()
+    if rows is not None:
+        rows = RowCentre(*(None if t is None else t.expand(B, H, -1).contiguous() for t in rows))
     table = None if inputs.table is None else inputs.table.expand(H, -1).contiguous()
-    q_pos, k_pos = q_pos.contiguous(), k_pos.contiguous()
-    offset = k.shape[2] - 1  # the lag table holds lag (q0 + i) - (k0 + j) at index i - j + Lk - 1
-
-    def score_mod(score, b, h, q_idx, kv_idx):
-        bias = 0.0
-        if key_bias is not None:  # GOAT's sink u_h(j) (Eq. 19) and the op's key bias
-            term = key_bias[b, h, kv_idx]
-            if row_bias is not None:  # centred on the row: near keys differ exactly
-                term = term - row_bias[b, h, q_idx]
-            if rounding is not None:
-                term = term + (rounding[b, h, kv_idx] - row_rounding[b, h, q_idx])
-            bias = bias + term
-        if slope is not None:  # -m_h (i - j): the ALiBi lag form, exact at any position
-            bias = bias - slope[h] * (q_pos[b, q_idx] - k_pos[b, kv_idx]).to(score.dtype)
-        if table is not None:
-            bias = bias + table[h, q_idx - kv_idx + offset]
-        if row_factor is not None:  # SSMax's factor, a query gate
-            bias = bias * row_factor[b, h, q_idx, 0]
-        return score + bias
-
+    # the lag table's column 0 holds the lag of the last key and the first query (prior_inputs.lag_table)
+    low = 0 if table is None else masking.starts[0] - masking.starts[1] - (k.shape[2] - 1)
+    score_mod = score_mod_of(
+        q_pos.contiguous(),
+        k_pos.contiguous(),
+        key_bias=key_bias,
+        row_centre=rows,
+        slope=slope,
+        table=table,
+        low=low,
+        row_factor=row_factor,
+    )
     mask = block_mask(masking, B)
     # Inside a compiled graph flex_attention is compiled with it; called eagerly, it needs its own.
     attend = flex_attention if torch.compiler.is_compiling() else compiled_flex()

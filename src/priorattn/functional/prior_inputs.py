@@ -215,8 +215,7 @@ def lag_table(prior: Prior, masking: Masking) -> Tensor | None:
     q0, k0 = masking.starts
     Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
     lags = q0 - (k0 + Lk - 1) + torch.arange(Lq + Lk - 1, device=masking.q_pos.device)
-    table = prior.log_prior(lags, torch.zeros(1, dtype=torch.long, device=lags.device))
-    return table.reshape(-1, Lq + Lk - 1).contiguous()
+    return prior.lag_values(lags).contiguous()
 
 
 @dataclass

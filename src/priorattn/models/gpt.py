@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from .. import priors
 from ..checks import describe, is_integer_tensor
 from ..data.packing import IGNORE_INDEX
-from ..encodings import Sinusoidal
+from ..encodings import ROPE_SCALINGS, Sinusoidal
 from ..functional import BACKENDS
 from ..functional.api import check_normalizer
 from ..layers import KVCache
@@ -62,10 +62,16 @@ class GPTConfig:
       (:meth:`from_dict`).
     - ``encoding``: one of ``ENCODINGS``; ``"local_rope"`` is RoPE with a sliding ``window``
       (required). ``window`` with another encoding is plain sliding-window attention.
-    - ``rope_interpolation``: RoPE position interpolation (Chen et al., 2023; a baseline of seed 003):
-      RoPE rotates position ``p`` as ``p / rope_interpolation``. A context extension from length
-      ``L`` to ``L'`` sets it to ``L' / L`` so every position stays in the trained range. Only with
-      ``encoding="rope"`` or ``"local_rope"`` (the window still counts unscaled positions).
+    - ``rope_interpolation``: RoPE's context-extension factor ``s`` (1: none), applied as
+      ``rope_scaling`` says. A context extension from length ``L`` to ``L'`` sets it to ``L' / L``.
+      Only with ``encoding="rope"`` or ``"local_rope"`` (the window still counts unscaled positions).
+    - ``rope_scaling``: how RoPE reaches ``s`` times its training length
+      (:func:`priorattn.encodings.scaled_rope`): ``"pi"``, position interpolation (Chen et al., 2023;
+      a baseline of seed 003), rotates position ``p`` as ``p / s``; ``"ntk"`` raises RoPE's base to
+      ``base s^(D / (D - 2))`` (NTK-aware); ``"yarn"`` is YaRN (Peng et al., 2023): NTK-by-parts
+      frequencies over the training length ``seq_len`` and q, k scaled by ``0.1 ln s + 1``. ``"ntk"``
+      and ``"yarn"`` take ``s >= 1``; at ``s = 1`` each is plain RoPE. A config saved before the
+      field existed loads as ``"pi"``.
     - ``shared_prior``: one prior module (one set of parameters) for every layer. ``None`` is the
       papers' choice, which for every prior here is one prior per layer: BAM has "three learnable
       parameters for each attention head in each layer" (seed 003 Sec. 3, 576 for the 120M model in
@@ -102,6 +108,7 @@ class GPTConfig:
     encoding: str = "none"
     window: int | None = None
     rope_interpolation: float = 1.0
+    rope_scaling: str = "pi"
     ssmax: bool = False
     shared_prior: bool | None = None
     prior_init: str = "uniform"
@@ -151,6 +158,18 @@ class GPTConfig:
                 f"encoding='rope' or 'local_rope', got encoding={self.encoding!r}"
             )
         self.rope_interpolation = float(interpolation)
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise ValueError(f"rope_scaling must be one of {tuple(ROPE_SCALINGS)}, got {self.rope_scaling!r}")
+        if self.rope_scaling != "pi" and self.encoding not in ("rope", "local_rope"):
+            raise ValueError(
+                f"rope_scaling={self.rope_scaling!r} scales RoPE: it needs encoding='rope' or "
+                f"'local_rope', got encoding={self.encoding!r}"
+            )
+        if self.rope_scaling != "pi" and interpolation < 1.0:
+            raise ValueError(
+                f"rope_scaling={self.rope_scaling!r} extends the context: rope_interpolation must be "
+                f">= 1, got {interpolation!r}"
+            )
         if self.encoding == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal encoding needs an even d_model, got {self.d_model}")
         if self.prior_init not in PRIOR_INITS:

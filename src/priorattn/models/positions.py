@@ -35,9 +35,10 @@ SSMAX = "+ssmax"
 #: same in every study's figures. The mechanisms ``compare`` trains by default take the Okabe-Ito
 #: colour-blind-safe palette (Okabe and Ito 2008), one colour each, with a marker each so that
 #: overlapping lines stay apart; GOAT's ablations take colours of their own. Two names the studies
-#: add to the vocabulary are drawn here too: the retrieval study's ``rope_pi`` (RoPE's model scored
-#: with position interpolation: RoPE's colour, dotted) and the vision study's ``learned`` absolute
-#: embeddings. :func:`mechanism_style` draws SSMax dashed and the priors registered beyond these.
+#: add to the vocabulary are drawn here too: the retrieval study's RoPE extensions (RoPE's model
+#: scored with position interpolation, NTK-aware scaling, YaRN: dotted, PI in RoPE's colour) and the
+#: vision study's ``learned`` absolute embeddings. :func:`mechanism_style` draws SSMax dashed and
+#: the priors registered beyond these.
 POSITION_STYLES: dict[str, tuple[str, str, str]] = {
     "nope": ("#000000", "o", "-"),
     "sinusoidal": ("#E69F00", "v", "-"),
@@ -52,6 +53,8 @@ POSITION_STYLES: dict[str, tuple[str, str, str]] = {
     "goat_fixedslope": ("#17BECF", "<", "-"),
     "goat_gate": ("#6A3D9A", ">", "-"),
     "rope_pi": ("#0072B2", "s", ":"),
+    "rope_ntk": ("#332288", "s", ":"),
+    "rope_yarn": ("#88CCEE", "s", ":"),
     "learned": ("#B8860B", "d", "-"),
 }
 #: The line style of a position with SSMax, for each style without it.
@@ -94,7 +97,7 @@ def mechanism_label(mechanism: str, table: dict | None = None) -> str:
 
 
 def mechanism_style(mechanism: str) -> dict:
-    """How figures draw ``mechanism`` (any name of :func:`mechanisms`, ``rope_pi`` or ``learned``):
+    """How figures draw ``mechanism`` (any name of :func:`mechanisms`, a RoPE extension or ``learned``):
     matplotlib line keywords ``{"color", "marker", "linestyle"}``, the position's from
     :data:`POSITION_STYLES` and dashed (dash-dotted for a dotted one) with SSMax. A registered prior
     the table does not name is drawn dotted in a colour of :data:`OTHER_COLOURS`, its place among

@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from torch.amp.autocast_mode import is_autocast_available
 
 from .registry import spec_of
+from .score_mod import ScoreMod, ScoreTerms, check_gate_queries, score_mod_of, score_positions
 
 
 class FoldLanes(NamedTuple):
@@ -141,6 +142,79 @@ class Prior(nn.Module):
         tensors = module_tensors(self)
         origin = torch.zeros(1, dtype=torch.long, device=tensors[0].device if tensors else None)
         return self.fold(origin, origin)
+
+    def lag_values(self, lags: Tensor) -> Tensor:
+        """``K_h(d, 0)`` at lags ``d`` ``(n,)``, as ``(H or 1, n)``: for a relative prior, its value at
+        each lag (a lag table)."""
+        origin = torch.zeros(1, dtype=lags.dtype, device=lags.device)
+        return self.log_prior(lags, origin).reshape(-1, lags.shape[0])
+
+    def score_terms(self, q_pos: Tensor, k_pos: Tensor, lags: Tensor) -> ScoreTerms:
+        """This log-prior split as a FlexAttention ``score_mod`` reads it (:class:`ScoreTerms`), at
+        positions ``q_pos`` ``(B or 1, Lq)`` and ``k_pos`` ``(B or 1, Lk)`` whose lags all lie in the
+        run ``lags`` ``(n,)``: a relative prior by lag, any other dense. A prior with a relative part
+        and a key-only part gives them apart (GOAT), so it needs no ``Lq x Lk`` values."""
+        if self.is_relative:
+            return ScoreTerms(by_lag=self.lag_values(lags))
+        return ScoreTerms(dense=self.log_prior(q_pos, k_pos))
+
+    def score_mod(self, q_pos: Tensor, k_pos: Tensor | None = None, *, q: Tensor | None = None) -> ScoreMod:
+        """A FlexAttention ``score_mod`` that adds this prior to the attention logits, attention-gym
+        style: ``score + g(q_i) K_h(q_pos[b, q_idx], k_pos[b, kv_idx])``, so that
+        ``flex_attention(q, k, v, score_mod=prior.score_mod(pos), block_mask=...)`` computes
+        ``priorattn.attention(q, k, v, prior=prior, q_pos=pos, k_pos=pos, ...)`` with the same masks.
+
+        - ``q_pos``, ``k_pos``: integer positions of the queries and keys that FlexAttention's
+          ``q_idx`` and ``kv_idx`` index, ``(L,)`` or ``(B, L)`` (``k_pos`` None: ``q_pos``,
+          self-attention). Any integers: per-row offsets, positions restarting at each document.
+        - ``q``: the content queries ``(B, H, Lq, D)`` (before any scale), for a prior whose query
+          gate reads them (GOAT's ``gate=True``: ``g_h(q_i)``, :meth:`query_gate`); unused otherwise.
+
+        The whole log-prior enters ``score_mod``: no lanes are taken from the head (unlike a folding
+        prior in :class:`~priorattn.PriorMultiheadAttention`), and the prior is added unscaled
+        (``flex_attention``'s ``scale`` applies to ``<q, k>`` only). What the score_mod holds
+        (:meth:`score_terms`): a relative prior's value at every lag of the positions (``Lq + Lk - 1``
+        for runs), GOAT's relative part by lag and its sink by key, a prior that is neither (FIRE)
+        ``Lq x Lk`` values per head. Make it in each forward pass: it holds the terms of the
+        parameters as they are now, with their graph, so on CUDA the prior's parameters get their
+        gradients through ``flex_attention``'s backward. Reading the positions' range is a host read:
+        make it outside a compiled region.
+
+        Masks come from :func:`priorattn.functional.flex_mask_mod` (causal order, documents,
+        padding, a window, on positions as ``priorattn.attention`` reads them)::
+
+            from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+            from priorattn.functional import flex_mask_mod
+            from priorattn.priors import GOAT
+
+            B, H, L, D = 2, 8, 4096, 64
+            q, k, v = (torch.randn(B, H, L, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            prior = GOAT(H, 4).cuda()
+            pos = torch.arange(L, device="cuda")
+            mask = create_block_mask(flex_mask_mod(pos, causal=True), None, None, L, L, device="cuda")
+            out = torch.compile(flex_attention)(q, k, v, score_mod=prior.score_mod(pos), block_mask=mask)
+        """
+        q_pos, k_pos = score_positions(q_pos, k_pos)
+        gate = None
+        if self.gated:
+            if q is None:
+                raise ValueError(
+                    f"{type(self).__name__}'s query gate reads the content queries: give q (B, H, Lq, D)"
+                )
+            check_gate_queries(q, self.num_heads, q_pos)
+            gate = self.query_gate(q)
+        low = int(q_pos.min()) - int(k_pos.max())
+        lags = torch.arange(low, int(q_pos.max()) - int(k_pos.min()) + 1, device=q_pos.device)
+        terms = self.score_terms(q_pos, k_pos, lags)
+        return score_mod_of(
+            q_pos,
+            k_pos,
+            key_bias=terms.by_key,
+            table=terms.by_lag,
+            low=low,
+            dense=terms.dense,
+            row_factor=gate,
+        )
 
     def check_finite(self) -> None:
         """Raise a ``ValueError`` naming the first parameter that holds NaN or inf."""

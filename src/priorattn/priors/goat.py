@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from ..checks import check_int
 from .base import FoldLanes, PositionTable, Prior, alibi_slopes, in_own_dtype
 from .registry import FromModel, register
+from .score_mod import ScoreTerms
 
 
 def geometric_freqs(num_freqs: int, base: float) -> Tensor:
@@ -354,6 +355,10 @@ class GOAT(Prior):
         if m is not None:
             K = K - m[:, None].to(K.dtype) * lag.to(self.alpha.dtype).abs()
         return K
+
+    def score_terms(self, q_pos: Tensor, k_pos: Tensor, lags: Tensor) -> ScoreTerms:
+        """The relative part (spectral and slope) by lag, the sink by key: no ``Lq x Lk`` values."""
+        return ScoreTerms(by_lag=self.relative(lags), by_key=None if self.sink is None else self.sink(k_pos))
 
     def query_gate(self, q: Tensor) -> Tensor | None:
         """``g_h(q_i) = sigmoid(gate_bias_h - softplus(gate_scale_raw_h) ||q_i||)`` ``(B, H, Lq, 1)``

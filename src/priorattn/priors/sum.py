@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from .base import FoldLanes, Prior, concat_lanes, sum_of_present
+from .score_mod import ScoreTerms
 
 
 class Sum(Prior):
@@ -32,6 +33,11 @@ class Sum(Prior):
 
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         return sum(p.log_prior(q_pos, k_pos) for p in self.parts)
+
+    def score_terms(self, q_pos: Tensor, k_pos: Tensor, lags: Tensor) -> ScoreTerms:
+        """The parts' terms, each added to its kind."""
+        parts = [p.score_terms(q_pos, k_pos, lags) for p in self.parts]
+        return ScoreTerms(*(sum_of_present([getattr(t, kind) for t in parts]) for kind in ScoreTerms._fields))
 
     @property
     def is_relative(self) -> bool:

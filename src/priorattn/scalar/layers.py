@@ -8,6 +8,7 @@ it costs ``G n d_v + H n`` floats (+ ``G n d_k`` in the hybrid), seed 002 "Group
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -15,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from ..checks import describe
+from ..encodings import RoPE
 from ..layers import KVCache, PriorMultiheadAttention, _rope
 from ..priors import Prior
 from .functional import check_tau, scalar_attention, scalar_attention_weights
@@ -72,7 +74,7 @@ class ScalarMultiheadAttention(nn.Module):
         sink: bool = False,
         sink_key: float = 0.0,
         prior: Prior | None = None,
-        encoding: str | None = None,
+        encoding: RoPE | Callable[[int], RoPE] | str | None = None,
         causal: bool = True,
         head_dim: int | None = None,
         window: int | None = None,
@@ -350,7 +352,7 @@ class MixedMultiheadAttention(nn.Module):
         scalar_heads: int,
         *,
         prior: Prior | None = None,
-        encoding: str | None = None,
+        encoding: RoPE | Callable[[int], RoPE] | str | None = None,
         causal: bool = True,
         head_dim: int | None = None,
         window: int | None = None,

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from ..functional.normalizers import regularizer
+from ..layers import config_rope
 from ..mechanisms import (
     AuxLosses,
     register_aux_losses,
@@ -132,7 +133,7 @@ def attention_layer(config, prior: Prior | None) -> nn.Module:
         window=config.window,
         backend=config.backend,
     )
-    rope = "rope" if config.encoding in ("rope", "local_rope") else None
+    rope = config_rope(config)
     if config.attention == "mixed":
         return MixedMultiheadAttention(
             config.d_model, config.n_heads, config.scalar_heads, prior=prior, encoding=rope, **scalar

@@ -16,6 +16,8 @@ from .runs import CONFIG_JSON
 #: The fields a context extension takes from the earlier run unless given: it trains on the
 #: same data, split and tokenized the same way.
 SAME_DATA = ("data", "text_encoding", "tokenizer", "vocab_size", "val_fraction")
+#: The model fields a context extension may replace: RoPE's factor and how it applies it.
+EXTENSION_FIELDS = ("rope_interpolation", "rope_scaling")
 
 
 def resolve_configs(
@@ -33,9 +35,9 @@ def resolve_configs(
       replaced (``train`` then refuses a field that differs from the run's, except a raised
       ``steps``). With ``preset``, the model is built as for a fresh run instead.
     - ``train["init_from"]``, a run directory: a context extension. The model is that run's, with
-      only ``rope_interpolation`` replaceable (to interpolate RoPE positions for the longer
-      context); no other ``model`` field and no ``preset`` may be given. The data fields
-      (:data:`SAME_DATA`) are that run's unless given.
+      only :data:`EXTENSION_FIELDS` replaceable (to extend RoPE to the longer context); no other
+      ``model`` field and no ``preset`` may be given. The data fields (:data:`SAME_DATA`) are that
+      run's unless given.
     - else a fresh run: ``TrainConfig(**train)``, and the model preset ``preset`` (``"tiny"``)
       with the ``model`` fields, its ``vocab_size`` the tokenizer's and its ``seq_len`` the
       training length where ``train`` gives one (a ``model`` field of the same name wins).
@@ -60,18 +62,18 @@ def resolve_configs(
 def extension_configs(
     earlier_dir: Path, model: dict, train: dict, preset: str | None
 ) -> tuple[GPTConfig, TrainConfig]:
-    """The configs of a run continuing the run in ``earlier_dir``: its model (``rope_interpolation``
+    """The configs of a run continuing the run in ``earlier_dir``: its model (:data:`EXTENSION_FIELDS`
     replaceable) on its data (:data:`SAME_DATA`, unless given in ``train``)."""
-    interpolation = model.pop("rope_interpolation", None)
+    extension = {name: model.pop(name, None) for name in EXTENSION_FIELDS}
     if model or preset is not None:
         names = ", ".join(f"{name}=" for name in model) or "preset="
+        allowed = " and ".join(f"{name}=" for name in EXTENSION_FIELDS)
         raise ValueError(
-            f"{names} cannot be combined with init_from= (the model is that run's; "
-            "only rope_interpolation= may change)"
+            f"{names} cannot be combined with init_from= (the model is that run's; only {allowed} may change)"
         )
     earlier = read_json(earlier_dir / CONFIG_JSON)
-    if interpolation is not None:  # position interpolation for the longer context
-        earlier["model"]["rope_interpolation"] = interpolation
+    # RoPE extended to the longer context
+    earlier["model"].update({name: value for name, value in extension.items() if value is not None})
     earlier_config = TrainConfig.from_dict(earlier["train"])
     same_data = {name: getattr(earlier_config, name) for name in SAME_DATA}
     return GPTConfig.from_dict(earlier["model"]), TrainConfig(**same_data | train)

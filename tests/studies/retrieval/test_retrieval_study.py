@@ -11,7 +11,8 @@ from eval_fakes import InductionOracle
 from factories import figure_title
 
 from priorattn.data.synthetic import SYNTHETIC_TASKS, SyntheticTask
-from priorattn.eval.synthetic import interpolated_rope, score_synthetic
+from priorattn.encodings import YaRNRoPE
+from priorattn.eval.synthetic import extended_rope, score_synthetic
 from priorattn.models import GPT, GPTConfig
 from priorattn.studies.retrieval.report import (
     run_retrieval_study,
@@ -72,16 +73,48 @@ def test_scoring_refuses_bad_input_with_one_line():
         assert "\n" not in str(error.value)
 
 
-def test_position_interpolation_is_applied_inside_the_block_and_undone():
+def test_an_extension_is_applied_inside_the_block_and_undone():
     model = GPT(GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_layers=2, n_heads=2, encoding="rope"))
-    with interpolated_rope(model, 4.0):
+    ropes = [block.attn.rope for block in model.blocks]
+    with extended_rope(model, "pi", 4.0, 8):
         assert [block.attn.rope.interpolation for block in model.blocks] == [4.0, 4.0]
-    assert [block.attn.rope.interpolation for block in model.blocks] == [1.0, 1.0]
+    with extended_rope(model, "yarn", 4.0, 8):
+        assert all(isinstance(block.attn.rope, YaRNRoPE) for block in model.blocks)
+        assert {(block.attn.rope.scale, block.attn.rope.original_len) for block in model.blocks} == {(4.0, 8)}
+    assert [block.attn.rope for block in model.blocks] == ropes
+
+
+@pytest.mark.parametrize("scaling", ["pi", "ntk", "yarn"])
+def test_an_extension_scores_as_a_model_built_with_it_after_the_model_has_run(scaling):
+    """A forward pass keeps each RoPE's rotations of its run of positions in a table; the scoring with
+    an extension must not read the table made before it (the study trains, then scores)."""
+    config = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_layers=2, n_heads=2, encoding="rope")
+    torch.manual_seed(0)
+    model = GPT(config).eval()
+    built_with_it = GPT(GPTConfig(**config.to_dict() | dict(rope_interpolation=4.0, rope_scaling=scaling)))
+    built_with_it.load_state_dict(model.state_dict())
+    tokens = torch.randint(0, 16, (2, 12))
+    with torch.no_grad():
+        plain = model(tokens)[0]  # makes the tables
+        with extended_rope(model, scaling, 4.0, 8):
+            extended = model(tokens)[0]
+        assert torch.equal(extended, built_with_it.eval()(tokens)[0])
+        assert not torch.allclose(extended, plain)
+        assert torch.equal(model(tokens)[0], plain)
+
+
+def test_scoring_refuses_an_unknown_rope_scaling():
+    task = SyntheticTask("passkey")
+    with pytest.raises(ValueError, match="rope_scaling must be one of pi, ntk, yarn, got 'linear'"):
+        score_synthetic(
+            InductionOracle(task.vocab_size), task, lengths=[64], rope_scaling="linear", **SCORING
+        )
 
 
 def test_mechanism_names_ssmax_and_the_pi_model():
     assert position_of("bam+ssmax") == ("bam", True) and position_of("goat") == ("goat", False)
     assert trained_as("rope_pi+ssmax") == "rope+ssmax"
+    assert trained_as("rope_ntk") == trained_as("rope_yarn") == "rope"
     assert len(DEFAULT_MECHANISMS) == 10
     config = RetrievalStudyConfig()
     assert config.model_config("bam+ssmax").ssmax and config.model_config("bam+ssmax").prior == "ggd"
@@ -226,30 +259,49 @@ def test_a_tie_at_the_top_is_named():
 
 def test_the_study_runs_reuses_what_it_finished_and_retrains_on_new_settings(tmp_path):
     fields = dict(
-        mechanisms=["alibi", "rope_pi"], seeds=[0], steps=6, batch_size=4, factors=[1, 2], prompts=1, depths=2
+        mechanisms=["alibi", "rope_pi", "rope_yarn"],
+        seeds=[0],
+        steps=6,
+        batch_size=4,
+        factors=[1, 2],
+        prompts=1,
+        depths=2,
     )
     messages = []
     data = run_retrieval_study(RetrievalStudyConfig(**fields), tmp_path, progress=False, log=messages.append)
     assert (tmp_path / "report.html").exists() and (tmp_path / "retrieval_accuracy.png").exists()
     saved = json.loads((tmp_path / "results.json").read_text())
-    assert set(saved["summary"]) == {"alibi", "rope_pi"} and saved["config"]["steps"] == 6
+    assert set(saved["summary"]) == {"alibi", "rope_pi", "rope_yarn"} and saved["config"]["steps"] == 6
     assert saved["scale"] == dict(steps=6, default_steps=2000, budget=1.0, up_to=True, smoke=True)
     for figure in saved["figures"].values():  # fewer steps than the default: a smoke run
         assert figure_title(figure).startswith("SMOKE RUN (budget 1): up to 6 training steps per model")
     assert "SMOKE RUN (budget 1): up to 6 training steps" in (tmp_path / "report.html").read_text()
-    assert (tmp_path / "models" / "rope" / "seed-0" / "model.safetensors").exists()  # PI scores RoPE's model
+    rope_dir = tmp_path / "models" / "rope" / "seed-0"
+    assert (rope_dir / "model.safetensors").exists()  # PI and YaRN score RoPE's model
     assert data["runs"]["alibi"][0]["tasks"]["passkey"]["lengths"] == [64, 128]
+    assert (
+        json.loads((rope_dir / "scores-rope_yarn.json").read_text())["settings"]["rope_extension"] == "yarn"
+    )
 
     messages.clear()
     again = run_retrieval_study(RetrievalStudyConfig(**fields), tmp_path, progress=False, log=messages.append)
     assert sum("reusing" in m for m in messages) == 2 and not any("scoring" in m for m in messages)
     assert again["summary"] == json.loads(json.dumps(data["summary"]))
 
+    # RoPE PI's scores saved before the extension replaced each RoPE (stale tables) are scored again
+    pi_scores = rope_dir / "scores-rope_pi.json"
+    old = json.loads(pi_scores.read_text())
+    del old["settings"]["rope_extension"]
+    pi_scores.write_text(json.dumps(old))
+    messages.clear()
+    run_retrieval_study(RetrievalStudyConfig(**fields), tmp_path, progress=False, log=messages.append)
+    assert [m for m in messages if "scoring" in m] == ["RoPE PI, seed 0: scoring"]
+
     messages.clear()
     run_retrieval_study(
         RetrievalStudyConfig(**(fields | dict(steps=8))), tmp_path, progress=False, log=messages.append
     )
-    assert not any("reusing" in m for m in messages) and sum("scoring" in m for m in messages) == 2
+    assert not any("reusing" in m for m in messages) and sum("scoring" in m for m in messages) == 3
 
 
 def test_learned_parameters_are_recorded_per_layer(tmp_path):

@@ -51,11 +51,16 @@ from ...ssmax import SSMax
 from ...train import TrainConfig
 from ...train.optim import build_optimizer, build_scheduler, clip_gradients
 
-# The models' positions and one evaluation variant: "rope_pi" is RoPE's model scored with position
-# interpolation (seed 000 Fig. 3).
+#: RoPE's context extensions as evaluation variants of RoPE's model, by name: each scores it at length
+#: ``n`` extended by ``n / T`` from ``T`` (``eval.synthetic.extended_rope``). "rope_pi": position
+#: interpolation (seed 000 Fig. 3); "rope_ntk": NTK-aware; "rope_yarn": YaRN (Peng et al. 2023).
+EXTENSIONS = {"rope_pi": "pi", "rope_ntk": "ntk", "rope_yarn": "yarn"}
+# The models' positions and the evaluation variants.
 POSITIONS: dict[str, tuple[str, dict]] = {
     **MODEL_POSITIONS,
     "rope_pi": ("RoPE PI", MODEL_POSITIONS["rope"][1]),
+    "rope_ntk": ("RoPE NTK", MODEL_POSITIONS["rope"][1]),
+    "rope_yarn": ("RoPE YaRN", MODEL_POSITIONS["rope"][1]),
 }
 DEFAULT_POSITIONS = ("nope", "rope", "alibi", "bam", "goat")
 DEFAULT_MECHANISMS = tuple(m for p in DEFAULT_POSITIONS for m in (p, p + SSMAX))
@@ -75,9 +80,9 @@ def label_of(mechanism: str) -> str:
 
 
 def trained_as(mechanism: str) -> str:
-    """The mechanism whose trained model ``mechanism`` evaluates: RoPE PI is RoPE's model."""
+    """The mechanism whose trained model ``mechanism`` evaluates: RoPE PI, NTK and YaRN are RoPE's."""
     position, ssmax = position_of(mechanism)
-    return ("rope" if position == "rope_pi" else position) + (SSMAX if ssmax else "")
+    return ("rope" if position in EXTENSIONS else position) + (SSMAX if ssmax else "")
 
 
 @dataclass
@@ -420,8 +425,11 @@ def trained_model(config: RetrievalStudyConfig, mechanism: str, seed: int, model
 def scores_of(config, mechanism: str, model, record: dict, model_dir: Path, progress: bool):
     """Each task's counts for ``mechanism`` (keyed by the evaluation settings and the weights' hash,
     so a model trained on is scored again), read back when they match; ``(scores, reused)``."""
-    settings = as_saved(dict(config.evaluation_settings(), weights_sha256=record["weights_sha256"]))
-    interpolate = position_of(mechanism)[0] == "rope_pi"
+    settings = dict(config.evaluation_settings(), weights_sha256=record["weights_sha256"])
+    scaling = EXTENSIONS.get(position_of(mechanism)[0])
+    if scaling is not None:  # scores of RoPE PI saved before the extension replaced the RoPE are stale
+        settings["rope_extension"] = scaling
+    settings = as_saved(settings)
     path = model_dir / f"scores-{mechanism.replace('+', '-')}.json"
     if path.exists():
         saved = read_json(path)
@@ -435,7 +443,8 @@ def scores_of(config, mechanism: str, model, record: dict, model_dir: Path, prog
             depths=settings["depths"],
             prompts=settings["prompts"],
             seed=settings["seed"],
-            interpolate_from=config.train_len if interpolate else None,
+            interpolate_from=None if scaling is None else config.train_len,
+            rope_scaling=scaling or "pi",
             progress=progress,
         )
         for name in config.tasks
@@ -446,7 +455,7 @@ def scores_of(config, mechanism: str, model, record: dict, model_dir: Path, prog
 
 def study_job(config: RetrievalStudyConfig, model_name: str, seed: int, out: Path, progress: bool) -> dict:
     """One trained model (``model_name``, ``seed``) and the scores of every mechanism of ``config``
-    that evaluates it (RoPE and RoPE PI share RoPE's); ``{"records": {mechanism: run record},
+    that evaluates it (RoPE and its extensions share RoPE's); ``{"records": {mechanism: run record},
     "messages": [...]}``. Runs on one thread, so results are the same whatever runs beside it."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
