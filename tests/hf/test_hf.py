@@ -301,8 +301,8 @@ def test_a_prior_with_another_head_count_is_refused():
 
 
 def test_bad_names_and_options_are_refused():
-    with pytest.raises(ValueError, match="unknown prior 'bam': use one of alibi, .*ggd, goat"):
-        phf.add_prior(build("llama"), "bam")
+    with pytest.raises(ValueError, match="unknown prior 'xpos': use one of alibi, .*ggd, goat"):
+        phf.add_prior(build("llama"), "xpos")
     with pytest.raises(
         ValueError, match="prior 'ggd' has no option 'window': its options are init, trainable"
     ):

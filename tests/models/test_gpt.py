@@ -476,7 +476,7 @@ def test_preset_overrides_and_unknown_names():
     "overrides, message",
     [
         (dict(prior="rope"), r"prior='rope': unknown prior 'rope': use one of alibi, .*ggd, goat"),
-        (dict(prior="alibi+bam"), r"prior='alibi\+bam': unknown prior 'bam'"),
+        (dict(prior="alibi+xpos"), r"prior='alibi\+xpos': unknown prior 'xpos'"),
         (
             dict(prior="goat(R=3)"),
             r"prior='goat\(R=3\)': prior 'goat' has no option 'R': its options are num_freqs",

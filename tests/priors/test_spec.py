@@ -65,7 +65,7 @@ def test_a_spec_has_one_canonical_string_that_reads_back_the_same(spec, canonica
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("bam", r"unknown prior 'bam': use one of alibi, .*ggd, goat"),
+        ("xpos", r"unknown prior 'xpos': use one of alibi, .*ggd, goat"),
         ("alibi+rope", r"unknown prior 'rope'"),
         ("goat(R=4)", r"prior 'goat' has no option 'R': its options are num_freqs, sink, slope, gate, init"),
         ("alibi(slope=1)", r"prior 'alibi' has no option 'slope': its options are none"),

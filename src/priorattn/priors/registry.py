@@ -118,6 +118,11 @@ _BY_NAME: dict[str, Registered] = {}
 _BY_CLASS: dict[type, Registered] = {}
 
 
+#: Other names of registered priors: the studies' mechanism names (``models.positions``: NoPE is the
+#: uniform prior, BAM's positional prior is GGD), so ``train --prior`` takes what ``compare`` does.
+ALIASES = {"nope": "uniform", "bam": "ggd"}
+
+
 def register(name: str, cls: type, /, **options: str | FromModel) -> type:
     """Make ``cls`` buildable as ``name`` in a spec, with the constructor arguments named in
     ``options`` (each a one-line doc, or :class:`FromModel`) as its options; returns ``cls``.
@@ -126,6 +131,8 @@ def register(name: str, cls: type, /, **options: str | FromModel) -> type:
     name, or a class under a second name, is refused."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"a prior's name must be an identifier, got {name!r}")
+    if name in ALIASES:
+        raise ValueError(f"cannot register {cls.__name__} as prior {name!r}: it names {ALIASES[name]!r}")
     if name in _BY_NAME or cls in _BY_CLASS:
         if _BY_NAME.get(name) is _BY_CLASS.get(cls):
             return cls
@@ -165,9 +172,12 @@ def names() -> tuple[str, ...]:
 
 
 def registered(name: str) -> Registered:
-    """The registration of ``name``; a ValueError listing the registered names else."""
+    """The registration of ``name`` (or of its :data:`ALIASES` entry); a ValueError listing the
+    registered names else."""
+    name = ALIASES.get(name, name)
     if name not in _BY_NAME:
-        raise ValueError(f"unknown prior {name!r}: use one of {', '.join(names())}")
+        aliases = ", ".join(f"{a} = {n}" for a, n in ALIASES.items())
+        raise ValueError(f"unknown prior {name!r}: use one of {', '.join(names())} (or {aliases})")
     return _BY_NAME[name]
 
 
