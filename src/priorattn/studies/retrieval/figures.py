@@ -10,9 +10,9 @@ import numpy as np
 
 from ...eval.plots import length_axis, mark_train_len, plot_retrieval_heatmaps
 from ...figures import captioned_figure, save
-from .study import POSITIONS, RetrievalStudyConfig, position_of
+from .study import RetrievalStudyConfig, position_of, study_positions
 
-# Tableau's colour-blind-safe ten, one per positional mechanism in POSITIONS' order.
+# Tableau's colour-blind-safe ten, one per positional mechanism in study_positions()' order.
 COLOURS = ("#4e79a7", "#e15759", "#59a14f", "#f28e2b", "#b07aa1", "#9c755f", "#ff9da7", "#76b7b2")
 TASK_TITLES = {
     "passkey": "Passkey: the value after the needle marker",
@@ -24,7 +24,7 @@ TASK_TITLES = {
 def style(mechanism: str) -> dict:
     """Colour by positional mechanism, dashed with SSMax."""
     position, ssmax = position_of(mechanism)
-    index = list(POSITIONS).index(position) % len(COLOURS)  # more positions than colours: they repeat
+    index = list(study_positions()).index(position) % len(COLOURS)  # more positions than colours: they repeat
     return dict(color=COLOURS[index], linestyle="--" if ssmax else "-")
 
 
