@@ -539,7 +539,7 @@ def standard_attention(config, prior: Prior | None, forget_gate: bool = False) -
 
 def fox_attention(config, prior: Prior | None) -> PriorMultiheadAttention:
     """``attention="fox"``: the standard layer with FoX's forget gate in every head (Lin et al. 2025;
-    the paper's FoX uses no positional encoding: ``encoding="nope"``, while a prior or RoPE still
+    the paper's FoX uses no positional encoding: ``encoding="none"``, while a prior or RoPE still
     combine with it)."""
     return standard_attention(config, prior, forget_gate=True)
 

@@ -143,6 +143,74 @@ def test_slope_bands_bound_the_weight_of_every_key_they_leave_out(dtype, monkeyp
         assert (weights[:, h][:, lag == band // 4] > tiny).any()  # a band is not vastly too wide
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_slope_bands_under_row_factors_bound_the_weight_of_every_key_they_leave_out(dtype, monkeypatch):
+    """With query i's row factor ``r_i`` on the prior (GOAT's query gate, SSMax scaling the prior) and
+    an SSMax factor ``f_i`` on the content, the logits ``f_i scale <q_i, k_j> + r_i K_h(i, j)``
+    (written out here) give every key beyond a head's band a weight below ``sqrt(finfo.tiny)``; a
+    head whose row factor reaches 0 has no band."""
+    monkeypatch.setattr(planning, "BAND_RUN", 64)
+    prior = steep_goat(STEEP[dtype])
+    gen = torch.Generator().manual_seed(2)
+    Lq, Lk = 150, 200
+    q, k = (torch.randn(2, 4, L, 6, generator=gen, dtype=torch.float64) for L in (Lq, Lk))
+    factor = 1 + torch.rand(2, 4, Lq, 1, generator=gen, dtype=torch.float64)  # SSMax's s log n
+    row_factor = 0.4 + 0.6 * torch.rand(2, 4, Lq, 1, generator=gen, dtype=torch.float64)  # a gate
+    pos = torch.arange(Lk)[None]
+    masking = Masking(True, pos[:, Lk - Lq :], pos, starts=(Lk - Lq, 0))
+    lanes = prior.fold(masking.q_pos, masking.k_pos)
+    bands = planning.slope_bands(
+        q.to(dtype), k.to(dtype), lanes, 6**-0.5, masking, factor.to(dtype), row_factor.to(dtype)
+    )
+    assert bands[0] < 100 and bands[1] < Lk and bands[2:] == [None, None]
+    lag = torch.arange(Lk - Lq, Lk)[:, None] - torch.arange(Lk)[None, :]  # own key minus key index
+    logits = 6**-0.5 * factor * (q @ k.transpose(-1, -2)) + row_factor * prior.log_prior(
+        masking.q_pos, masking.k_pos
+    )
+    weights = torch.softmax(logits.masked_fill(lag < 0, -torch.inf), dim=-1)
+    tiny = torch.finfo(dtype).tiny ** 0.5
+    for h, band in enumerate(bands[:2]):
+        assert (weights[:, h][:, lag > band] < tiny).all()
+        assert (weights[:, h][:, lag == band // 4] > tiny).any()  # a band is not vastly too wide
+    row_factor[1, 1, 7] = 0.0
+    args = (q.to(dtype), k.to(dtype), lanes, 6**-0.5, masking, factor.to(dtype), row_factor.to(dtype))
+    assert planning.slope_bands(*args)[:2] == [bands[0], None]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_gated_steep_heads_take_bands_and_match_the_reference(dtype, monkeypatch):
+    """GOAT with its query gate and steep learned slopes: the steep heads' calls leave out the keys
+    without weight (the gate's smallest factor widens their bands), and the output and every
+    gradient, of the gate's parameters too, match the float64 reference."""
+    monkeypatch.setattr(planning, "BAND_RUN", 64)
+    starts = []
+    plan = planning.plan_calls
+    monkeypatch.setattr(
+        planning, "plan_calls", lambda *a: starts.extend(c.cols.start for c in plan(*a)) or plan(*a)
+    )
+    prior = GOAT(4, 3, gate=True, train_len=64, sink_freqs=2, sink_hidden=4, max_slope=32.0).double()
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in prior.parameters():
+            p.copy_(torch.rand(p.shape, generator=gen, dtype=torch.float64) - 0.5)
+        prior.slope_raw.copy_(inverse_softplus(torch.tensor(STEEP[dtype][:2] + [0.05, 0.01])))
+        prior.gate_bias.fill_(3.0)  # gates of about 0.95
+        prior.gate_scale_raw.fill_(-3.0)
+    L = 300
+    q, k, v = (torch.randn(2, 4, L, 6, generator=gen, dtype=torch.float64) for _ in range(3))
+    results = []
+    for backend, params in (("sdpa", copy.deepcopy(prior).to(dtype)), ("reference", prior)):
+        inputs = [t.to(params.alpha.dtype).requires_grad_() for t in (q, k, v)]
+        out = priorattn.attention(*inputs, prior=params, causal=True, backend=backend)
+        grads = torch.autograd.grad(out, [*inputs, *params.parameters()], torch.ones_like(out))
+        results.append([out, *grads])
+    assert max(starts) > 0  # some call left out keys before its queries
+    tolerance = {torch.float64: 1e-10, torch.float32: 2e-5}[dtype]
+    for i, (mine, ref) in enumerate(zip(*results, strict=True)):
+        scale = 1 + ref.abs().max()
+        assert (mine.double() - ref).abs().max() <= (1 if i == 0 else 20) * tolerance * scale, i
+
+
 def test_no_band_without_a_positive_slope_or_under_other_masks_or_in_one_run(monkeypatch):
     """A flat or anti-recency slope gives no band, nor do masks other than plain causal ones, nor
     up to ``BAND_RUN`` queries (one run, whose causal square leaves no key out)."""

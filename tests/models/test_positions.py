@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from priorattn.layers import ForgetGate
+from priorattn.models import GPT, GPTConfig
 from priorattn.models.positions import (
     POSITION_STYLES,
     POSITIONS,
@@ -48,3 +50,12 @@ def test_distinct_mechanisms_are_drawn_in_distinct_colour_and_line_style_pairs()
     assert mechanism_style("rope_pi")["color"] == mechanism_style("rope")["color"]
     with pytest.raises(ValueError, match="unknown mechanism 'xpos'"):
         mechanism_style("xpos")
+
+
+def test_fox_is_a_position_whose_model_has_a_forget_gate_in_every_block():
+    assert mechanism_fields("fox") == dict(attention="fox")
+    assert mechanism_fields("fox+ssmax") == dict(attention="fox", ssmax=True)
+    assert mechanism_label("fox+ssmax") == "FoX + SSMax" and {"fox", "fox+ssmax"} <= set(mechanisms())
+    config = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_layers=2, n_heads=2, **mechanism_fields("fox"))
+    assert (config.prior, config.encoding) == ("uniform", "none")  # the paper's FoX: no positional encoding
+    assert all(isinstance(block.attn.forget_gate, ForgetGate) for block in GPT(config).blocks)

@@ -3,10 +3,12 @@ and runs saved with the old slope."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
-from priorattn.priors import GOAT, ALiBi, Sum, alibi_slopes, build_prior
+from priorattn.priors import GOAT, ALiBi, Sum, alibi_slopes, build_prior, canonical_spec
 
 
 def test_a_learned_slope_pushed_down_never_goes_negative():
@@ -34,12 +36,25 @@ def test_the_slope_kinds():
     assert GOAT(4, 2).fold_slope().max() < 1e-12  # init uniform: softplus(-30)
 
 
-def test_old_true_and_false_read_as_the_kinds():
-    assert GOAT(2, 1, sink=False, slope=True).spec()["slope"] == "learned"
-    assert (
-        build_prior("goat(sink=false, slope=false)", 2).spec() | {}
-        == build_prior("goat(sink=none, slope=none)", 2).spec()
-    )
+@pytest.mark.parametrize(
+    "old",
+    [
+        "goat(sink=false, slope=false)",
+        dict(name="goat", sink=False, slope=False),
+        json.loads('{"name": "goat", "sink": false, "slope": false}'),
+    ],
+)
+def test_old_true_and_false_read_as_the_kinds(old):
+    """Arguments, spec strings and JSON specs alike: sink true/false is shared/none, slope
+    learned/none (as the legacy loader reads goat_slope), and the spec names the word."""
+    spec = build_prior(old, 2).spec()
+    assert (spec["sink"], spec["slope"]) == ("none", "none")
+    assert spec == build_prior("goat(sink=none, slope=none)", 2).spec()
+    assert canonical_spec(old) == "goat(sink=none, slope=none)"
+    made = GOAT(2, 1, sink=True, slope=True)
+    assert (made.spec()["sink"], made.spec()["slope"], made.slope_kind) == ("shared", "learned", "learned")
+    with pytest.raises(ValueError, match="slope must be one of learned, fixed, none, got 'false'"):
+        GOAT(2, 1, slope="false")  # the words of a spec string are read by the spec, not the constructor
 
 
 def test_the_shared_sink_is_gain_times_one_mlp_plus_a_bump_at_zero():

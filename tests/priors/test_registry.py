@@ -13,6 +13,7 @@ from priorattn.priors import (
     GGD,
     GOAT,
     ALiBi,
+    Choice,
     FromModel,
     Prior,
     Sum,
@@ -116,6 +117,11 @@ class Wrong(Prior):
         super().__init__()
 
 
+class Worded(Prior):
+    def __init__(self, num_heads: int, kind: str = "a"):
+        super().__init__()
+
+
 @pytest.mark.parametrize(
     "call, error, message",
     [
@@ -142,6 +148,22 @@ class Wrong(Prior):
             lambda: register("wrong", Wrong, size=FromModel("?", "length")),
             ValueError,
             "FromModel key must be one of",
+        ),
+        (lambda: register("wrong", Wrong, size=Choice("?", ("3",))), TypeError, "it must be annotated str"),
+        (
+            lambda: register("wrong", Worded, kind=Choice("?", ("b", "c"))),
+            TypeError,
+            "option 'kind' of Worded is a Choice of \\['b', 'c'\\]: .* its default one of them",
+        ),
+        (
+            lambda: register("wrong", Worded, kind=Choice("?", ("a", "b"), {True: "a", False: "c"})),
+            TypeError,
+            "its booleans read both true and false as words of them",
+        ),
+        (
+            lambda: register("wrong", Worded, kind=Choice("?", ("a", "b"), {True: "a"})),
+            TypeError,
+            "its booleans read both true and false",
         ),
     ],
 )

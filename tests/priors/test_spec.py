@@ -3,6 +3,8 @@ a prior from a spec with what the model supplies."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from priorattn.priors import (
@@ -33,6 +35,8 @@ from priorattn.priors import (
         ('goat(init="recency", freq_base=500)', dict(name="goat", init="recency", freq_base=500.0)),
         ('goat(init="a \\"b\\"")', dict(name="goat", init='a "b"')),
         ("goat(max_slope=inf)", dict(name="goat", max_slope=float("inf"))),
+        ("goat(sink=false, slope=TRUE)", dict(name="goat", sink="none", slope="learned")),  # before issue 28
+        (dict(name="goat", sink=True, slope=False), dict(name="goat", sink="shared", slope="none")),
         (dict(name="goat", num_freqs=4, freq_base=500), dict(name="goat", num_freqs=4, freq_base=500.0)),
         (dict(name="ggd", trainable=["mu"]), dict(name="ggd", trainable=("mu",))),
         (["alibi", dict(name="goat", gate=True)], [dict(name="alibi"), dict(name="goat", gate=True)]),
@@ -54,6 +58,9 @@ def test_every_form_reads_as_typed_plain_data(spec, data):
         ([dict(name="alibi"), "goat(slope=none)"], "alibi+goat(slope=none)"),
         (dict(name="goat", init="a b"), 'goat(init="a b")'),
         (dict(name="goat", init="true"), 'goat(init="true")'),
+        ("goat(slope=false)", "goat(slope=none)"),  # a boolean of GOAT's sink or slope names its word
+        ("goat(sink=true, slope=true)", "goat"),
+        (json.loads('{"name": "goat", "sink": false, "slope": true}'), "goat(sink=none)"),
     ],
 )
 def test_a_spec_has_one_canonical_string_that_reads_back_the_same(spec, canonical):
@@ -70,6 +77,12 @@ def test_a_spec_has_one_canonical_string_that_reads_back_the_same(spec, canonica
         ("goat(R=4)", r"prior 'goat' has no option 'R': its options are num_freqs, sink, slope, gate, init"),
         ("alibi(slope=1)", r"prior 'alibi' has no option 'slope': its options are none"),
         ("goat(gate=maybe)", r"prior 'goat': option gate must be true or false, got 'maybe'"),
+        (
+            "goat(slope=maybe)",
+            r"option slope must be one of learned, fixed, none \(true: learned, false: none\), got 'maybe'",
+        ),
+        (dict(name="goat", sink=1), r"option sink must be one of shared, per_head, none .*, got 1"),
+        ('goat(sink=["none"])', r"option sink must be one of shared, per_head, none .*, got \['none'\]"),
         ("goat(num_freqs=2.5)", r"prior 'goat': option num_freqs must be an int, got '2.5'"),
         ("goat(freq_base=big)", r"prior 'goat': option freq_base must be a number, got 'big'"),
         ("goat(init=[a])", r"prior 'goat': option init must be a string, got \['a'\]"),

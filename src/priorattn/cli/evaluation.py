@@ -132,7 +132,7 @@ def add_eval_parser(commands) -> None:
 def add_compare_parser(commands) -> None:
     from ..models.positions import mechanisms
     from ..studies.compare.study import DEFAULT_MODELS, CompareConfig
-    from ..studies.retrieval.study import ALL_MECHANISMS, DEFAULT_MECHANISMS
+    from ..studies.retrieval.study import DEFAULT_MECHANISMS, all_mechanisms
 
     p = commands.add_parser(
         "compare",
@@ -155,7 +155,7 @@ def add_compare_parser(commands) -> None:
     study = p.add_mutually_exclusive_group()
     study.add_argument(
         "--retrieval-mechanisms",
-        type=name_list(list(ALL_MECHANISMS), "mechanism"),
+        type=name_list(list(all_mechanisms()), "mechanism"),
         help=f"mechanisms of the synthetic retrieval study ({','.join(DEFAULT_MECHANISMS)})",
     )
     study.add_argument("--no-retrieval", action="store_true", help="skip the synthetic retrieval study")
@@ -165,7 +165,7 @@ def add_compare_parser(commands) -> None:
 
 def add_retrieval_parser(commands) -> None:
     from ..data.synthetic import SYNTHETIC_TASKS
-    from ..studies.retrieval.study import ALL_MECHANISMS, DEFAULT_MECHANISMS, RetrievalStudyConfig
+    from ..studies.retrieval.study import DEFAULT_MECHANISMS, RetrievalStudyConfig, all_mechanisms
 
     defaults = RetrievalStudyConfig()
     p = commands.add_parser(
@@ -181,7 +181,7 @@ def add_retrieval_parser(commands) -> None:
     )
     p.add_argument(
         "--mechanisms",
-        type=name_list(list(ALL_MECHANISMS), "mechanism"),
+        type=name_list(list(all_mechanisms()), "mechanism"),
         help=f"comma-separated positions, each optionally +ssmax ({','.join(DEFAULT_MECHANISMS)})",
     )
     p.add_argument(

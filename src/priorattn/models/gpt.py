@@ -54,7 +54,7 @@ class GPTConfig:
     - ``mlp_hidden``: SwiGLU hidden width; ``None`` becomes Llama's ``8/3 d_model`` rounded up to a
       multiple of 64, resolved when the config is made (so a saved config records the width).
     - ``prior``: a prior spec (:mod:`priorattn.priors.spec`): a registered prior's name
-      (``priorattn.priors.names()``), with options, or a sum: ``"goat(num_freqs=3, slope=false)+alibi"``,
+      (``priorattn.priors.names()``), with options, or a sum: ``"goat(num_freqs=3, slope=none)+alibi"``,
       or its dict or list form. Kept as its canonical string (only the options that differ from the
       defaults), so equal priors give equal configs. A config saved with the flattened fields of
       earlier versions (``goat_freqs``, ``goat_sink``, ``goat_slope``, ``goat_sink_freqs``,

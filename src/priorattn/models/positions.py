@@ -1,11 +1,11 @@
 """The positional mechanisms the studies compare, in one vocabulary.
 
 A mechanism is a position name, optionally with SSMax (``"bam+ssmax"``), so a result can be told
-apart as coming from the prior or from SSMax. The positions are :data:`POSITIONS` and every prior
-registered by name (:func:`positions`: a new prior file is a position of every study that reads
-them). Every study (``compare``, the retrieval study, DNA) names its models this way, and
-:func:`mechanism_fields` turns a name into the :class:`~priorattn.models.GPTConfig` fields that differ
-from the defaults.
+apart as coming from the prior or from SSMax. The positions are :data:`POSITIONS` (priors,
+encodings, and FoX's forget gate, an attention mechanism) and every prior registered by name
+(:func:`positions`: a new prior file is a position of every study that reads them). Every study
+(``compare``, the retrieval study, DNA) names its models this way, and :func:`mechanism_fields`
+turns a name into the :class:`~priorattn.models.GPTConfig` fields that differ from the defaults.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..priors import names, registered
 
 #: name -> (label, GPTConfig fields): the positional mechanisms of seed 003 Fig. 2 / App. F.4 and
-#: seed 000 Fig. 3. ``local_rope`` needs a ``window``, which each study sets.
+#: seed 000 Fig. 3, and FoX. ``local_rope`` needs a ``window``, which each study sets.
 POSITIONS: dict[str, tuple[str, dict]] = {
     "nope": ("NoPE", dict(prior="uniform", encoding="none")),
     "rope": ("RoPE", dict(encoding="rope")),
@@ -28,6 +28,9 @@ POSITIONS: dict[str, tuple[str, dict]] = {
     "goat_gate": ("GOAT gate", dict(prior="goat(gate=true)")),
     "sinusoidal": ("Sinusoidal", dict(encoding="sinusoidal")),
     "local_rope": ("RoPE local", dict(encoding="local_rope")),
+    # the Forgetting Transformer (Lin et al. 2025): a data-dependent per-key decay, with no
+    # positional encoding as in the paper (layers.ForgetGate)
+    "fox": ("FoX", dict(attention="fox")),
 }
 SSMAX = "+ssmax"
 
@@ -52,6 +55,7 @@ POSITION_STYLES: dict[str, tuple[str, str, str]] = {
     "goat_spectral": ("#BCBD22", "h", "-"),
     "goat_fixedslope": ("#17BECF", "<", "-"),
     "goat_gate": ("#6A3D9A", ">", "-"),
+    "fox": ("#AA4499", "H", "-"),
     "rope_pi": ("#0072B2", "s", ":"),
     "rope_ntk": ("#332288", "s", ":"),
     "rope_yarn": ("#88CCEE", "s", ":"),

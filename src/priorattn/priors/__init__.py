@@ -10,7 +10,7 @@ from .fire import FIRE
 from .ggd import GGD
 from .goat import GOAT, GOATSink
 from .kerple import KERPLE
-from .registry import CONTEXT, FromModel, Option, names, options, register, registered
+from .registry import CONTEXT, Choice, FromModel, Option, names, options, register, registered
 from .sandwich import Sandwich
 from .spec import build_prior, canonical_spec, read_spec, with_defaults
 from .sum import Sum
@@ -20,6 +20,7 @@ from .uniform import Uniform
 __all__ = [
     "ALiBi",
     "CONTEXT",
+    "Choice",
     "FIRE",
     "FoldLanes",
     "FromModel",

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from ..checks import check_int
 from .base import FoldLanes, PositionTable, Prior, alibi_slopes, in_own_dtype
-from .registry import FromModel, register
+from .registry import Choice, FromModel, register
 from .score_mod import ScoreTerms
 
 
@@ -147,6 +147,10 @@ class GOATSink(KeySink):
 #: The sinks by ``GOAT(sink=...)``.
 SINKS = {"shared": SharedSink, "per_head": GOATSink}
 SLOPES = ("learned", "fixed", "none")
+#: What ``sink`` and ``slope`` given as True or False (as before issue 28, when they were booleans)
+#: read as: the arguments, a spec's ``true``/``false`` and a JSON spec's booleans alike.
+SINK_OF_BOOL = {True: "shared", False: "none"}
+SLOPE_OF_BOOL = {True: "learned", False: "none"}
 #: ``softplus(UNIFORM_SLOPE_RAW)`` (1e-13): the learned slope of ``init="uniform"``, as goat-attention
 #: starts it; ``softplus`` never reaches 0.
 UNIFORM_SLOPE_RAW = -30.0
@@ -218,15 +222,8 @@ class GOAT(Prior):
         max_slope: float = 1.0,
     ):
         super().__init__()
-        # Before issue 28 sink and slope were true or false.
-        if isinstance(sink, bool | str):
-            sink = {"True": "shared", "False": "none", "true": "shared", "false": "none"}.get(str(sink), sink)
-        if isinstance(slope, bool | str):
-            slope = {"True": "learned", "False": "none", "true": "learned", "false": "none"}.get(
-                str(slope), slope
-            )
-        args, kwargs = self.made_with
-        self.__dict__["made_with"] = (args, {**kwargs, "sink": sink, "slope": slope})
+        sink = SINK_OF_BOOL[sink] if isinstance(sink, bool) else sink
+        slope = SLOPE_OF_BOOL[slope] if isinstance(slope, bool) else slope
         if not isinstance(num_heads, int) or num_heads < 1:
             raise ValueError(f"num_heads must be a positive int, got {num_heads!r}")
         if not isinstance(num_freqs, int) or num_freqs < 0:
@@ -417,10 +414,18 @@ register(
     "goat",
     GOAT,
     num_freqs="R, the relative part's geometric frequencies (2 lanes each when folded; 0: none)",
-    sink="the key-only sink u_h(j): shared (goat-attention's: shared MLP x per-head gain + BOS bump), "
-    "per_head (priorattn's before issue 28: per-head MLP + linear decay) or none (1 lane)",
-    slope="the recency term -m_h |i - j|, m_h >= 0: learned (softplus), fixed (ALiBi's) or none "
-    "(1 lane; folds under a causal mask only)",
+    sink=Choice(
+        "the key-only sink u_h(j): shared (goat-attention's: shared MLP x per-head gain + BOS bump), "
+        "per_head (priorattn's before issue 28: per-head MLP + linear decay) or none (1 lane)",
+        (*SINKS, "none"),
+        SINK_OF_BOOL,
+    ),
+    slope=Choice(
+        "the recency term -m_h |i - j|, m_h >= 0: learned (softplus), fixed (ALiBi's) or none "
+        "(1 lane; folds under a causal mask only)",
+        SLOPES,
+        SLOPE_OF_BOOL,
+    ),
     gate="goat-attention's query-norm gate sigmoid(b_h - softplus(s_h) ||q_i||) on query i's log-prior",
     init=FromModel(
         "'uniform' (K = 0: standard attention) or 'recency' (ALiBi); a model starting at 'alibi' gives "

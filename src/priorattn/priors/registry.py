@@ -5,12 +5,14 @@ its options with one line of documentation each:
 
     register("alibi", ALiBi)
     register("ggd", GGD, init=FromModel("...", "init"), trainable="...", eps="...")
+    register("goat", GOAT, slope=Choice("...", ("learned", "fixed", "none"), {True: "learned", ...}))
 
 An option's type and default are its constructor argument's annotation and default (one source:
 the signature); the types a spec can carry are ``bool``, ``int``, ``float``, ``str`` and
-``tuple[str, ...]``. A constructor argument that is not an option must be state that a checkpoint
-holds (ALiBi's ``slopes``, a buffer). The constructor's ``num_heads``, where it has one, is the
-model's head count. An option declared :class:`FromModel` is filled by the model a prior is built
+``tuple[str, ...]``. A string option declared :class:`Choice` takes one of its words, and may read
+``true``/``false`` as two of them. A constructor argument that is not an option must be state that a
+checkpoint holds (ALiBi's ``slopes``, a buffer). The constructor's ``num_heads``, where it has one,
+is the model's head count. An option declared :class:`FromModel` is filled by the model a prior is built
 for (:data:`CONTEXT`) where a spec leaves it out.
 
 A prior built from a registered class remembers the arguments it was made with
@@ -46,6 +48,17 @@ class FromModel:
 
 
 @dataclass(frozen=True)
+class Choice:
+    """A string option that takes one of ``words``. ``booleans`` reads ``true`` and ``false`` as
+    words (an option that was a boolean before it had words, as GOAT's ``slope``: a spec or saved
+    config with ``slope=false`` means ``slope=none``), so a spec's canonical string names the word."""
+
+    doc: str
+    words: tuple[str, ...]
+    booleans: Mapping[bool, str] | None = None
+
+
+@dataclass(frozen=True)
 class Option:
     """One option of a registered prior: a keyword argument of its constructor."""
 
@@ -54,6 +67,7 @@ class Option:
     default: object
     doc: str
     from_model: FromModel | None = None
+    choice: Choice | None = None
 
     def value(self, value, prior: str, text: bool = False):
         """``value`` as this option's type: from Python data, or with ``text`` from the words of a
@@ -78,7 +92,11 @@ class Option:
             elif isinstance(value, int | float) and not isinstance(value, bool):
                 ok = float(value)
         elif kind is str:
-            ok = value if isinstance(value, str) else None
+            booleans = None if self.choice is None else self.choice.booleans
+            if booleans and (isinstance(value, bool) or text and str(value).lower() in ("true", "false")):
+                ok = booleans[value if isinstance(value, bool) else value.lower() == "true"]
+            elif isinstance(value, str) and (self.choice is None or value in self.choice.words):
+                ok = value
         else:  # tuple[str, ...]; a spec string may give one word for a tuple of one
             words = [value] if text and isinstance(value, str) else value
             if isinstance(words, list | tuple) and all(isinstance(w, str) for w in words):
@@ -89,6 +107,10 @@ class Option:
 
     def expects(self) -> str:
         """The type in words, for messages and listings."""
+        if self.choice is not None:
+            booleans = self.choice.booleans
+            read = f" (true: {booleans[True]}, false: {booleans[False]})" if booleans else ""
+            return f"one of {', '.join(self.choice.words)}{read}"
         return {bool: "true or false", int: "an int", float: "a number", str: "a string"}.get(
             self.kind, "a list of strings"
         )
@@ -123,9 +145,10 @@ _BY_CLASS: dict[type, Registered] = {}
 ALIASES = {"nope": "uniform", "bam": "ggd"}
 
 
-def register(name: str, cls: type, /, **options: str | FromModel) -> type:
+def register(name: str, cls: type, /, **options: str | FromModel | Choice) -> type:
     """Make ``cls`` buildable as ``name`` in a spec, with the constructor arguments named in
-    ``options`` (each a one-line doc, or :class:`FromModel`) as its options; returns ``cls``.
+    ``options`` (each a one-line doc, :class:`FromModel` or :class:`Choice`) as its options; returns
+    ``cls``.
 
     Registering the same class under the same name again does nothing; another class under a taken
     name, or a class under a second name, is refused."""
@@ -160,7 +183,22 @@ def register(name: str, cls: type, /, **options: str | FromModel) -> type:
         if model is not None and model.key not in CONTEXT:
             raise ValueError(f"FromModel key must be one of {list(CONTEXT)}, got {model.key!r}")
         kind = hints[option]
-        declared[option] = Option(option, kind, parameter.default, model.doc if model else doc, model)
+        choice = doc if isinstance(doc, Choice) else None
+        if choice is not None:
+            booleans = {} if choice.booleans is None else dict(choice.booleans)
+            if (
+                kind is not str
+                or (booleans and set(booleans) != {True, False})
+                or any(word not in choice.words for word in [parameter.default, *booleans.values()])
+            ):
+                raise TypeError(
+                    f"option {option!r} of {cls.__name__} is a Choice of {list(choice.words)}: it must be "
+                    "annotated str, its default one of them, and its booleans read both true and false "
+                    "as words of them"
+                )
+        declared[option] = Option(
+            option, kind, parameter.default, doc if isinstance(doc, str) else doc.doc, model, choice
+        )
     entry = Registered(name, cls, declared, "num_heads" in parameters)
     _BY_NAME[name], _BY_CLASS[cls] = entry, entry
     return cls

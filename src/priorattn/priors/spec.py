@@ -2,12 +2,17 @@
 
 A spec is any of
 
-- a string: ``"goat"``, ``"goat(num_freqs=4, slope=false)+alibi"``, ``"ggd(trainable=[alpha, mu])"``:
+- a string: ``"goat"``, ``"goat(num_freqs=4, slope=none)+alibi"``, ``"ggd(trainable=[alpha, mu])"``:
   registered names joined by ``+`` (a sum), each with options in parentheses. Values are
   ``true``/``false``, numbers, words (a string needs double quotes only where it is not a word) and
   lists in brackets;
-- a dict ``{"name": "goat", "num_freqs": 4, "slope": False}``: one prior;
+- a dict ``{"name": "goat", "num_freqs": 4, "slope": "none"}``: one prior (JSON's, a saved config's);
 - a list of specs: their sum (:class:`~priorattn.priors.Sum`), so a list may hold a sum of its own.
+
+An option's value is read as its registered type. An option of words may read ``true`` and
+``false`` (a string's or a dict's) as two of its words (:class:`~priorattn.priors.Choice`: GOAT's
+``sink`` and ``slope``, booleans before issue 28), and the spec then holds the word:
+``canonical_spec("goat(slope=false)")`` is ``"goat(slope=none)"``.
 
 ``prior.spec()`` gives the dict of a registered prior with every option (a list for a sum), and
 :func:`build_prior` builds the same prior from it.

@@ -203,6 +203,24 @@ def test_every_model_differs_only_in_position():
     assert len({tuple(sorted((k, c[k]) for k in positional)) for c in configs.values()}) == len(configs)
 
 
+def test_fox_and_the_registered_priors_are_models_of_compare_and_its_retrieval_study(tmp_path, monkeypatch):
+    from priorattn import cli
+    from priorattn.studies.compare import study as compare_module
+
+    given = []
+    monkeypatch.setattr(compare_module, "compare", lambda config, out, progress: given.append(config))
+    argv = ["compare", "--out", str(tmp_path), "--priors", "fox,fox+ssmax,t5", "--retrieval-mechanisms"]
+    assert cli.main(argv + ["fox,kerple+ssmax", "--quiet"]) == 0
+    config = given[0]
+    fox, fox_ssmax, t5 = (config.model_config(name) for name in config.models)
+    assert (fox.attention, fox.prior, fox.encoding, fox.ssmax) == ("fox", "uniform", "none", False)
+    assert (fox_ssmax.attention, fox_ssmax.ssmax) == ("fox", True)
+    assert (t5.attention, t5.prior) == ("standard", "t5")
+    study = config.retrieval
+    assert study.model_config("fox").attention == "fox"
+    assert study.model_config("kerple+ssmax").prior == "kerple"
+
+
 def row(label, delta=(0.0, 0.001), ratio=1.0, ppl=10.0, at_T=(20, 20), passkey=None, niah=None):
     """A summary row made by hand: ``delta`` (mean, se), accuracies as (right, prompts); ``passkey``
     None: not evaluated past T (the model does not retrieve at T)."""

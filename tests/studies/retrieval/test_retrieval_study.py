@@ -24,8 +24,10 @@ from priorattn.studies.retrieval.report import (
 from priorattn.studies.retrieval.study import (
     DEFAULT_MECHANISMS,
     RetrievalStudyConfig,
+    all_mechanisms,
     check_set,
     curriculum_length,
+    label_of,
     position_of,
     trained_as,
 )
@@ -392,6 +394,15 @@ def test_bad_input_to_the_retrieval_command_is_one_line_and_leaves_no_directory(
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_fox_and_every_registered_prior_are_mechanisms_of_the_study():
+    assert {"fox", "fox+ssmax", "t5", "kerple", "fire", "sandwich+ssmax"} <= set(all_mechanisms())
+    config = RetrievalStudyConfig(mechanisms=["fox", "sandwich+ssmax"])
+    fox = config.model_config("fox")
+    assert (fox.attention, fox.prior, fox.encoding, fox.token_shift) == ("fox", "uniform", "none", True)
+    assert config.model_config("sandwich+ssmax").prior == "sandwich"
+    assert label_of("fox+ssmax") == "FoX + SSMax"
 
 
 def test_the_retrieval_command_runs_the_study(tmp_path, monkeypatch):

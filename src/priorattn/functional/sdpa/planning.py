@@ -127,51 +127,73 @@ def cells(calls: list[Call]) -> int:
 
 
 def slope_bands(
-    q: Tensor, k: Tensor, lanes: FoldLanes, scale: float, masking: Masking
+    q: Tensor,
+    k: Tensor,
+    lanes: FoldLanes,
+    scale: float,
+    masking: Masking,
+    factor: Tensor | None = None,
+    row_factor: Tensor | None = None,
 ) -> list[int | None] | None:
     """Per head, how many keys before a query's own key can carry weight, or None (no limit).
 
     Under plain causal masking query i sees its own key ``i + Lk - Lq``; a key ``d`` positions
-    before it has a logit ``m_h d`` lower from a slope ``m_h > 0`` (ALiBi, GOAT's recency term,
-    seed 000 App. F.3), and at most ``reach_h`` higher from every other lane
-    (:func:`lane_reach`), while the row's log-sum-exp is at least its own key's logit. Beyond
-    ``d = (reach_h - cutoff) / m_h``, with ``cutoff`` the log of float32's (or float64's)
-    ``sqrt(finfo.tiny)`` (:func:`~..lag_flash.smallest_log_weight`, as the ``memeff`` route's weight
-    bands), a key's weight
+    before it has a logit ``r_i m_h d`` lower from a slope ``m_h > 0`` (ALiBi, GOAT's recency term,
+    seed 000 App. F.3) times query i's ``row_factor`` ``r_i`` (:func:`~..prior_inputs.prior_factor`:
+    GOAT's query gate, SSMax scaling the prior; 1 without one), and at most ``reach_h`` higher from
+    every other lane (:func:`lane_reach`, the content times the SSMax ``factor``), while the row's
+    log-sum-exp is at least its own key's logit. Beyond ``d = (reach_h - cutoff) / (m_h min_i r_i)``,
+    with ``cutoff`` the log of float32's (or float64's) ``sqrt(finfo.tiny)``
+    (:func:`~..lag_flash.smallest_log_weight`, as the ``memeff`` route's weight bands), a key's weight
     lies below ``sqrt(tiny)`` of the row's: far below the dtype's resolution, and zero in the
     kernel, which flushes subnormal numbers (``subnormals.py``). Leaving those keys out is exact
-    to the dtype, and a steep head then costs ``O(L / m_h)``, not ``O(L^2)``."""
+    to the dtype, and a steep head then costs ``O(L / m_h)``, not ``O(L^2)``. A head whose row
+    factor reaches 0 has no band."""
     slope, (Lq, Lk) = lanes.slope, (q.shape[2], k.shape[2])
     # Up to BAND_RUN queries are one run, whose causal square leaves nothing out.
     if slope is None or slope.shape[0] != q.shape[1] or not masking.plain_causal or not BAND_RUN < Lq <= Lk:
         return None
     # Half precision too: the kernel sums in float32, and float16's own sqrt(tiny) is 2^-7.
     cutoff = smallest_log_weight(torch.promote_types(q.dtype, torch.float32))
-    steepest = float(slope.detach().max())
+    rates = slope.detach().double()  # (H,): the slope of each head's flattest row
+    if row_factor is not None:
+        rates = rates * row_factor.detach().double().amin(dim=(0, 2, 3))
+    steepest = float(rates.max())
     if not steepest > 0 or -cutoff / steepest >= Lk:  # no band short of every key
         return None
-    widths = (lane_reach(q, k, lanes, scale) - cutoff) / slope.detach().double()
+    widths = (lane_reach(q, k, lanes, scale, factor, row_factor) - cutoff) / rates
     return [int(w) + 1 if 0 < w < Lk else None for w in widths.tolist()]
 
 
 @torch.no_grad()
-def lane_reach(q: Tensor, k: Tensor, lanes: FoldLanes, scale: float) -> Tensor:
+def lane_reach(
+    q: Tensor,
+    k: Tensor,
+    lanes: FoldLanes,
+    scale: float,
+    factor: Tensor | None = None,
+    row_factor: Tensor | None = None,
+) -> Tensor:
     """``(H,)`` float64: how far the logit without its slope term (``<q', k'>`` over every other lane
-    of :class:`~.fold.Fold`: content, fold lanes, key bias) can lift one key of a row above another,
-    ``2 max_i |q'_i| max_j |k'_j|`` (Cauchy-Schwarz) over the batch; the norms of the parts bound
-    those of the whole. A thousandth more covers the rounding of the norms."""
+    of :class:`~.fold.Fold`: content times the SSMax ``factor``, fold lanes and key bias times the
+    prior's ``row_factor``) can lift one key of a row above another, ``2 max_i |q'_i| max_j |k'_j|``
+    (Cauchy-Schwarz) over the batch; the norms of the parts bound those of the whole. A thousandth
+    more covers the rounding of the norms."""
     H, Hkv = q.shape[1], k.shape[1]
-    queries = scale**2 * largest_square(q) + largest_square(lanes.q)
+    queries = scale**2 * largest_square(q, factor) + largest_square(lanes.q, row_factor)
     keys = largest_square(k).repeat_interleave(H // Hkv) + largest_square(lanes.k)
-    if lanes.key_bias is not None:  # <1, u_h(j)>
-        queries = queries + 1
+    if lanes.key_bias is not None:  # <1, u_h(j)>: the query's lane is 1 times its row factor
+        queries = queries + (1 if row_factor is None else largest_square(row_factor))
         keys = keys + largest_square(lanes.key_bias[..., None])
     return 2.002 * (queries * keys).sqrt()
 
 
-def largest_square(t: Tensor) -> Tensor:
+def largest_square(t: Tensor, rows: Tensor | None = None) -> Tensor:
     """``(heads or 1,)`` float64: the largest squared norm of ``t``'s rows ``(..., heads or 1, L, D)``
-    per head (dim -3; without one, a single value)."""
-    norms = torch.linalg.vector_norm(t, dim=-1, dtype=torch.promote_types(t.dtype, torch.float32)).amax(-1)
-    heads = t.shape[-3] if t.dim() > 2 else 1
-    return norms.reshape(-1, heads).amax(0).double().square()
+    per head (dim -3; without one, a single value), each row times ``rows`` ``(.., heads or 1, L, 1)``
+    where given."""
+    norms = torch.linalg.vector_norm(t, dim=-1, dtype=torch.promote_types(t.dtype, torch.float32))
+    if rows is not None:
+        norms = norms * rows[..., 0].abs()
+    heads = norms.shape[-2] if norms.dim() > 1 else 1
+    return norms.amax(-1).reshape(-1, heads).amax(0).double().square()

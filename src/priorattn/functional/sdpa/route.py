@@ -108,8 +108,7 @@ def folded_attention(
     chunk, bands = H, None
     if run_calls is folded_calls:
         chunk = heads_per_thread_team(q.shape[0], torch.get_num_threads())
-        if row_factor is None:  # SSMax or a gate scales the slope per row: no band
-            bands = slope_bands(q, k, lanes, scale, masking)
+        bands = slope_bands(q, k, lanes, scale, masking, factor, row_factor)
     plans = head_plans(masking, spans, rates, bound, precision, H, chunk, bands)
     return run_calls(fold, plans, q, k, v, lanes, factor, row_factor).to(dtype)
 

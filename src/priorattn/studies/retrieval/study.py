@@ -11,7 +11,7 @@ whether attention still finds the needle at ``2T .. 64T`` (``512T`` from ``budge
 
 One tiny model per (mechanism, seed), all trained alike on a mixture of ``tasks`` and scored alike
 on the same sequences (:func:`~priorattn.eval.synthetic.score_synthetic`). A mechanism is a
-positional mechanism (:data:`POSITIONS`), optionally with SSMax (``"bam+ssmax"``), so a result can
+positional mechanism (:func:`study_positions`), optionally with SSMax (``"bam+ssmax"``), so a result can
 be told apart as coming from the prior or from SSMax. Everything lands in ``out``:
 ``models/<mechanism>/seed-<s>/`` (``model.safetensors``, ``model.json``: configs and training
 log, ``scores-<mechanism>.json``: counts keyed by the evaluation settings and the weights' hash) and
@@ -44,8 +44,7 @@ from ...eval.synthetic import exact_matches, score_synthetic
 from ...figures import RunScale
 from ...files import as_saved, prepare_out, read_json, sha256_of, write_atomic, write_json_atomic
 from ...models import GPT, GPTConfig
-from ...models.positions import POSITIONS as MODEL_POSITIONS
-from ...models.positions import SSMAX, mechanism_label, split_mechanism
+from ...models.positions import SSMAX, mechanism_label, positions, split_mechanism
 from ...priors import GGD, GOAT, with_defaults
 from ...ssmax import SSMax
 from ...train import TrainConfig
@@ -55,28 +54,34 @@ from ...train.optim import build_optimizer, build_scheduler, clip_gradients
 #: ``n`` extended by ``n / T`` from ``T`` (``eval.synthetic.extended_rope``). "rope_pi": position
 #: interpolation (seed 000 Fig. 3); "rope_ntk": NTK-aware; "rope_yarn": YaRN (Peng et al. 2023).
 EXTENSIONS = {"rope_pi": "pi", "rope_ntk": "ntk", "rope_yarn": "yarn"}
-# The models' positions and the evaluation variants.
-POSITIONS: dict[str, tuple[str, dict]] = {
-    **MODEL_POSITIONS,
-    "rope_pi": ("RoPE PI", MODEL_POSITIONS["rope"][1]),
-    "rope_ntk": ("RoPE NTK", MODEL_POSITIONS["rope"][1]),
-    "rope_yarn": ("RoPE YaRN", MODEL_POSITIONS["rope"][1]),
-}
+EXTENSION_LABELS = {"rope_pi": "RoPE PI", "rope_ntk": "RoPE NTK", "rope_yarn": "RoPE YaRN"}
 DEFAULT_POSITIONS = ("nope", "rope", "alibi", "bam", "goat")
 DEFAULT_MECHANISMS = tuple(m for p in DEFAULT_POSITIONS for m in (p, p + SSMAX))
-ALL_MECHANISMS = tuple(m for p in POSITIONS for m in (p, p + SSMAX))
 RETRIEVES_AT_T = 0.95  # a mechanism below this at T cannot be judged beyond it
 #: The training steps at budget 1: a cap, each model stopping when it retrieves at T.
 STEPS = 2000
 
 
+def study_positions() -> dict[str, tuple[str, dict]]:
+    """The models' positions (:func:`priorattn.models.positions.positions`: the studies' own and
+    every registered prior) and the evaluation variants of :data:`EXTENSIONS`, RoPE's model scored
+    with each of RoPE's context extensions."""
+    table = positions()
+    return table | {name: (label, table["rope"][1]) for name, label in EXTENSION_LABELS.items()}
+
+
+def all_mechanisms() -> tuple[str, ...]:
+    """Every mechanism the study can run: each of :func:`study_positions` with and without SSMax."""
+    return tuple(m for p in study_positions() for m in (p, p + SSMAX))
+
+
 def position_of(mechanism: str) -> tuple[str, bool]:
     """``("bam", True)`` for ``"bam+ssmax"``; a ValueError naming the known mechanisms otherwise."""
-    return split_mechanism(mechanism, POSITIONS)
+    return split_mechanism(mechanism, study_positions())
 
 
 def label_of(mechanism: str) -> str:
-    return mechanism_label(mechanism, POSITIONS)
+    return mechanism_label(mechanism, study_positions())
 
 
 def trained_as(mechanism: str) -> str:
@@ -203,7 +208,7 @@ class RetrievalStudyConfig:
 
     def model_config(self, mechanism: str) -> GPTConfig:
         position, ssmax = position_of(trained_as(mechanism))
-        fields = dict(POSITIONS[position][1])
+        fields = dict(study_positions()[position][1])
         if fields.get("encoding") == "local_rope":
             fields["window"] = self.train_len
         fields["prior"] = with_defaults(fields.get("prior", "uniform"), goat=dict(num_freqs=self.goat_freqs))
