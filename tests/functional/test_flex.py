@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from factories import DEVICES, make_prior
+from test_key_bias import drift
 
 import priorattn
 from priorattn.functional import api, flex
@@ -101,17 +102,11 @@ def test_auto_chooses_flex_for_a_prior_that_does_not_fold_where_flex_trains(monk
     assert choice(q, GGD(2), key_bias=key_bias) == "flex"
 
 
-def drift(L: int, strength: float, gen: torch.Generator) -> torch.Tensor:
-    """FoX's ``-F_j`` in float64 ``(1, 2, L)``: gates forgetting about ``strength`` nats per key."""
-    logits = torch.randn(1, 2, L, generator=gen, dtype=torch.float64) - strength
-    return -torch.nn.functional.logsigmoid(logits).cumsum(-1)
-
-
 def test_row_centred_key_bias_is_the_key_bias_up_to_a_row_constant_with_its_gradient():
     """``(hi_j - hi_t) + (lo_j - lo_t)`` is ``u_j - u_t`` to float32's precision of the difference
     (not of ``u``), ``t`` the row's own key; the gradient reaches ``u`` through ``hi_j`` alone."""
     gen = torch.Generator().manual_seed(0)
-    u = drift(300, 3.0, gen).requires_grad_()  # climbs past 900
+    u = drift(1, 2, 300, 3.0, gen).requires_grad_()  # climbs past 900
     hi, (row_hi, lo, row_lo) = flex.row_centred_key_bias(u, 100, torch.float32)
     centred = (hi[..., None, :] - row_hi[..., :, None]) + (lo[..., None, :] - row_lo[..., :, None])
     exact = u.detach()[..., None, :] - u.detach()[..., 200:, None]  # rows are keys 200..299
@@ -135,7 +130,7 @@ def test_flex_keeps_float32_precision_for_a_far_drifting_key_bias(device):
     gen = torch.Generator().manual_seed(0)
     L = 2048
     q, k, v = (torch.randn(1, 2, L, 16, generator=gen, dtype=torch.float64) for _ in range(3))
-    key_bias = drift(L, 2.5, gen).requires_grad_()
+    key_bias = drift(1, 2, L, 2.5, gen).requires_grad_()
     assert key_bias.max() > 5000
     grad = torch.randn(1, 2, L, 16, generator=gen, dtype=torch.float64)
     ref = priorattn.attention(q, k, v, key_bias=key_bias, backend="reference")

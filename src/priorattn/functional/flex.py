@@ -169,7 +169,7 @@ def flex_route(
     row_factor = prior_factor(q, prior, factor, ssmax is not None and ssmax.scale_prior)
     row_factor = None if row_factor is None else row_factor.to(dtype).expand(B, H, Lq, 1)
     q_pos, k_pos = masking.q_pos.expand(B, Lq), masking.k_pos.expand(B, -1)
-    centre = key_bias is not None
+    centre = key_bias is not None  # split_prior sums it into the prior's own key terms
     inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, row_factor, key_bias)
     if inputs.dense is not None:
         raise ValueError(
@@ -179,7 +179,7 @@ def flex_route(
     # The op's key bias drifts: the key terms are centred per row where they hold it (a prior's own
     # key terms, GOAT's sink, stay small and go as they are).
     key_bias, slope, rows = inputs.key_bias, inputs.slope, None
-    if key_bias is not None and centre:
+    if centre:
         key_bias, rows = row_centred_key_bias(key_bias, Lq, dtype)
     # Tensors score_mod reads are made whole (no stride-0 views of a broadcast): inductor lowers
     # their gradients by scattering into each one.
