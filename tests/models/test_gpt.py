@@ -13,7 +13,7 @@ from priorattn.data import document_positions
 from priorattn.encodings import NTKAwareRoPE, YaRNRoPE
 from priorattn.models import GPT, PRESETS, GPTConfig, preset
 from priorattn.models.gpt import ENCODINGS
-from priorattn.priors import GGD, GOAT, Sum, with_defaults
+from priorattn.priors import GGD, GOAT, Sum, alibi_slopes, with_defaults
 from priorattn.token_shift import LayerCaches, ShiftState
 from priorattn.train.optim import prior_parameters
 
@@ -109,14 +109,22 @@ def test_prior_parameters_are_the_priors_and_ssmax():
     assert prior_parameters(model(prior="uniform")) == []
 
 
-def test_init_leaves_priors_as_standard_attention():
-    """nanoGPT's init touches projections only: a new GGD log-prior is constant per query, and a new
-    GOAT's to its learned slope's start, softplus(-30) ~ 1e-13 per token (goat-attention's start)."""
+def test_init_leaves_priors_at_their_starts():
+    """nanoGPT's init touches projections only. By default a new GGD log-prior is constant per query
+    (standard attention) and a new GOAT's is its seeded start, ALiBi's ``-m_h |i - j|``; with
+    ``prior_init="uniform"`` GOAT's is constant up to its learned slope's start, softplus(-30) ~ 1e-13
+    per token (goat-attention's uniform start)."""
     pos = torch.arange(6)
-    for prior, atol in (("goat", 1e-12), ("ggd", 0.0)):
-        for block in GPT(config(prior=prior)).blocks:
+    lag = (pos[:, None] - pos[None, :]).abs()
+    for prior, init in (("goat", "uniform"), ("ggd", None), ("ggd", "uniform")):
+        for block in GPT(config(prior=prior, prior_init=init)).blocks:
             K = block.attn.prior.log_prior(pos, pos)  # (H, Lq, Lk)
+            atol = 1e-12 if prior == "goat" else 0.0
             torch.testing.assert_close(K, K[..., :1].expand_as(K), rtol=0, atol=atol)
+    for block in GPT(config(prior="goat")).blocks:
+        H = block.attn.prior.num_heads
+        expected = -alibi_slopes(H).float()[:, None, None] * lag
+        torch.testing.assert_close(block.attn.prior.log_prior(pos, pos), expected, rtol=1e-6, atol=1e-6)
 
 
 def test_init_scales_residual_projections():

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from factories import make_prior
 from test_fire import fire_by_hand
 from test_kerple import kerple_by_hand
@@ -280,10 +281,32 @@ def test_alibi_slope_bound_follows_construction_and_loading():
 def test_goat_uniform_init_is_standard_attention():
     """Exactly, but for a learned slope's start softplus(-30) = 1e-13 per token of lag (softplus never
     reaches 0; goat-attention starts it there too)."""
-    K = GOAT(4, 8, slope="none").log_prior(*grid(9, 9, offset=100))
+    K = GOAT(4, 8, slope="none", init="uniform").log_prior(*grid(9, 9, offset=100))
     assert torch.equal(K, torch.zeros_like(K))
-    K = GOAT(4, 8).log_prior(*grid(9, 9, offset=100))
+    for slope in ("none", "fixed"):  # without a learned slope the default start is the uniform one
+        seeded, uniform = GOAT(4, 8, slope=slope), GOAT(4, 8, slope=slope, init="uniform")
+        assert torch.equal(seeded.log_prior(*grid(9, 9)), uniform.log_prior(*grid(9, 9))), slope
+    K = GOAT(4, 8, init="uniform").log_prior(*grid(9, 9, offset=100))
     assert K.abs().max() < 1e-10  # lags up to ~100
+
+
+def test_goat_seeded_init_is_alibi_slopes_and_nothing_else():
+    """goat-attention's default start: ``softplus(slope_raw)`` = ALiBi's ``2^(-8h/H)``, every other
+    parameter at its uniform start (spectral weights 0, sink 0), so K = -m_h |i - j|."""
+    H = 4
+    torch.manual_seed(0)  # the sink MLP's first layer is drawn
+    seeded = GOAT(H, 8)
+    torch.manual_seed(0)
+    uniform = GOAT(H, 8, init="uniform")
+    slopes = torch.tensor([2.0 ** (-8 * h / H) for h in range(1, H + 1)])
+    torch.testing.assert_close(F.softplus(seeded.slope_raw), slopes, rtol=1e-6, atol=0)
+    uniform_state = uniform.state_dict()
+    for name, value in seeded.state_dict().items():
+        if name != "slope_raw":
+            assert torch.equal(value, uniform_state[name]), name
+    q_pos, k_pos = grid(9, 9, offset=100)
+    expected = -slopes[:, None, None] * (q_pos[:, None] - k_pos[None, :]).abs()
+    torch.testing.assert_close(seeded.log_prior(q_pos, k_pos), expected, rtol=1e-6, atol=1e-5)
 
 
 def test_goat_fixed_slope_attends_exactly_like_alibi():

@@ -26,14 +26,15 @@ def test_a_learned_slope_pushed_down_never_goes_negative():
 
 
 def test_the_slope_kinds():
-    learned, fixed = GOAT(4, 2, init="recency"), GOAT(4, 2, slope="fixed")
-    torch.testing.assert_close(learned.fold_slope().double(), alibi_slopes(4), rtol=1e-6, atol=0)
+    learned, fixed = GOAT(4, 2), GOAT(4, 2, slope="fixed")
+    for start in (learned, GOAT(4, 2, init="recency")):  # "seeded" (the default) and "recency"
+        torch.testing.assert_close(start.fold_slope().double(), alibi_slopes(4), rtol=1e-6, atol=0)
     assert "slopes" in dict(fixed.named_buffers()) and not any(
         "slope" in n for n, _ in fixed.named_parameters()
     )
     torch.testing.assert_close(fixed.fold_slope().double(), alibi_slopes(4))
     assert GOAT(4, 2, slope="none").fold_slope() is None
-    assert GOAT(4, 2).fold_slope().max() < 1e-12  # init uniform: softplus(-30)
+    assert GOAT(4, 2, init="uniform").fold_slope().max() < 1e-12  # softplus(-30)
 
 
 @pytest.mark.parametrize(

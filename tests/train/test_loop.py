@@ -374,3 +374,18 @@ def test_raising_steps_continues_a_finished_run_on_the_longer_schedule(corpus, t
     assert json.loads((run / "config.json").read_text())["train"]["steps"] == 8
     with pytest.raises(ValueError, match=r"only steps may be raised.*train.steps: run has 8, given 6"):
         train(small_model(), settings(corpus, steps=6), run, resume=True, progress=False)
+
+
+@pytest.mark.parametrize("prior, refused", [("alibi", False), ("ggd", False), ("goat", True)])
+def test_prior_init_differs_on_resume_only_where_a_prior_starts_otherwise(corpus, tmp_path, prior, refused):
+    """A run saved with ``prior_init="uniform"`` (the default before GOAT's seeded start) resumes
+    under the default ``None`` where its prior starts alike (ALiBi reads no start, GGD's own default
+    is uniform); GOAT's default start is seeded, so its run is refused, naming the field."""
+    run, config = tmp_path / "run", settings(corpus, steps=2)
+    train(small_model(prior=prior, prior_init="uniform"), config, run, progress=False)
+    again = settings(corpus, steps=3)
+    if refused:
+        with pytest.raises(ValueError, match=r"model.prior_init: run has 'uniform', given None"):
+            train(small_model(prior=prior), again, run, resume=True, progress=False)
+    else:
+        assert train(small_model(prior=prior), again, run, resume=True, progress=False).step == 3

@@ -76,10 +76,13 @@ class GPTConfig:
       papers' choice, which for every prior here is one prior per layer: BAM has "three learnable
       parameters for each attention head in each layer" (seed 003 Sec. 3, 576 for the 120M model in
       App. C), and GOAT replaces each layer's attention (seed 000 Algorithm 1).
-    - ``prior_init``: ``"uniform"`` starts every learnable prior as standard attention (BAM's best,
-      seed 003 App. F.1); ``"alibi"`` starts GGD at ALiBi and GOAT at its ALiBi-equivalent recency.
-      The model's choice for every part of ``prior`` (the ``init`` its priors take from the model,
-      :class:`~priorattn.priors.FromModel`); a spec's own ``init=`` overrides it for that prior.
+    - ``prior_init``: ``None`` (the default) starts each prior as its own default does: GGD as
+      standard attention (BAM's best, seed 003 App. F.1), GOAT ``"seeded"`` (its learned slope at the
+      ALiBi slopes, as goat-attention's GPTs start: a softplus slope started at 0 never trains);
+      ``"uniform"`` starts every learnable prior as standard attention; ``"alibi"`` starts GGD at
+      ALiBi and GOAT at its ALiBi-equivalent recency. The model's choice for every part of ``prior``
+      (the ``init`` its priors take from the model, :class:`~priorattn.priors.FromModel`); a spec's
+      own ``init=`` overrides it for that prior.
     - ``normalizer``: the map from logits to attention weights in every layer: ``"softmax"``,
       ``"sparsemax"``, ``"entmax15"`` or an entmax ``alpha > 1`` (seed 004 Sec. 4; not softmax runs
       on the reference route).
@@ -111,7 +114,7 @@ class GPTConfig:
     rope_scaling: str = "pi"
     ssmax: bool = False
     shared_prior: bool | None = None
-    prior_init: str = "uniform"
+    prior_init: str | None = None
     norm_eps: float = 1e-5
     dropout: float = 0.0
     backend: str = "auto"
@@ -172,7 +175,7 @@ class GPTConfig:
             )
         if self.encoding == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal encoding needs an even d_model, got {self.d_model}")
-        if self.prior_init not in PRIOR_INITS:
+        if self.prior_init is not None and self.prior_init not in PRIOR_INITS:
             raise ValueError(f"prior_init must be one of {PRIOR_INITS}, got {self.prior_init!r}")
         if not isinstance(self.token_shift, bool):
             raise ValueError(f"token_shift must be True or False, got {self.token_shift!r}")

@@ -26,6 +26,7 @@ POSITIONS: dict[str, tuple[str, dict]] = {
     "goat_spectral": ("GOAT spectral", dict(prior="goat(sink=none, slope=none)")),
     "goat_fixedslope": ("GOAT fixed slope", dict(prior="goat(slope=fixed)")),
     "goat_gate": ("GOAT gate", dict(prior="goat(gate=true)")),
+    "goat_uniform": ("GOAT uniform start", dict(prior="goat(init=uniform)")),
     "sinusoidal": ("Sinusoidal", dict(encoding="sinusoidal")),
     "local_rope": ("RoPE local", dict(encoding="local_rope")),
     # the Forgetting Transformer (Lin et al. 2025): a data-dependent per-key decay, with no
@@ -55,6 +56,7 @@ POSITION_STYLES: dict[str, tuple[str, str, str]] = {
     "goat_spectral": ("#BCBD22", "h", "-"),
     "goat_fixedslope": ("#17BECF", "<", "-"),
     "goat_gate": ("#6A3D9A", ">", "-"),
+    "goat_uniform": ("#E7298A", "d", "-"),
     "fox": ("#AA4499", "H", "-"),
     "rope_pi": ("#0072B2", "s", ":"),
     "rope_ntk": ("#332288", "s", ":"),

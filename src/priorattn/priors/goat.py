@@ -147,6 +147,8 @@ class GOATSink(KeySink):
 #: The sinks by ``GOAT(sink=...)``.
 SINKS = {"shared": SharedSink, "per_head": GOATSink}
 SLOPES = ("learned", "fixed", "none")
+#: GOAT's starts, ``GOAT(init=...)``.
+INITS = ("seeded", "uniform", "recency")
 #: What ``sink`` and ``slope`` given as True or False (as before issue 28, when they were booleans)
 #: read as: the arguments, a spec's ``true``/``false`` and a JSON spec's booleans alike.
 SINK_OF_BOOL = {True: "shared", False: "none"}
@@ -189,11 +191,19 @@ class GOAT(Prior):
     Folded into a head (:class:`~priorattn.PriorMultiheadAttention`), GOAT takes ``fold_width`` of
     its query/key lanes from the content: ``2 num_freqs`` + 1 for a sink + 1 for a slope.
 
-    ``init="uniform"`` starts at standard attention: every term 0 but a learned slope, which starts
-    at ``softplus(-30)`` (1e-13, as goat-attention starts it). ``init="recency"`` starts at ALiBi: a
-    learned slope takes the ALiBi slopes; with ``slope="none"`` the spectral weights are fitted by
-    least squares to ``-m_h d`` over lags ``d`` in ``[0, train_len)`` (so it matches ALiBi under a
-    causal mask; future keys are not fitted); a fixed slope is ALiBi's whatever ``init`` says.
+    Starts (``init``; the spectral weights, the sink's output and the gate start as below in each):
+
+    - ``"seeded"`` (the default, goat-attention's ``prior_init="seeded"``): a learned slope starts at
+      the ALiBi slopes, every other term at 0. A softplus slope cannot start at 0 and learn: from
+      ``softplus(-30)`` its gradient is ``sigmoid(-30)`` ~ 1e-13 of the loss's, below AdamW's ``eps``,
+      and it stays there (measured in issue 28).
+    - ``"uniform"``: standard attention, every term 0, a learned slope at ``softplus(-30)`` = 1e-13
+      (goat-attention's ``prior_init="uniform"``; in practice a constant 0, as above).
+    - ``"recency"``: ALiBi. A learned slope takes the ALiBi slopes (as ``"seeded"``); with
+      ``slope="none"`` the spectral weights are fitted by least squares to ``-m_h d`` over lags ``d``
+      in ``[0, train_len)`` (so it matches ALiBi under a causal mask; future keys are not fitted).
+
+    A fixed slope is ALiBi's whatever ``init`` says.
 
     Folding (Eq. 17-21): ``q`` lanes ``[alpha cos(w i) + beta sin(w i), alpha sin(w i) - beta cos(w i)]``,
     ``k`` lanes ``[cos(w j), sin(w j)]`` (2R lanes shared by every head), then one sink lane
@@ -213,7 +223,7 @@ class GOAT(Prior):
         sink: str = "shared",
         slope: str = "learned",
         gate: bool = False,
-        init: str = "uniform",
+        init: str = "seeded",
         learnable_freqs: bool = False,
         freq_base: float = 10_000.0,
         train_len: int = 2048,
@@ -252,8 +262,8 @@ class GOAT(Prior):
             raise ValueError(f"freq_base must be a finite number > 1, got {freq_base!r}")
         if not (isinstance(max_slope, int | float) and 0 < max_slope < math.inf):
             raise ValueError(f"max_slope must be a positive finite number, got {max_slope!r}")
-        if init not in ("uniform", "recency"):
-            raise ValueError(f"init must be 'uniform' or 'recency', got {init!r}")
+        if init not in INITS:
+            raise ValueError(f"init must be one of {', '.join(INITS)}, got {init!r}")
         dtype = torch.get_default_dtype()
         self.num_heads = num_heads
         freqs = geometric_freqs(num_freqs, freq_base).to(dtype)
@@ -275,17 +285,16 @@ class GOAT(Prior):
         self.gate_bias = nn.Parameter(torch.full((num_heads,), 10.0, dtype=dtype)) if gate else None
         self.max_slope = float(max_slope)
         self.by_lag = PositionTable(self, self.relative)
-        if init == "recency":
-            self._init_recency(train_len)
+        if self.slope_raw is not None and init != "uniform":
+            with torch.no_grad():
+                self.slope_raw.copy_(inverse_softplus(alibi_slopes(num_heads)))
+        elif self.slope_kind == "none" and init == "recency":
+            self._fit_recency(train_len)
 
     @torch.no_grad()
-    def _init_recency(self, fit_len: int) -> None:
+    def _fit_recency(self, fit_len: int) -> None:
+        """The spectral weights that best match ALiBi's ``-m_h d`` over lags ``[0, fit_len)``."""
         slopes = alibi_slopes(self.num_heads)
-        if self.slope_raw is not None:
-            self.slope_raw.copy_(inverse_softplus(slopes))
-            return
-        if self.slopes is not None:
-            return
         lag = torch.arange(fit_len, dtype=torch.float64)
         cos, sin = phases(lag, self.freqs.double())
         design = torch.cat([cos, sin, torch.ones(fit_len, 1, dtype=torch.float64)], dim=-1)
@@ -428,8 +437,9 @@ register(
     ),
     gate="goat-attention's query-norm gate sigmoid(b_h - softplus(s_h) ||q_i||) on query i's log-prior",
     init=FromModel(
-        "'uniform' (K = 0: standard attention) or 'recency' (ALiBi); a model starting at 'alibi' gives "
-        "'recency'",
+        "'seeded' (goat-attention's: a learned slope at ALiBi's, the rest 0), 'uniform' (K = 0: "
+        "standard attention; a learned slope then stays ~0) or 'recency' (ALiBi); a model starting at "
+        "'uniform' or 'alibi' gives 'uniform' or 'recency'",
         "init",
         {"uniform": "uniform", "alibi": "recency"},
     ),

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..data import Tokenizer, load_tokenizer, read_data_record
 from ..files import as_saved, prepare_out, read_json, write_atomic
-from ..models import GPT, GPTConfig
+from ..models import GPT, GPTConfig, build_prior
 from ..priors import read_spec, registered
 from . import checkpoint as ckpt
 from .config import TrainConfig
@@ -108,6 +108,8 @@ def config_differences(saved: dict, given: dict) -> list[str]:
     def differs(part: str, key: str, value) -> bool:
         if (part, key) == ("train", "steps"):
             return value < saved[part][key]
+        if (part, key) == ("model", "prior_init"):  # a difference only where a prior starts otherwise
+            return prior_start(saved[part]) != prior_start(given[part])
         return saved[part].get(key) != value
 
     return [
@@ -116,6 +118,14 @@ def config_differences(saved: dict, given: dict) -> list[str]:
         for key, value in given[part].items()
         if differs(part, key, value)
     ]
+
+
+def prior_start(model: dict) -> dict | list | None:
+    """The spec of the prior a model config's layers build, every option as the model fills it
+    (``init`` among them): equal for configs whose ``prior_init`` differs where no prior reads it
+    (NoPE, ALiBi, RoPE), or reads it to the same start (``None`` and ``"uniform"`` for GGD)."""
+    prior = build_prior(GPTConfig.from_dict(model))
+    return None if prior is None else prior.spec()
 
 
 class MetricsLog:
