@@ -313,6 +313,23 @@ def test_fox_leaves_out_the_keys_without_weight_and_matches_the_reference(Hkv, d
         assert (mine.double() - ref).abs().max() <= (1 if i == 0 else 20) * tolerance * scale, i
 
 
+def test_chunks_with_close_bands_share_one_plan_and_distant_ones_keep_their_own():
+    """Heads (chunks of one) whose bands keep 300 and 320 keys take one plan, each run's keys from
+    the wider band; a band of 40 beside them would cost more than a tenth more cells and keeps its
+    own, as does a head whose band leaves out too little to be taken."""
+    L = 4096
+    pos = torch.arange(L)[None]
+    widths = torch.tensor([300, 320, 40, 3000])[:, None]
+    bands = (torch.arange(L) - widths).clamp(min=0)
+    plans = planning.head_plans(
+        Masking(True, pos, pos, starts=(0, 0)), None, None, 0.0, torch.float32, 4, 1, bands
+    )
+    assert [heads for heads, _ in plans] == [slice(0, 2), slice(2, 3), slice(3, 4)]
+    assert [call.cols.start for call in plans[0][1]] == [max(0, r - 320) for r in range(0, L, 1024)]
+    assert [call.cols.start for call in plans[1][1]] == [max(0, r - 40) for r in range(0, L, 1024)]
+    assert [call.cols.start for call in plans[2][1]] == [0]
+
+
 def test_no_band_without_a_positive_slope_or_under_other_masks_or_in_one_run(monkeypatch):
     """A flat or anti-recency slope gives no band, nor do masks other than plain causal ones, nor
     up to ``BAND_RUN`` queries (one run, whose causal square leaves no key out)."""

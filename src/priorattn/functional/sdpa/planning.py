@@ -92,7 +92,8 @@ def head_plans(
     then need few or one); ``chunk = heads``: every head takes the steepest head's. ``bands``
     (:func:`weight_bands`): a chunk leaves out the keys before the first one any of its heads needs,
     in runs of at most :data:`BAND_RUN` queries, where that leaves out more than a tenth of its
-    cells."""
+    cells; consecutive chunks with bands take one plan where that costs little more
+    (:func:`shared_band`)."""
     Lq = masking.q_pos.shape[-1]
     per_head = slope is not None and slope.shape[0] == heads
     if not per_head and bands is None:
@@ -107,10 +108,32 @@ def head_plans(
             banded = min(step or BAND_RUN, BAND_RUN)
             full, narrow = (cells(plan_calls(masking, spans, *plan)) for plan in ((step,), (banded, first)))
             step, first = (banded, first) if narrow < 0.9 * full else (step, None)
-        if not groups or groups[-1][1:] != (step, first):
-            groups.append((h, step, first))
+        if groups and groups[-1][1] == step and groups[-1][2] != first:
+            shared = shared_band(masking, spans, step, (h - groups[-1][0], groups[-1][2]), (chunk, first))
+            if shared is not None:  # the calls of both chunks at once: half the kernel calls
+                groups[-1][2] = shared
+                continue
+        if not groups or groups[-1][1:] != [step, first]:
+            groups.append([h, step, first])
     bounds = [h for h, *_ in groups] + [heads]
     return [(slice(a, b), plan_calls(masking, spans, *plan)) for (a, *plan), b in zip(groups, bounds[1:])]
+
+
+def shared_band(
+    masking: Masking, spans: tuple[Tensor, Tensor] | None, step: int, *chunks: tuple[int, list[int] | None]
+) -> list[int] | None:
+    """The first keys that ``chunks`` of heads (``(heads, first keys)``, :func:`weight_bands`) of one
+    run length can take together: each query's smallest, where that costs at most a tenth more cells
+    than each chunk's own; None where it costs more or a chunk has no band. FoX's heads often forget
+    at similar rates, and on busy cores each kernel call (and each step around it) also waits for
+    the thread the scheduler took away: one plan for its four heads took 1.79x plain SDPA's wall
+    time at L = 4096 on two shared cores where two plans took 2.55x (docs/benchmarks.md)."""
+    if any(first is None for _, first in chunks):
+        return None
+    shared = [min(keys) for keys in zip(*(first for _, first in chunks))]
+    own = sum(n * cells(plan_calls(masking, spans, step, first)) for n, first in chunks)
+    together = sum(n for n, _ in chunks) * cells(plan_calls(masking, spans, step, shared))
+    return shared if together <= 1.1 * own else None
 
 
 def cells(calls: list[Call]) -> int:
