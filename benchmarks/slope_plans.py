@@ -7,7 +7,7 @@ plain SDPA (the `attention.py` op rows: B=1, H=4, head width 64 in all, causal, 
 - `alone`: each head takes the runs its own slope allows (the fourth session's plan);
 - `chunks`: heads in chunks that keep every thread of the kernel's backward busy
   (`heads_per_thread_team`: pairs on two threads, one head on one);
-- `bands`: chunks, and steep heads leave out the keys they give no weight (`slope_bands`): the
+- `bands`: chunks, and steep heads leave out the keys they give no weight (`weight_bands`): the
   route's plan.
 
 Samples are taken round-robin, the order rotating each round; the table has the medians. On one
@@ -34,7 +34,7 @@ from priorattn.functional.sdpa import planning, route
 PLANS = {
     "alone": (lambda batch, threads: 1, lambda *args: None),
     "chunks": (planning.heads_per_thread_team, lambda *args: None),
-    "bands": (planning.heads_per_thread_team, planning.slope_bands),
+    "bands": (planning.heads_per_thread_team, planning.weight_bands),
 }
 
 
@@ -43,12 +43,12 @@ def planned(plan: str, run: Callable[[], None]) -> Callable[[], None]:
     team, bands = PLANS[plan]
 
     def planned_run() -> None:
-        saved = route.heads_per_thread_team, route.slope_bands
-        route.heads_per_thread_team, route.slope_bands = team, bands
+        saved = route.heads_per_thread_team, route.weight_bands
+        route.heads_per_thread_team, route.weight_bands = team, bands
         try:
             run()
         finally:
-            route.heads_per_thread_team, route.slope_bands = saved
+            route.heads_per_thread_team, route.weight_bands = saved
 
     return planned_run
 

@@ -8,6 +8,7 @@ import copy
 import pytest
 import torch
 from factories import flushes, make_prior
+from torch import Tensor
 
 import priorattn
 from priorattn.functional import prior_inputs
@@ -115,6 +116,18 @@ def steep_goat(slopes: list[float], seed: int = 0) -> Sum:
     return Sum(goat, ALiBi(len(slopes), slopes=torch.tensor(slopes, dtype=torch.float64)))
 
 
+def band_widths(bands: Tensor, Lk: int) -> Tensor:
+    """``(H,)``: per head, the most keys before a query's own key that :func:`planning.weight_bands`
+    keeps (``Lk - 1``: every key)."""
+    own = torch.arange(Lk - bands.shape[-1], Lk)
+    return (own - bands).amax(-1)
+
+
+def left_out(bands: Tensor, Lk: int) -> Tensor:
+    """``(H, Lq, Lk)``: the keys :func:`planning.weight_bands` leaves out of each query's row."""
+    return torch.arange(Lk) < bands[..., None]
+
+
 #: Slopes whose bands (in the dtype) leave keys out at a few hundred positions: heads 0 and 1 have
 #: bands, head 2's covers every key, head 3's slope is negative (an anti-recency head: no band).
 STEEP = {torch.float64: [30.0, 8.0, 0.05, -0.5], torch.float32: [4.0, 1.0, 0.05, -0.5]}
@@ -132,15 +145,16 @@ def test_slope_bands_bound_the_weight_of_every_key_they_leave_out(dtype, monkeyp
     pos = torch.arange(Lk)[None]
     masking = Masking(True, pos[:, Lk - Lq :], pos, starts=(Lk - Lq, 0))
     lanes = prior.fold(masking.q_pos, masking.k_pos)
-    bands = planning.slope_bands(q.to(dtype), k.to(dtype), lanes, 6**-0.5, masking)
-    assert bands[0] < 40 and bands[1] < Lk and bands[2:] == [None, None]
+    bands = planning.weight_bands(q.to(dtype), k.to(dtype), lanes, 6**-0.5, masking)
+    widths = band_widths(bands, Lk)
+    assert widths[0] < 40 and widths[1] < Lk and not bands[2:].any()
     keys = torch.eye(Lk, dtype=torch.float64).expand(2, 4, Lk, Lk)  # values that return the weights
     weights = priorattn.attention(q, k, keys, prior=prior, causal=True, backend="reference")
     lag = torch.arange(Lk - Lq, Lk)[:, None] - torch.arange(Lk)[None, :]  # own key minus key index
     tiny = torch.finfo(dtype).tiny ** 0.5
-    for h, band in enumerate(bands[:2]):
-        assert (weights[:, h][:, lag > band] < tiny).all()
-        assert (weights[:, h][:, lag == band // 4] > tiny).any()  # a band is not vastly too wide
+    for h, width in enumerate(widths[:2].tolist()):
+        assert (weights[:, h][:, left_out(bands, Lk)[h]] < tiny).all()
+        assert (weights[:, h][:, lag == width // 4] > tiny).any()  # a band is not vastly too wide
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -159,22 +173,24 @@ def test_slope_bands_under_row_factors_bound_the_weight_of_every_key_they_leave_
     pos = torch.arange(Lk)[None]
     masking = Masking(True, pos[:, Lk - Lq :], pos, starts=(Lk - Lq, 0))
     lanes = prior.fold(masking.q_pos, masking.k_pos)
-    bands = planning.slope_bands(
+    bands = planning.weight_bands(
         q.to(dtype), k.to(dtype), lanes, 6**-0.5, masking, factor.to(dtype), row_factor.to(dtype)
     )
-    assert bands[0] < 100 and bands[1] < Lk and bands[2:] == [None, None]
+    widths = band_widths(bands, Lk)
+    assert widths[0] < 100 and widths[1] < Lk and not bands[2:].any()
     lag = torch.arange(Lk - Lq, Lk)[:, None] - torch.arange(Lk)[None, :]  # own key minus key index
     logits = 6**-0.5 * factor * (q @ k.transpose(-1, -2)) + row_factor * prior.log_prior(
         masking.q_pos, masking.k_pos
     )
     weights = torch.softmax(logits.masked_fill(lag < 0, -torch.inf), dim=-1)
     tiny = torch.finfo(dtype).tiny ** 0.5
-    for h, band in enumerate(bands[:2]):
-        assert (weights[:, h][:, lag > band] < tiny).all()
-        assert (weights[:, h][:, lag == band // 4] > tiny).any()  # a band is not vastly too wide
+    for h, width in enumerate(widths[:2].tolist()):
+        assert (weights[:, h][:, left_out(bands, Lk)[h]] < tiny).all()
+        assert (weights[:, h][:, lag == width // 4] > tiny).any()  # a band is not vastly too wide
     row_factor[1, 1, 7] = 0.0
     args = (q.to(dtype), k.to(dtype), lanes, 6**-0.5, masking, factor.to(dtype), row_factor.to(dtype))
-    assert planning.slope_bands(*args)[:2] == [bands[0], None]
+    gated = planning.weight_bands(*args)
+    assert torch.equal(gated[0], bands[0]) and not gated[1].any()
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -211,20 +227,123 @@ def test_gated_steep_heads_take_bands_and_match_the_reference(dtype, monkeypatch
         assert (mine.double() - ref).abs().max() <= (1 if i == 0 else 20) * tolerance * scale, i
 
 
+def forget_gates(B: int, Hkv: int, L: int, gen: torch.Generator) -> Tensor:
+    """Logits of FoX's forget gates ``(B, 4, L)`` float64: head 0 forgets about 6 nats per key, head 1
+    about 2, head 2 about 0.05 (a band wider than 300 keys), head 3 none (gates of 1)."""
+    shift = torch.tensor([-6.0, -2.0, 3.0, 50.0], dtype=torch.float64)[:, None]
+    return torch.randn(B, 4, L, generator=gen, dtype=torch.float64) + shift
+
+
+def fox_key_bias(gates: Tensor) -> Tensor:
+    """FoX's key bias ``-F_j``: minus the cumulative sum of the log forget gates (Lin et al. 2025)."""
+    return -torch.nn.functional.logsigmoid(gates).cumsum(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_key_bias_bands_bound_the_weight_of_every_key_they_leave_out(dtype, monkeypatch):
+    """FoX's ``-F_j`` without a slope: every key a band leaves out has a weight below
+    ``sqrt(finfo.tiny)`` in the float64 reference, a fast-forgetting head leaves out most keys, and
+    heads that forget slowly or not at all leave out none."""
+    monkeypatch.setattr(planning, "BAND_RUN", 64)
+    gen = torch.Generator().manual_seed(4)
+    Lq, Lk = 250, 300
+    q, k = (torch.randn(2, 4, L, 6, generator=gen, dtype=torch.float64) for L in (Lq, Lk))
+    key_bias = fox_key_bias(forget_gates(2, 4, Lk, gen))
+    pos = torch.arange(Lk)[None]
+    masking = Masking(True, pos[:, Lk - Lq :], pos, starts=(Lk - Lq, 0))
+    lanes = FoldLanes(torch.zeros(1, 4, Lq, 0), torch.zeros(1, 1, Lk, 0), key_bias)
+    bands = planning.weight_bands(q.to(dtype), k.to(dtype), lanes, 6**-0.5, masking)
+    widths = band_widths(bands, Lk)
+    assert widths[0] < 80 and widths[1] < Lk - 1 and not bands[2:].any()
+    keys = torch.eye(Lk, dtype=torch.float64).expand(2, 4, Lk, Lk)  # values that return the weights
+    weights = priorattn.attention(q, k, keys, key_bias=key_bias, causal=True, backend="reference")
+    tiny = torch.finfo(dtype).tiny ** 0.5
+    for h in range(2):
+        assert (weights[:, h][:, left_out(bands, Lk)[h]] < tiny).all()
+
+
+def test_a_far_key_that_a_key_bias_lifts_again_is_not_left_out(monkeypatch):
+    """A key bias that climbs and falls: one early key raised above every later key outweighs the keys
+    near every later query, though FoX's decay alone would leave it out. The bands keep it (they
+    follow the running maximum of the bias), and the route matches the reference."""
+    monkeypatch.setattr(planning, "BAND_RUN", 64)
+    gen = torch.Generator().manual_seed(5)
+    L = 300
+    q, k, v = (torch.randn(1, 4, L, 6, generator=gen, dtype=torch.float64) for _ in range(3))
+    key_bias = fox_key_bias(forget_gates(1, 4, L, gen))
+    key_bias[:, 0, 10] = key_bias[:, 0].max() + 1.0
+    pos = torch.arange(L)[None]
+    lanes = FoldLanes(torch.zeros(1, 4, L, 0), torch.zeros(1, 1, L, 0), key_bias)
+    bands = planning.weight_bands(q, k, lanes, 6**-0.5, Masking(True, pos, pos, starts=(0, 0)))
+    assert bands[0, 11:].max() <= 10 and bands[1].max() > 10  # head 1 has no such key
+    keys = torch.eye(L, dtype=torch.float64).expand(1, 4, L, L)
+    weights = priorattn.attention(q, k, keys, key_bias=key_bias, causal=True, backend="reference")
+    assert weights[0, 0, -1, 10] > 1e-3  # the raised key matters to the last query
+    out = priorattn.attention(q, k, v, key_bias=key_bias, causal=True, backend="sdpa")
+    ref = priorattn.attention(q, k, v, key_bias=key_bias, causal=True, backend="reference")
+    assert torch.allclose(out, ref, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("Hkv", [4, 2])
+def test_fox_leaves_out_the_keys_without_weight_and_matches_the_reference(Hkv, dtype, monkeypatch):
+    """FoX through ``sdpa``: fast-forgetting heads take calls that leave out the keys before their
+    band (runs of 64 queries, after a cached prefix); output and the gradients of q, k, v and the
+    forget gates against the float64 reference within the route tests' tolerances."""
+    monkeypatch.setattr(planning, "BAND_RUN", 64)
+    starts = []
+    plan = planning.plan_calls
+    monkeypatch.setattr(
+        planning, "plan_calls", lambda *a: starts.extend(c.cols.start for c in plan(*a)) or plan(*a)
+    )
+    gen = torch.Generator().manual_seed(Hkv)
+    Lq, Lk = 250, 300
+    q = torch.randn(2, 4, Lq, 6, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(2, Hkv, Lk, 6, generator=gen, dtype=torch.float64) for _ in range(2))
+    gates = forget_gates(2, 4, Lk, gen)
+    results = []
+    for backend, precision in (("sdpa", dtype), ("reference", torch.float64)):
+        inputs = [t.to(precision).requires_grad_() for t in (q, k, v)] + [gates.clone().requires_grad_()]
+        out = priorattn.attention(*inputs[:3], key_bias=fox_key_bias(inputs[3]), causal=True, backend=backend)
+        results.append([out, *torch.autograd.grad(out, inputs, torch.ones_like(out))])
+    assert max(starts) > Lk - Lq  # some call left out keys after the cached prefix
+    tolerance = {torch.float64: 1e-10, torch.float32: 2e-5}[dtype]
+    for i, (mine, ref) in enumerate(zip(*results, strict=True)):
+        scale = 1 + ref.abs().max()
+        assert (mine.double() - ref).abs().max() <= (1 if i == 0 else 20) * tolerance * scale, i
+
+
+def test_chunks_with_close_bands_share_one_plan_and_distant_ones_keep_their_own():
+    """Heads (chunks of one) whose bands keep 300 and 320 keys take one plan, each run's keys from
+    the wider band; a band of 40 beside them would cost more than a tenth more cells and keeps its
+    own, as does a head whose band leaves out too little to be taken."""
+    L = 4096
+    pos = torch.arange(L)[None]
+    widths = torch.tensor([300, 320, 40, 3000])[:, None]
+    bands = (torch.arange(L) - widths).clamp(min=0)
+    plans = planning.head_plans(
+        Masking(True, pos, pos, starts=(0, 0)), None, None, 0.0, torch.float32, 4, 1, bands
+    )
+    assert [heads for heads, _ in plans] == [slice(0, 2), slice(2, 3), slice(3, 4)]
+    assert [call.cols.start for call in plans[0][1]] == [max(0, r - 320) for r in range(0, L, 1024)]
+    assert [call.cols.start for call in plans[1][1]] == [max(0, r - 40) for r in range(0, L, 1024)]
+    assert [call.cols.start for call in plans[2][1]] == [0]
+
+
 def test_no_band_without_a_positive_slope_or_under_other_masks_or_in_one_run(monkeypatch):
     """A flat or anti-recency slope gives no band, nor do masks other than plain causal ones, nor
     up to ``BAND_RUN`` queries (one run, whose causal square leaves no key out)."""
     q = k = torch.randn(1, 2, 300, 4)
     pos = torch.arange(300)[None]
     lanes = steep_goat([4.0, 4.0]).float().fold(pos, pos)
-    assert planning.slope_bands(q, k, lanes, 0.5, Masking(True, pos, pos, starts=(0, 0))) is None
+    assert planning.weight_bands(q, k, lanes, 0.5, Masking(True, pos, pos, starts=(0, 0))) is None
     monkeypatch.setattr(planning, "BAND_RUN", 64)
-    assert planning.slope_bands(q, k, lanes, 0.5, Masking(True, pos, pos, starts=(0, 0))) is not None
+    assert planning.weight_bands(q, k, lanes, 0.5, Masking(True, pos, pos, starts=(0, 0))) is not None
     for slopes in ([0.0, 0.0], [-1.0, -2.0]):
         flat = steep_goat(slopes).float().fold(pos, pos)
-        assert planning.slope_bands(q, k, flat, 0.5, Masking(True, pos, pos, starts=(0, 0))) is None
-    assert planning.slope_bands(q, k, lanes, 0.5, Masking(True, pos, pos, window=50, starts=(0, 0))) is None
-    assert planning.slope_bands(q, k, lanes, 0.5, Masking(False, pos, pos, starts=(0, 0))) is None
+        assert planning.weight_bands(q, k, flat, 0.5, Masking(True, pos, pos, starts=(0, 0))) is None
+    assert planning.weight_bands(q, k, lanes, 0.5, Masking(True, pos, pos, window=50, starts=(0, 0))) is None
+    assert planning.weight_bands(q, k, lanes, 0.5, Masking(False, pos, pos, starts=(0, 0))) is None
 
 
 @pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
@@ -236,9 +355,9 @@ def test_half_precision_takes_the_bands_of_float32(half, monkeypatch):
     masking = Masking(True, pos, pos, starts=(0, 0))
     lanes = steep_goat([4.0, 1.0]).float().fold(pos, pos)
     q, k = (torch.randn(1, 2, 300, 8, generator=torch.Generator().manual_seed(i)) for i in range(2))
-    single = planning.slope_bands(q, k, lanes, 0.5, masking)
-    halved = planning.slope_bands(q.to(half), k.to(half), lanes, 0.5, masking)
-    assert all(abs(a - b) <= 1 for a, b in zip(single, halved, strict=True)), (single, halved)
+    single = planning.weight_bands(q, k, lanes, 0.5, masking)
+    halved = planning.weight_bands(q.to(half), k.to(half), lanes, 0.5, masking)
+    assert (single - halved).abs().max() <= 1, (single, halved)
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 4])

@@ -12,10 +12,10 @@ On the CPU a prior's calls run through the flash kernel's own forward and backwa
 re-centres only the slope lane of ``k'`` in place before each call, so a slope re-centred on every run
 of queries costs O(L) memory, not a ``k'`` per run (at L = 16384, 1.73x-1.87x plain SDPA's peak memory
 before, 1.04x-1.07x after: docs/performance_log.md); heads whose slopes allow longer runs take fewer
-calls (:func:`~.planning.head_plans`), in chunks of heads that keep every thread busy; a steep slope's
-heads leave out the keys it gives no weight (:func:`~.planning.slope_bands`); and the kernel calls run
-where float32 subnormals flush to zero (``subnormals.py``), which made the route 2-7x plain SDPA's
-time under a slope.
+calls (:func:`~.planning.head_plans`), in chunks of heads that keep every thread busy; a steep
+slope's heads and a fast-forgetting key bias's leave out the keys they give no weight
+(:func:`~.planning.weight_bands`); and the kernel calls run where float32 subnormals flush to zero
+(``subnormals.py``), which made the route 2-7x plain SDPA's time under a slope.
 
 Modules, each importing only those listed before it: :mod:`.fold` (``q'`` and ``k'`` of a call),
 :mod:`.planning` (the calls of a batch group, per run of heads), :mod:`.flash` (the autograd

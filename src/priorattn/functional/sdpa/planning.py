@@ -1,6 +1,6 @@
 """Query-run planning of the SDPA route: the kernel calls of one batch group (:func:`plan_calls`:
 runs of queries, each against only the keys it can see), per run of heads as long as their slopes
-allow (:func:`head_plans`), and the keys a steep slope gives no weight (:func:`slope_bands`).
+allow (:func:`head_plans`), and the keys a prior's key terms give no weight (:func:`weight_bands`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ..spans import Call, Kind, cut, span_calls
 MASK_CHUNK_CELLS = 1 << 22
 
 
-#: Most queries one call of a banded head takes (:func:`slope_bands`): each costs the kernel half its
+#: Most queries one call of a banded head takes (:func:`weight_bands`): each costs the kernel half its
 #: run in its causal square besides its band.
 BAND_RUN = 1024
 
@@ -33,24 +33,24 @@ Plans = list[tuple[slice, list[Call]]]
 
 
 def plan_calls(
-    masking: Masking, spans: tuple[Tensor, Tensor] | None, step: int | None, band: int | None = None
+    masking: Masking, spans: tuple[Tensor, Tensor] | None, step: int | None, first: list[int] | None = None
 ) -> list[Call]:
     """The kernel calls of one batch group, in query order, each covering at most ``step`` queries.
 
     ``spans`` are the group's key spans (rows identical across the group), or None: then plain
     causal masking and no masking need no data, and anything else takes dense masks in chunks.
-    ``band`` (plain causal masking only, :func:`slope_bands`): a call leaves out the keys more than
-    ``band`` before its first query's own key.
+    ``first`` (plain causal masking only, :func:`weight_bands`): the first key each query needs; a
+    call leaves out the keys before the smallest of its queries'.
     """
     Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
     if not masking.masks_anything:
         return [Call(rows, slice(0, Lk), Kind.FULL) for rows in cut(0, Lq, step)]
     if masking.plain_causal and Lq <= Lk:  # key index <= query index + (Lk - Lq)
-        past, band = Lk - Lq, Lk if band is None else band
+        past = Lk - Lq
         # A single query sees every key of its call: one unmasked call, not a causal split into
         # two (a NoPE decode step of the tiny model: 1.18x faster at a cache of 1k, 1.13x at 4k).
         return [
-            Call(rows, slice(max(0, past + rows.start - band), past + rows.stop), kind_of(rows))
+            Call(rows, slice(0 if first is None else min(first[rows]), past + rows.stop), kind_of(rows))
             for rows in cut(0, Lq, step)
         ]
     if spans is None:
@@ -82,39 +82,58 @@ def head_plans(
     precision: torch.dtype,
     heads: int,
     chunk: int,
-    bands: list[int | None] | None = None,
+    bands: Tensor | None = None,
 ) -> Plans:
     """The calls of :func:`plan_calls` for runs of consecutive heads, each run of queries as long as
     the steepest slope among the heads allows (:func:`~..prior_inputs.slope_span`; ``bound``: the
     prior's :meth:`~priorattn.priors.Prior.slope_bound`, taken where the slope is not free to read).
     Heads come in chunks of ``chunk`` (the last may be shorter) that take their calls together:
     chunks whose slopes allow different runs take their own calls (ALiBi's and GOAT's gentler heads
-    then need few or one); ``chunk = heads``: every head takes the steepest head's. ``bands`` (per
-    head, :func:`slope_bands`): a chunk whose heads all have one leaves out the keys beyond the
-    widest, in runs of at most :data:`BAND_RUN` queries, where that leaves out more than a tenth of
-    its cells."""
+    then need few or one); ``chunk = heads``: every head takes the steepest head's. ``bands``
+    (:func:`weight_bands`): a chunk leaves out the keys before the first one any of its heads needs,
+    in runs of at most :data:`BAND_RUN` queries, where that leaves out more than a tenth of its
+    cells; consecutive chunks with bands take one plan where that costs little more
+    (:func:`shared_band`)."""
     Lq = masking.q_pos.shape[-1]
-    if slope is None or slope.shape[0] != heads:
+    per_head = slope is not None and slope.shape[0] == heads
+    if not per_head and bands is None:
         step = slope_span(largest_slope(slope, bound), precision)
         return [(slice(0, heads), plan_calls(masking, spans, step))]
-    groups = []  # [first head, step, band] of each run of heads with one plan
+    groups = []  # [first head, step, first keys] of each run of heads with one plan
     for h in range(0, heads, chunk):
-        step = slope_span(largest_slope(slope[h : h + chunk], bound), precision)
+        step = slope_span(largest_slope(slope[h : h + chunk] if per_head else slope, bound), precision)
         step = None if step is None or step >= Lq else step  # one run: no limit
-        band = None if bands is None else widest(bands[h : h + chunk])
-        if band is not None:
+        first = None if bands is None else bands[h : h + chunk].amin(0).tolist()
+        if first is not None:
             banded = min(step or BAND_RUN, BAND_RUN)
-            full, narrow = (cells(plan_calls(masking, spans, *plan)) for plan in ((step,), (banded, band)))
-            step, band = (banded, band) if narrow < 0.9 * full else (step, None)
-        if not groups or groups[-1][1:] != (step, band):
-            groups.append((h, step, band))
+            full, narrow = (cells(plan_calls(masking, spans, *plan)) for plan in ((step,), (banded, first)))
+            step, first = (banded, first) if narrow < 0.9 * full else (step, None)
+        if groups and groups[-1][1] == step and groups[-1][2] != first:
+            shared = shared_band(masking, spans, step, (h - groups[-1][0], groups[-1][2]), (chunk, first))
+            if shared is not None:  # the calls of both chunks at once: half the kernel calls
+                groups[-1][2] = shared
+                continue
+        if not groups or groups[-1][1:] != [step, first]:
+            groups.append([h, step, first])
     bounds = [h for h, *_ in groups] + [heads]
     return [(slice(a, b), plan_calls(masking, spans, *plan)) for (a, *plan), b in zip(groups, bounds[1:])]
 
 
-def widest(bands: list[int | None]) -> int | None:
-    """The widest of some heads' bands; None if one of them has none."""
-    return None if None in bands else max(bands)
+def shared_band(
+    masking: Masking, spans: tuple[Tensor, Tensor] | None, step: int, *chunks: tuple[int, list[int] | None]
+) -> list[int] | None:
+    """The first keys that ``chunks`` of heads (``(heads, first keys)``, :func:`weight_bands`) of one
+    run length can take together: each query's smallest, where that costs at most a tenth more cells
+    than each chunk's own; None where it costs more or a chunk has no band. FoX's heads often forget
+    at similar rates, and on busy cores each kernel call (and each step around it) also waits for
+    the thread the scheduler took away: one plan for its four heads took 1.79x plain SDPA's wall
+    time at L = 4096 on two shared cores where two plans took 2.55x (docs/benchmarks.md)."""
+    if any(first is None for _, first in chunks):
+        return None
+    shared = [min(keys) for keys in zip(*(first for _, first in chunks))]
+    own = sum(n * cells(plan_calls(masking, spans, step, first)) for n, first in chunks)
+    together = sum(n for n, _ in chunks) * cells(plan_calls(masking, spans, step, shared))
+    return shared if together <= 1.1 * own else None
 
 
 def cells(calls: list[Call]) -> int:
@@ -126,7 +145,7 @@ def cells(calls: list[Call]) -> int:
     return total
 
 
-def slope_bands(
+def weight_bands(
     q: Tensor,
     k: Tensor,
     lanes: FoldLanes,
@@ -134,35 +153,47 @@ def slope_bands(
     masking: Masking,
     factor: Tensor | None = None,
     row_factor: Tensor | None = None,
-) -> list[int | None] | None:
-    """Per head, how many keys before a query's own key can carry weight, or None (no limit).
+) -> Tensor | None:
+    """``(H, Lq)`` int64: per head, the first key each query needs, every key before it carrying no
+    weight; None where no query leaves a key out.
 
-    Under plain causal masking query i sees its own key ``i + Lk - Lq``; a key ``d`` positions
-    before it has a logit ``r_i m_h d`` lower from a slope ``m_h > 0`` (ALiBi, GOAT's recency term,
-    seed 000 App. F.3) times query i's ``row_factor`` ``r_i`` (:func:`~..prior_inputs.prior_factor`:
-    GOAT's query gate, SSMax scaling the prior; 1 without one), and at most ``reach_h`` higher from
-    every other lane (:func:`lane_reach`, the content times the SSMax ``factor``), while the row's
-    log-sum-exp is at least its own key's logit. Beyond ``d = (reach_h - cutoff) / (m_h min_i r_i)``,
-    with ``cutoff`` the log of float32's (or float64's) ``sqrt(finfo.tiny)``
-    (:func:`~..lag_flash.smallest_log_weight`, as the ``memeff`` route's weight bands), a key's weight
-    lies below ``sqrt(tiny)`` of the row's: far below the dtype's resolution, and zero in the
-    kernel, which flushes subnormal numbers (``subnormals.py``). Leaving those keys out is exact
-    to the dtype, and a steep head then costs ``O(L / m_h)``, not ``O(L^2)``. A head whose row
-    factor reaches 0 has no band."""
-    slope, (Lq, Lk) = lanes.slope, (q.shape[2], k.shape[2])
+    Under plain causal masking query i sees its own key ``o_i = i + Lk - Lq``. The prior's key terms
+    give key j ``r_i w_h(j)`` with ``w_h(j) = m_h k_pos[j] + u_h(j)``: a slope ``m_h`` (ALiBi,
+    GOAT's recency term, seed 000 App. F.3) and the key bias lane ``u_h`` (GOAT's sink, the op's
+    ``key_bias``: FoX's ``-F_j``, Lin et al. 2025 Sec. 2), times query i's ``row_factor`` ``r_i``
+    (:func:`~..prior_inputs.prior_factor`: GOAT's query gate, SSMax scaling the prior; 1 without
+    one). Every other lane lifts one key at most ``reach_h`` above another (:func:`lane_reach`, the
+    content times the SSMax ``factor``), and the row's log-sum-exp is at least its own key's logit.
+    So a key with ``w_h(o_i) - w_h(j) > (reach_h - cutoff) / min_i r_i`` weighs less than
+    ``exp(cutoff)`` of the row, ``cutoff`` the log of float32's (or float64's) ``sqrt(finfo.tiny)``
+    (:func:`~..lag_flash.smallest_log_weight`, as the ``memeff`` route's weight bands): far below the
+    dtype's resolution, and zero in the kernel, which flushes subnormal numbers (``subnormals.py``).
+    The keys left out are those before the first whose running maximum of ``w_h`` reaches
+    ``w_h(o_i) - (reach_h - cutoff) / min_i r_i`` (taken over the batch rows), so a bias that climbs
+    and falls again keeps every key its climb could lift. Leaving them out is exact to the dtype, and
+    a steep slope or a fast-forgetting FoX head then costs ``O(L / m_h)``, not ``O(L^2)``. A head
+    whose row factor reaches 0 leaves no key out."""
+    Lq, Lk = q.shape[2], k.shape[2]
     # Up to BAND_RUN queries are one run, whose causal square leaves nothing out.
-    if slope is None or slope.shape[0] != q.shape[1] or not masking.plain_causal or not BAND_RUN < Lq <= Lk:
+    if lanes.slope is None and lanes.key_bias is None or not masking.plain_causal or not BAND_RUN < Lq <= Lk:
         return None
     # Half precision too: the kernel sums in float32, and float16's own sqrt(tiny) is 2^-7.
     cutoff = smallest_log_weight(torch.promote_types(q.dtype, torch.float32))
-    rates = slope.detach().double()  # (H,): the slope of each head's flattest row
+    H = q.shape[1]
+    w = torch.zeros(1, H, Lk, dtype=torch.float64)  # (B or 1, H, Lk): w_h(j)
+    if lanes.slope is not None:
+        w = w + lanes.slope.detach().double()[:, None] * masking.k_pos.double()[:, None, :]
+    if lanes.key_bias is not None:
+        w = w + lanes.key_bias.detach().double()
+    floor = torch.ones(H, dtype=torch.float64)  # (H,): each head's smallest row factor
     if row_factor is not None:
-        rates = rates * row_factor.detach().double().amin(dim=(0, 2, 3))
-    steepest = float(rates.max())
-    if not steepest > 0 or -cutoff / steepest >= Lk:  # no band short of every key
-        return None
-    widths = (lane_reach(q, k, lanes, scale, factor, row_factor) - cutoff) / rates
-    return [int(w) + 1 if 0 < w < Lk else None for w in widths.tolist()]
+        floor = row_factor.detach().double().amin(dim=(0, 2, 3)).expand(H)
+    reach = lane_reach(q, k, lanes, scale, factor, row_factor)
+    drop = torch.where(floor > 0, (reach - cutoff) / floor, torch.inf)  # (H,)
+    running = w.cummax(-1).values
+    first = torch.searchsorted(running, (w[..., Lk - Lq :] - drop[:, None]).contiguous())
+    first = first.amin(0)  # (H, Lq): the keys before it weigh nothing in every batch row
+    return first if first.any() else None
 
 
 @torch.no_grad()
@@ -174,17 +205,14 @@ def lane_reach(
     factor: Tensor | None = None,
     row_factor: Tensor | None = None,
 ) -> Tensor:
-    """``(H,)`` float64: how far the logit without its slope term (``<q', k'>`` over every other lane
-    of :class:`~.fold.Fold`: content times the SSMax ``factor``, fold lanes and key bias times the
-    prior's ``row_factor``) can lift one key of a row above another, ``2 max_i |q'_i| max_j |k'_j|``
+    """``(H,)`` float64: how far the logit without its key terms (``<q', k'>`` over the content times
+    the SSMax ``factor`` and the fold's lanes times the prior's ``row_factor``, :class:`~.fold.Fold`;
+    not the slope and key bias lanes) can lift one key of a row above another, ``2 max_i |q'_i| max_j |k'_j|``
     (Cauchy-Schwarz) over the batch; the norms of the parts bound those of the whole. A thousandth
     more covers the rounding of the norms."""
     H, Hkv = q.shape[1], k.shape[1]
     queries = scale**2 * largest_square(q, factor) + largest_square(lanes.q, row_factor)
     keys = largest_square(k).repeat_interleave(H // Hkv) + largest_square(lanes.k)
-    if lanes.key_bias is not None:  # <1, u_h(j)>: the query's lane is 1 times its row factor
-        queries = queries + (1 if row_factor is None else largest_square(row_factor))
-        keys = keys + largest_square(lanes.key_bias[..., None])
     return 2.002 * (queries * keys).sqrt()
 
 

@@ -27,7 +27,7 @@ from ..prior_inputs import (
 from ..spans import Call, Kind, batch_groups, key_spans, select_rows, visible_counts
 from .flash import LowerRightCausal, folded_calls
 from .fold import Fold, lanes_of
-from .planning import Plans, head_plans, heads_per_thread_team, slope_bands
+from .planning import Plans, head_plans, heads_per_thread_team, weight_bands
 
 
 def sdpa_attention(
@@ -108,7 +108,7 @@ def folded_attention(
     chunk, bands = H, None
     if run_calls is folded_calls:
         chunk = heads_per_thread_team(q.shape[0], torch.get_num_threads())
-        bands = slope_bands(q, k, lanes, scale, masking, factor, row_factor)
+        bands = weight_bands(q, k, lanes, scale, masking, factor, row_factor)
     plans = head_plans(masking, spans, rates, bound, precision, H, chunk, bands)
     return run_calls(fold, plans, q, k, v, lanes, factor, row_factor).to(dtype)
 
