@@ -15,9 +15,11 @@ Backward without a prior: the kernel's own, per block. With one: the gradient of
 of ``dS = P (dP - delta)`` along its diagonal, which needs P and dP cell by cell: small tiles (one
 head, :func:`tile_rows` rows, their visible keys) rebuild them, with ``delta`` summed from the
 tile's own ``P dP`` so that a row with one weight of exactly 1 gets ``dS = 0`` exactly (see
-``BlockwiseAttention.backward``). A frozen prior takes the tiles too: a decaying bias puts many
-weights below float32's normal range, and the kernel's backward computes those subnormal numbers
-at full cost (ALiBi through it: 3.1x plain SDPA's time at L = 4096, against 1.5x for the tiles).
+``BlockwiseAttention.backward``); P is the softmax of the tile's logits and dS its backward, each
+one fused pass in place, with subnormals flushed (``subnormals.py``). A frozen prior takes the
+tiles too: a decaying bias puts many weights below float32's normal range, and the kernel's
+backward computes those subnormal numbers at full cost (ALiBi through it: 3.1x plain SDPA's time at
+L = 4096, against 1.5x for the tiles).
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..priors import Prior
+from .inplace import softmax_, softmax_backward_
 from .masks import Masking
 from .spans import cut
+from .subnormals import flushing_subnormals
 
 flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
@@ -188,16 +192,10 @@ class LagTableFlash(torch.autograd.Function):
         q, k, v, grad_out = (t.to(table.dtype) for t in (q, k, v, grad_out))
         table_rev = table.flip(-1)
         if ctx.prior_bias:
-            dq, dk, dv, d_table_rev = table_backward(
-                ctx.bands(tile_rows(q.shape[2])),
-                grad_out,
-                q,
-                k,
-                v,
-                table_rev,
-                log_sum_exp,
-                ctx.needs_input_grad[4],
-            )
+            with flushing_subnormals(q.device):
+                dq, dk, dv, d_table_rev = table_backward(
+                    ctx.bands(tile_rows(q.shape[2])), grad_out, q, k, v, table_rev, ctx.needs_input_grad[4]
+                )
         else:
             dq, dk, dv = kernel_backward(
                 ctx.bands(FLASH_ROWS), grad_out, q, k, v, table_rev, out.to(table.dtype), log_sum_exp
@@ -236,13 +234,12 @@ def kernel_backward(bands, grad_out, q, k, v, table_rev, out, log_sum_exp):
 
 
 def smallest_log_weight(dtype: torch.dtype) -> float:
-    """Log of the smallest weight the table's backward keeps: ``sqrt(finfo.tiny)``.
+    """Log of the smallest weight whose key the bands keep (:func:`weight_bands`): ``sqrt(finfo.tiny)``.
 
     Smaller weights, and their products with the gradients, would be subnormal numbers, which x86
-    cores compute about a hundred times slower (they made this backward 3x slower for GGD); ``exp``
-    of -inf or of anything far below this is slow as well, so logits are clamped to it before
-    ``exp`` and weights at it zeroed after. Next to a row's largest weight (at least ``1 / Lk``)
-    such weights lie far below the dtype's resolution.
+    cores compute about a hundred times slower (they made the table's backward 3x slower for GGD,
+    before it flushed them). Next to a row's largest weight (at least ``1 / Lk``) such weights lie
+    far below the dtype's resolution.
     """
     return 0.5 * math.log(torch.finfo(dtype).tiny)
 
@@ -342,7 +339,7 @@ def tile_rows(Lq: int) -> int:
     return min(TILE_ROWS, max(TILE_ROWS // 2, Lq // 8))
 
 
-def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad):
+def table_backward(tiles, grad_out, q, k, v, table_rev, table_grad):
     """``dq, dk, dv`` and the reversed table's gradient (None unless ``table_grad``), tile by tile.
 
     A tile is :func:`tile_rows` query rows (in reverse order) of a few heads of a band, and the keys
@@ -359,8 +356,6 @@ def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad)
     d_table_rev = torch.zeros_like(table_rev) if table_grad else None
     empty = empty_rows(table_rev.flip(-1), Lk)
     shared = table_rev.shape[0] == 1  # one table row for every head
-    cutoff = smallest_log_weight(q.dtype)
-    smallest = math.exp(cutoff)
     chunk = [
         min(B * (h.stop - h.start), max(1, TILE_CELLS // ((r.stop - r.start) * (c.stop - c.start))))
         for r, h, c in tiles
@@ -379,27 +374,32 @@ def table_backward(tiles, grad_out, q, k, v, table_rev, log_sum_exp, table_grad)
         for bs, hs in head_chunks(B, H, heads, n):
             shape = (bs.stop - bs.start, hs.stop - hs.start, lq, lk)
             G = shape[0] * shape[1]
-            probs = weights_buffer[: G * lq * lk].view(G, lq, lk)
+            # Both buffers hold rows of lk cells and lq of padding: the softmax and its backward run
+            # in place on whole (contiguous) rows, whose padding gets weight 0 and gradient 0, and
+            # the gradient's padding serves shifted_row_sums.
+            scores = weights_buffer[: G * lq * (lk + lq)].view(G, lq, lk + lq)
             padded = grads_buffer[: G * lq * (lk + lq)].view(G, lq, lk + lq)
-            d_probs = padded[..., :lk]  # then d_logits; the lq zeros after it serve shifted_row_sums
+            probs, d_probs = scores[..., :lk], padded[..., :lk]  # logits, then weights; dP, then dS
+            scores[..., lk:].fill_(-math.inf)
             padded[..., lk:].zero_()
             q_tile, d_out = merged(q, bs, hs, rows).flip(1), merged(grad_out, bs, hs, rows).flip(1)
             k_tile, v_tile = merged(k, bs, hs, cols), merged(v, bs, hs, cols)
-            # P = exp(S - lse), renormalised so that a row whose weight sits on one key has exactly
-            # 1 there (lse comes from the kernel's own sums). Weights below sqrt(finfo.tiny) are
-            # taken as 0 (see smallest_log_weight).
+            # P: the softmax over the band's keys, as the kernel took it (they agree to rounding:
+            # the keys a band leaves out have weights below sqrt(finfo.tiny)). One fused pass each
+            # way, where exp(S - lse) took eight; and a row whose weight sits on one key has exactly
+            # 1 there, the others exactly 0.
             torch.bmm(q_tile, k_tile.mT, out=probs)
             probs.view(shape).add_(hankel_mask(table_rev, shape[0], H, rows, cols, start)[:, hs])
-            probs.sub_(merged(log_sum_exp, bs, hs, rows)[..., None].flip(1)).clamp_(min=cutoff).exp_()
-            F.threshold_(probs, smallest, 0.0)
-            probs.div_(probs.sum(-1, keepdim=True))
-            if empty is not None:  # 0 / 0 above
+            softmax_(scores)
+            if empty is not None:  # NaN above (every logit -inf), padding included
                 hidden = empty[slice(None) if shared else hs, rows, None].flip(1)
-                probs.view(shape).masked_fill_(hidden, 0.0)
+                scores.view(*shape[:3], -1).masked_fill_(hidden, 0.0)
             merged(dv, bs, hs, cols).baddbmm_(probs.mT, d_out)
             torch.bmm(d_out, v_tile.mT, out=d_probs)
-            delta = torch.linalg.vecdot(probs, d_probs)[..., None]  # no tile-sized product
-            d_logits = d_probs.sub_(delta).mul_(probs)
+            # dS = P (dP - delta), delta = rowsum(P dP) from the tile's own weights, so that a row
+            # with one weight of exactly 1 gets dS = 0 exactly (BlockwiseAttention.backward).
+            softmax_backward_(padded, scores)
+            d_logits = d_probs
             dq[bs, hs, rows] = (d_logits @ k_tile).view(*shape[:3], -1).flip(2)
             merged(dk, bs, hs, cols).baddbmm_(d_logits.mT, q_tile)
             if table_grad:
