@@ -11,6 +11,11 @@ per head to the keys whose weight can reach ``sqrt(finfo.tiny)`` (:func:`weight_
 prior (GGD, ALiBi) gives the rest weights far below the dtype's resolution, so neither pass
 computes them.
 
+A prior constant past a lag by construction (``Prior.constant_beyond``: T5, whose distances from
+about ``max_distance`` on share one bucket) gives, under plain causal masking, most cells of a long
+call one bias per head: those run as one plain causal kernel call, forward and backward, its bias a
+shift of the log-sum-exp (:class:`FarRegion`), and only each row's nearer lags go through the table.
+
 Backward without a prior: the kernel's own, per block. With one: the gradient of a lag is the sum
 of ``dS = P (dP - delta)`` along its diagonal, which needs P and dP cell by cell: small tiles (one
 head, :func:`tile_rows` rows, their visible keys) rebuild them, with ``delta`` summed from the
@@ -27,6 +32,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -158,19 +164,21 @@ class LagTableFlash(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, blocks, q, k, v, table, prior_bias):
+    def forward(ctx, blocks, q, k, v, table, prior_bias, far):
         """``blocks(step)``: query rows in runs of ``step`` and the key columns they see. ``q, k,
         v`` may be in half precision, the table is in the dtype the kernel sums in (its
-        log-sum-exp's)."""
+        log-sum-exp's). ``far``: the :class:`FarRegion` of a table constant beyond a lag, or None."""
         B, H, Lq, _ = q.shape
         Lk = k.shape[2]
-        ctx.bands = call_bands(blocks, table, q, k)
+        near = table if far is None else far.near(table)
+        ctx.bands = call_bands(blocks if far is None else far.near_blocks(blocks), near, q, k)
         k_rev, v_rev = query_heads(k, H).flip(2), query_heads(v, H).flip(2)
         out = q.new_zeros(B, H, Lq, v.shape[-1])  # rows that see no key (or none in a band) stay 0
-        log_sum_exp = table.new_zeros(B, H, Lq)
+        # A row of no band sums nothing: -inf where the far region's sums join it.
+        log_sum_exp = table.new_full((B, H, Lq), 0.0 if far is None else -math.inf)
         for rows, heads, cols in ctx.bands(FLASH_ROWS):
             keys = slice(Lk - cols.stop, Lk - cols.start)
-            mask = hankel_mask(table, B, H, rows, cols, keys_reversed(rows, cols, Lk))[:, heads]
+            mask = hankel_mask(near, B, H, rows, cols, keys_reversed(rows, cols, Lk))[:, heads]
             out[:, heads, rows], log_sum_exp[:, heads, rows] = flash(
                 q[:, heads, rows],
                 k_rev[:, heads, keys],
@@ -180,29 +188,151 @@ class LagTableFlash(torch.autograd.Function):
                 attn_mask=mask,
                 scale=1.0,
             )
-        ctx.prior_bias = prior_bias
-        ctx.save_for_backward(q, k, v, table, out, log_sum_exp)
+        far_out = far_lse = None
+        if far is not None:
+            out, log_sum_exp, far_out, far_lse = far.forward(q, k, v, table, out, log_sum_exp)
+        ctx.prior_bias, ctx.far = prior_bias, far
+        ctx.save_for_backward(q, k, v, table, out, log_sum_exp, far_out, far_lse)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, table, out, log_sum_exp = ctx.saved_tensors
+        q, k, v, table, out, log_sum_exp, far_out, far_lse = ctx.saved_tensors
+        far: FarRegion | None = ctx.far
         dtype = q.dtype
         # Half-precision inputs: the gradients are computed in the table's dtype and rounded once.
-        q, k, v, grad_out = (t.to(table.dtype) for t in (q, k, v, grad_out))
-        table_rev = table.flip(-1)
+        q, k, v, grad_out, out = (t.to(table.dtype) for t in (q, k, v, grad_out, out))
+        table_rev = (table if far is None else far.near(table)).flip(-1)
         if ctx.prior_bias:
+            # With a far region, a row's keys span the bands and the far call: its weights come from
+            # its whole log-sum-exp and delta from rowsum(dO O), as in FlashAttention.
+            totals = None if far is None else (log_sum_exp, torch.linalg.vecdot(grad_out, out))
             with flushing_subnormals(q.device):
                 dq, dk, dv, d_table_rev = table_backward(
-                    ctx.bands(tile_rows(q.shape[2])), grad_out, q, k, v, table_rev, ctx.needs_input_grad[4]
+                    ctx.bands(tile_rows(q.shape[2])),
+                    grad_out,
+                    q,
+                    k,
+                    v,
+                    table_rev,
+                    ctx.needs_input_grad[4],
+                    totals,
                 )
         else:
             dq, dk, dv = kernel_backward(
-                ctx.bands(FLASH_ROWS), grad_out, q, k, v, table_rev, out.to(table.dtype), log_sum_exp
+                ctx.bands(FLASH_ROWS), grad_out, q, k, v, table_rev, out, log_sum_exp
             )
             d_table_rev = None
         d_table = None if d_table_rev is None else d_table_rev.flip(-1)
-        return None, dq.to(dtype), dk.to(dtype), dv.to(dtype), d_table, None
+        if far is not None:
+            d_far = far.backward(grad_out, q, k, v, table, out, log_sum_exp, far_out, far_lse, dq, dk, dv)
+            if d_table is not None:
+                d_table[:, far.index] += d_far
+        return None, dq.to(dtype), dk.to(dtype), dv.to(dtype), d_table, None, None
+
+
+@dataclass(frozen=True)
+class FarRegion:
+    """The lags at and beyond ``horizon``, where the table is constant, under plain causal masking.
+
+    Query i and key j are ``i - j + shift`` apart (``shift = Lk - Lq``); the far region is the cells
+    whose lag reaches the horizon: queries from ``first = horizon - shift`` on, each against the keys
+    ``j <= i - first``, a causal triangle of ``Lq - first`` queries and as many keys. Its bias is one
+    value per head, the table's entry ``index`` (at the horizon), which the kernel's softmax takes as
+    a shift of the log-sum-exp: that region runs as plain causal SDPA, forward and backward, and the
+    entry's gradient is a sum per row (:meth:`backward`). The rest, the near band of each row, runs
+    through the table as before, its far lags hidden.
+    """
+
+    first: int  # the first query row that has far keys
+    index: int  # the table's entry at the horizon
+
+    def near(self, table: Tensor) -> Tensor:
+        """The table with -inf from the horizon on: the bands' bias."""
+        return table.index_fill(-1, torch.arange(self.index, table.shape[-1], device=table.device), -math.inf)
+
+    def near_blocks(
+        self, blocks: Callable[[int], tuple[tuple[slice, slice], ...]]
+    ) -> Callable[[int], tuple[tuple[slice, slice], ...]]:
+        """``blocks`` with each block's keys cut to those some row of it sees nearer than the horizon:
+        keys after ``rows.start - first``."""
+
+        def near_blocks(step: int) -> tuple[tuple[slice, slice], ...]:
+            return tuple(
+                (rows, slice(max(cols.start, rows.start - self.first + 1), cols.stop))
+                for rows, cols in blocks(step)
+            )
+
+        return near_blocks
+
+    def constant(self, table: Tensor) -> Tensor:
+        """``(1, H or 1, 1)``: the far region's bias."""
+        return table[:, self.index][None, :, None]
+
+    def forward(self, q, k, v, table, out, log_sum_exp):
+        """Join the far region's attention to the bands' ``out``, ``log_sum_exp`` in place (rows from
+        ``first`` on, summed in the table's dtype); returns them, with the far region's own output and
+        log-sum-exp (its bias included)."""
+        H, Lq = q.shape[1], q.shape[2]
+        n = Lq - self.first
+        far_out, far_lse = flash(
+            q[:, :, self.first :],
+            query_heads(k, H)[:, :, :n],
+            query_heads(v, H)[:, :, :n],
+            0.0,
+            True,
+            scale=1.0,
+        )
+        far_lse = far_lse + self.constant(table)
+        near_lse = log_sum_exp[:, :, self.first :]
+        total = torch.logaddexp(near_lse, far_lse)
+        merged = (near_lse - total).exp()[..., None] * out[:, :, self.first :].to(table.dtype)
+        merged += (far_lse - total).exp()[..., None] * far_out.to(table.dtype)
+        out[:, :, self.first :] = merged
+        log_sum_exp[:, :, self.first :] = total
+        return out, log_sum_exp, far_out, far_lse
+
+    def backward(self, grad_out, q, k, v, table, out, log_sum_exp, far_out, far_lse, dq, dk, dv) -> Tensor:
+        """Add the far region's ``dq, dk, dv`` (the kernel's backward, its weights ``exp(S + c -
+        lse)``) and return the gradient of its bias ``c`` ``(H or 1,)``: the sum over its cells of
+        ``dS = P (dP - delta)``, per row ``w_i (dO_i . o_i - delta_i)`` with ``o_i`` the region's own
+        output and ``w_i`` its share of the row's weight."""
+        H, Lq = q.shape[1], q.shape[2]
+        n, rows = Lq - self.first, slice(self.first, None)
+        total = log_sum_exp[:, :, rows]
+        d_q, d_k, d_v = flash_backward(
+            grad_out[:, :, rows],
+            q[:, :, rows],
+            query_heads(k, H)[:, :, :n],
+            query_heads(v, H)[:, :, :n],
+            out[:, :, rows],
+            total - self.constant(table),
+            0.0,
+            True,
+            scale=1.0,
+        )
+        dq[:, :, rows] += d_q
+        dk[:, :, :n] += key_heads(d_k, k.shape[1])
+        dv[:, :, :n] += key_heads(d_v, k.shape[1])
+        d_out = grad_out[:, :, rows]
+        share = (far_lse - total).exp()
+        delta = torch.linalg.vecdot(d_out, out[:, :, rows])
+        per_row = share * (torch.linalg.vecdot(d_out, far_out.to(d_out.dtype)) - delta)
+        d_constant = per_row.sum((0, 2))  # (H,)
+        return d_constant.sum(0, keepdim=True) if table.shape[0] == 1 else d_constant
+
+
+def far_region(horizon: int | None, masking: Masking, Lq: int) -> FarRegion | None:
+    """The :class:`FarRegion` of a table constant from lag ``horizon`` on (``Prior.constant_beyond``),
+    or None: no horizon, masking other than plain causal, no query that far, or keys older than the
+    horizon for the first query (a long cache before the queries: not one causal triangle)."""
+    if horizon is None or not masking.plain_causal:
+        return None
+    shift = masking.k_pos.shape[-1] - Lq
+    first = horizon - shift
+    if first < 0 or first >= Lq:
+        return None
+    return FarRegion(first=first, index=horizon + Lq - 1)  # i - j + Lk - 1 at lag i - j + shift
 
 
 def kernel_backward(bands, grad_out, q, k, v, table_rev, out, log_sum_exp):
@@ -339,8 +469,11 @@ def tile_rows(Lq: int) -> int:
     return min(TILE_ROWS, max(TILE_ROWS // 2, Lq // 8))
 
 
-def table_backward(tiles, grad_out, q, k, v, table_rev, table_grad):
+def table_backward(tiles, grad_out, q, k, v, table_rev, table_grad, totals=None):
     """``dq, dk, dv`` and the reversed table's gradient (None unless ``table_grad``), tile by tile.
+
+    ``totals``: None when each row's band holds all its keys (its weights are the softmax over the
+    band), else each row's log-sum-exp and ``delta = rowsum(dO O)`` ``(B, H, Lq)`` over all its keys.
 
     A tile is :func:`tile_rows` query rows (in reverse order) of a few heads of a band, and the keys
     the band needs (``tiles``, :func:`weight_bands`), at most :data:`TILE_CELLS` cells; its buffers
@@ -390,7 +523,10 @@ def table_backward(tiles, grad_out, q, k, v, table_rev, table_grad):
             # 1 there, the others exactly 0.
             torch.bmm(q_tile, k_tile.mT, out=probs)
             probs.view(shape).add_(hankel_mask(table_rev, shape[0], H, rows, cols, start)[:, hs])
-            softmax_(scores)
+            if totals is None:
+                softmax_(scores)
+            else:
+                scores.sub_(merged(totals[0], bs, hs, rows)[..., None].flip(1)).exp_()
             if empty is not None:  # NaN above (every logit -inf), padding included
                 hidden = empty[slice(None) if shared else hs, rows, None].flip(1)
                 scores.view(*shape[:3], -1).masked_fill_(hidden, 0.0)
@@ -398,7 +534,10 @@ def table_backward(tiles, grad_out, q, k, v, table_rev, table_grad):
             torch.bmm(d_out, v_tile.mT, out=d_probs)
             # dS = P (dP - delta), delta = rowsum(P dP) from the tile's own weights, so that a row
             # with one weight of exactly 1 gets dS = 0 exactly (BlockwiseAttention.backward).
-            softmax_backward_(padded, scores)
+            if totals is None:
+                softmax_backward_(padded, scores)
+            else:
+                padded.sub_(merged(totals[1], bs, hs, rows)[..., None].flip(1)).mul_(scores)
             d_logits = d_probs
             dq[bs, hs, rows] = (d_logits @ k_tile).view(*shape[:3], -1).flip(2)
             merged(dk, bs, hs, cols).baddbmm_(d_logits.mT, q_tile)
@@ -418,9 +557,14 @@ def lag_flash_attention(
     masking: Masking,
     blocks: Callable[[int], tuple[tuple[slice, slice], ...]],
     dtype: torch.dtype,
+    horizon: int | None = None,
 ) -> Tensor:
     """Attention ``(B, H, Lq, Dv)`` of scaled ``q`` with bias ``table[i - j + Lk - 1]`` (None: no bias)
     under masks on lags only; ``blocks(step)`` are query rows in runs of ``step`` and the keys they
     see (``memeff.key_blocks``). ``dtype``: of the table and the sums (float32 for half-precision
-    ``q, k, v``, which the kernel takes as they are)."""
-    return LagTableFlash.apply(blocks, q, k, v, masked_table(table, masking, dtype), table is not None)
+    ``q, k, v``, which the kernel takes as they are). ``horizon``: a lag from which on the bias is
+    the table's value at that lag (``Prior.constant_beyond``), or None; under plain causal masking
+    those cells run as plain causal SDPA (:class:`FarRegion`), and the table's entries beyond the
+    horizon are not read (their gradient is 0, the horizon's holds the whole region's)."""
+    far = None if table is None else far_region(horizon, masking, q.shape[2])
+    return LagTableFlash.apply(blocks, q, k, v, masked_table(table, masking, dtype), table is not None, far)

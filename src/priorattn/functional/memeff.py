@@ -354,7 +354,8 @@ def memeff_attention(
         content = split_prior(q, k, None, masking, scale, factor, None)
         table = None if prior is None else lag_table(prior, masking).to(dtype)
         blocks = functools.partial(key_blocks, masking, spans)
-        return lag_flash_attention(content.q.to(q.dtype), k, v, table, masking, blocks, dtype)
+        horizon = None if prior is None else prior.constant_beyond()
+        return lag_flash_attention(content.q.to(q.dtype), k, v, table, masking, blocks, dtype, horizon)
     inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, row_scale, key_bias)
     span = None
     rates = key_rates(inputs.slope, key_bias_drift(key_bias))
