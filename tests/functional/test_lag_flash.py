@@ -108,7 +108,7 @@ def test_flash_path_hands_half_precision_to_the_kernel(dtype, monkeypatch):
 @pytest.mark.parametrize("prior", ["ggd", "none"])
 def test_flash_path_long_causal_and_prefill_match_reference(prior, small_blocks):
     """Lengths past a real block (256 rows) and tile (64-128 rows), with the default sizes."""
-    lag_flash.FLASH_ROWS, lag_flash.TILE_ROWS, lag_flash.BACKWARD_KEYS = 256, 128, 2048
+    lag_flash.FLASH_ROWS, lag_flash.TILE_ROWS, lag_flash.BACKWARD_KEYS = 256, 256, 2048
     for Lq, Lk in [(600, 600), (300, 700)]:
         o = dict(B=1, H=2, Hkv=1, Lq=Lq, Lk=Lk, Dk=8, Dv=8, causal=True, offset=0, seed=1, window=None)
         o.update(prior="ggd" if prior == "ggd" else "uniform", docs=False, padding=False)
@@ -174,7 +174,7 @@ def test_far_region_only_under_plain_causal_masking():
     """A window, bidirectional attention, or no horizon: no far region."""
     q_pos = k_pos = torch.arange(30)[None]
     causal = Masking(True, q_pos, k_pos)
-    assert lag_flash.far_region(5, causal, 30) == lag_flash.FarRegion(first=5, index=5 + 29)
+    assert lag_flash.far_region(5, causal, 30) == lag_flash.FarRegion(first=5, index=5 + 29, horizon=5)
     assert lag_flash.far_region(None, causal, 30) is None
     assert lag_flash.far_region(5, Masking(False, q_pos, k_pos), 30) is None
     assert lag_flash.far_region(5, Masking(True, q_pos, k_pos, window=10), 30) is None
@@ -346,8 +346,10 @@ def test_a_flat_table_takes_whole_blocks_for_every_head():
 
 
 def test_tiles_take_more_rows_on_long_rows():
-    """Half of TILE_ROWS on short rows (less of the causal triangle), TILE_ROWS from 8 x TILE_ROWS
-    queries on, rising in between."""
-    rows = [lag_flash.tile_rows(L) for L in (1, 256, 512, 768, 1024, 16384)]
-    half, full = lag_flash.TILE_ROWS // 2, lag_flash.TILE_ROWS
-    assert rows == [half, half, half, 96, full, full]
+    """A quarter of TILE_ROWS on short rows (less of the causal triangle), TILE_ROWS from 8 x TILE_ROWS
+    keys a row on, rising in between, and no more than TILE_BUFFER cells of a row's keys."""
+    rows = [lag_flash.tile_rows(L, L) for L in (1, 256, 512, 768, 1024, 2048, 4096, 16384)]
+    least, full = lag_flash.TILE_ROWS // 4, lag_flash.TILE_ROWS
+    assert (least, full, lag_flash.TILE_BUFFER) == (64, 256, 1 << 21)
+    assert rows == [least, least, least, 96, 128, full, full, lag_flash.TILE_BUFFER // 16384]
+    assert lag_flash.tile_rows(113, 4096) == least  # a T5's near band: 113 keys a row

@@ -47,11 +47,11 @@ from .subnormals import flushing_subnormals
 flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
-#: Query rows per tile of the table's backward (at most: see :func:`tile_rows`), and cells per tile
+#: Query rows per tile of the table's backward (at most: see :func:`tile_rows`), cells per tile
 #: (heads x rows x keys): few enough that a tile's weights stay in the core's cache between the
 #: products that use them, many enough that short rows take several heads at once (a tile's dozen
-#: calls cost their overhead).
-TILE_ROWS, TILE_CELLS = 128, 1 << 18
+#: calls cost their overhead), and cells of the tile's buffers at most (rows x keys).
+TILE_ROWS, TILE_CELLS, TILE_BUFFER = 256, 1 << 18, 1 << 21
 #: Query rows per call of the flash kernel: a causal call also computes the hidden upper triangle
 #: of its newest keys, ``FLASH_ROWS / L`` of its work.
 FLASH_ROWS = 256
@@ -209,7 +209,7 @@ class LagTableFlash(torch.autograd.Function):
             totals = None if far is None else (log_sum_exp, torch.linalg.vecdot(grad_out, out))
             with flushing_subnormals(q.device):
                 dq, dk, dv, d_table_rev = table_backward(
-                    ctx.bands(tile_rows(q.shape[2])),
+                    ctx.bands(tile_rows(q.shape[2] if far is None else far.horizon, k.shape[2])),
                     grad_out,
                     q,
                     k,
@@ -246,6 +246,7 @@ class FarRegion:
 
     first: int  # the first query row that has far keys
     index: int  # the table's entry at the horizon
+    horizon: int  # the lag where the region starts: each row's nearer keys are fewer
 
     def near(self, table: Tensor) -> Tensor:
         """The table with -inf from the horizon on: the bands' bias."""
@@ -332,7 +333,9 @@ def far_region(horizon: int | None, masking: Masking, Lq: int) -> FarRegion | No
     first = horizon - shift
     if first < 0 or first >= Lq:
         return None
-    return FarRegion(first=first, index=horizon + Lq - 1)  # i - j + Lk - 1 at lag i - j + shift
+    return FarRegion(
+        first=first, index=horizon + Lq - 1, horizon=horizon
+    )  # i - j + Lk - 1 at lag i - j + shift
 
 
 def kernel_backward(bands, grad_out, q, k, v, table_rev, out, log_sum_exp):
@@ -460,13 +463,17 @@ def merged(x: Tensor, bs: slice, hs: slice, positions: slice) -> Tensor:
     return x[bs, hs, positions].flatten(0, 1)
 
 
-def tile_rows(Lq: int) -> int:
-    """Query rows per tile of the table's backward for ``Lq`` queries: :data:`TILE_ROWS` on long
-    rows (longer products), down to half of it below ``8 * TILE_ROWS`` queries, where a causal
-    tile's hidden triangle (about ``rows / Lq`` of the work) costs more. One thread, against 64 rows
-    everywhere: GGD at L = 4096 1.07x plain SDPA's time instead of 1.14x, and at L = 256 128 rows
-    took 7% longer (docs/performance_log.md, `memeff` in the fifth session)."""
-    return min(TILE_ROWS, max(TILE_ROWS // 2, Lq // 8))
+def tile_rows(width: int, Lk: int) -> int:
+    """Query rows per tile of the table's backward, for rows that see ``width`` keys of ``Lk``:
+    ``width / 8`` between a quarter of :data:`TILE_ROWS` and all of it, where a causal tile's hidden
+    triangle (about ``rows / (2 width)`` of its work) stays small, and at most ``TILE_BUFFER / Lk``.
+    One thread: against 64 rows everywhere, 128 took GGD at L = 4096 from 1.14x plain SDPA's time to
+    1.07x, and at L = 256 took 7% longer (docs/performance_log.md, `memeff` in the fifth session);
+    against 128, 256 rows took KERPLE at L = 4096 from 1.58x to 1.47x (docs/benchmarks.md, issue 24).
+    At L = 16384 the buffer's bound keeps 128 rows: 256 would add 17 MB to the route's peak."""
+    least = max(1, TILE_ROWS // 4)
+    rows = min(TILE_ROWS, max(least, width // 8))
+    return max(least, min(rows, TILE_BUFFER // max(Lk, 1)))
 
 
 def table_backward(tiles, grad_out, q, k, v, table_rev, table_grad, totals=None):
