@@ -118,7 +118,9 @@ def test_flash_path_long_causal_and_prefill_match_reference(prior, small_blocks)
 
 @pytest.fixture
 def far_calls(monkeypatch):
-    """Counts the calls whose far region (lags past a T5's horizon) ran as plain causal SDPA."""
+    """Counts the calls whose far region (lags past a T5's horizon) ran as plain causal SDPA, taken
+    at the tests' short lengths."""
+    monkeypatch.setattr(lag_flash, "FAR_SIDE", 1)
     calls = []
     forward = lag_flash.FarRegion.forward
     monkeypatch.setattr(lag_flash.FarRegion, "forward", lambda *a: calls.append(1) or forward(*a))
@@ -170,7 +172,7 @@ def test_the_far_region_is_exact_where_it_holds_the_weight_or_none(far_bias, far
         assert torch.allclose(got, expected, rtol=1e-9, atol=1e-11)
 
 
-def test_far_region_only_under_plain_causal_masking():
+def test_far_region_only_under_plain_causal_masking(far_calls):
     """A window, bidirectional attention, or no horizon: no far region."""
     q_pos = k_pos = torch.arange(30)[None]
     causal = Masking(True, q_pos, k_pos)
@@ -178,6 +180,15 @@ def test_far_region_only_under_plain_causal_masking():
     assert lag_flash.far_region(None, causal, 30) is None
     assert lag_flash.far_region(5, Masking(False, q_pos, k_pos), 30) is None
     assert lag_flash.far_region(5, Masking(True, q_pos, k_pos, window=10), 30) is None
+
+
+def test_the_far_region_waits_for_a_triangle_of_far_side_horizons():
+    """T5's default horizon (113): from 16 horizons of far queries on."""
+    horizon = T5Bias(2).constant_beyond()
+    side = lag_flash.FAR_SIDE * horizon
+    for Lq, far in [(horizon + side - 1, False), (horizon + side, True), (4096, True), (256, False)]:
+        masking = Masking(True, torch.arange(Lq)[None], torch.arange(Lq)[None])
+        assert (lag_flash.far_region(horizon, masking, Lq) is not None) == far, Lq
 
 
 @pytest.mark.parametrize("B, H, Hkv, L", [(16, 4, 4, 40), (3, 6, 2, 300), (1, 4, 1, 700)])

@@ -55,6 +55,13 @@ TILE_ROWS, TILE_CELLS, TILE_BUFFER = 256, 1 << 18, 1 << 21
 #: Query rows per call of the flash kernel: a causal call also computes the hidden upper triangle
 #: of its newest keys, ``FLASH_ROWS / L`` of its work.
 FLASH_ROWS = 256
+#: Query rows per call of the flash kernel on a far region's near band, whose rows see a horizon of
+#: keys each (:class:`FarRegion`): a T5 (horizon 113) at L = 1024 and 2048 took longest with 256 and
+#: 32 rows, least with 64. And the side of the far region's causal triangle, in horizons, from which
+#: on that region runs as plain SDPA: its calls and the near band's many small ones cost more than
+#: they save below (T5 at L = 2048, a side of 17 horizons, 1.48x plain SDPA either way; at 4096
+#: 1.32x against 1.45x).
+NEAR_ROWS, FAR_SIDE = 64, 16
 #: Keys per call of the kernel's backward: it returns fresh ``dk, dv`` for the keys it is given, two
 #: ``(B, H, keys, D)`` tensors on top of the whole-length sums (at L = 16384 and the whole row they
 #: were 32 MB, the route's peak memory 1.15x plain SDPA's). Rows split over key runs this long
@@ -176,7 +183,7 @@ class LagTableFlash(torch.autograd.Function):
         out = q.new_zeros(B, H, Lq, v.shape[-1])  # rows that see no key (or none in a band) stay 0
         # A row of no band sums nothing: -inf where the far region's sums join it.
         log_sum_exp = table.new_full((B, H, Lq), 0.0 if far is None else -math.inf)
-        for rows, heads, cols in ctx.bands(FLASH_ROWS):
+        for rows, heads, cols in ctx.bands(FLASH_ROWS if far is None else NEAR_ROWS):
             keys = slice(Lk - cols.stop, Lk - cols.start)
             mask = hankel_mask(near, B, H, rows, cols, keys_reversed(rows, cols, Lk))[:, heads]
             out[:, heads, rows], log_sum_exp[:, heads, rows] = flash(
@@ -325,13 +332,14 @@ class FarRegion:
 
 def far_region(horizon: int | None, masking: Masking, Lq: int) -> FarRegion | None:
     """The :class:`FarRegion` of a table constant from lag ``horizon`` on (``Prior.constant_beyond``),
-    or None: no horizon, masking other than plain causal, no query that far, or keys older than the
-    horizon for the first query (a long cache before the queries: not one causal triangle)."""
+    or None: no horizon, masking other than plain causal, keys older than the horizon for the first
+    query (a long cache before the queries: not one causal triangle), or a triangle shorter than
+    :data:`FAR_SIDE` horizons."""
     if horizon is None or not masking.plain_causal:
         return None
     shift = masking.k_pos.shape[-1] - Lq
     first = horizon - shift
-    if first < 0 or first >= Lq:
+    if first < 0 or Lq - first < max(1, FAR_SIDE * horizon):
         return None
     return FarRegion(
         first=first, index=horizon + Lq - 1, horizon=horizon
