@@ -12,7 +12,7 @@ means 90% of NoPE's tokens per second.
     python benchmarks/train_throughput.py --quick    # 3 rounds x 2 steps, a sanity run
     python benchmarks/train_throughput.py --before /work/main/src --configurations alibi goat --cpu-time
     python benchmarks/train_throughput.py --compile --configurations goat    # also trained compiled
-    OMP_NUM_THREADS=1 python benchmarks/train_throughput.py --cpu-time --configurations t5 kerple fire sandwich fox
+    OMP_NUM_THREADS=1 python benchmarks/train_throughput.py --cpu-time --configurations t5 kerple fire fox
 
 ``--compile`` adds a row "(compiled)" per configuration: the same step through ``torch.compile``
 (``TrainConfig.compile``, as ``priorattn train --compile`` runs it, deterministic kernels on the
