@@ -12,6 +12,7 @@ means 90% of NoPE's tokens per second.
     python benchmarks/train_throughput.py --quick    # 3 rounds x 2 steps, a sanity run
     python benchmarks/train_throughput.py --before /work/main/src --configurations alibi goat --cpu-time
     python benchmarks/train_throughput.py --compile --configurations goat    # also trained compiled
+    OMP_NUM_THREADS=1 python benchmarks/train_throughput.py --cpu-time --configurations t5 kerple fire fox
 
 ``--compile`` adds a row "(compiled)" per configuration: the same step through ``torch.compile``
 (``TrainConfig.compile``, as ``priorattn train --compile`` runs it, deterministic kernels on the
@@ -57,6 +58,12 @@ CONFIGURATIONS = {
     "ggd + ssmax (BAM SSMax)": dict(prior="ggd", ssmax=True),
     "goat": dict(prior="goat"),
     "goat + ssmax": dict(prior="goat", ssmax=True),
+    # the priors of issue 24, at their registry defaults, and FoX's forget gate (no encoding)
+    "t5": dict(prior="t5"),
+    "kerple": dict(prior="kerple"),
+    "fire": dict(prior="fire"),
+    "sandwich": dict(prior="sandwich"),
+    "fox": dict(attention="fox"),
 }
 #: What marks the rows of the library given by ``--before``, and the compiled rows of ``--compile``.
 BEFORE, COMPILED = " (before)", " (compiled)"

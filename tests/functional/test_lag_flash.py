@@ -26,7 +26,7 @@ from priorattn.functional.lag_flash import (
 from priorattn.functional.masks import Masking
 from priorattn.functional.memeff import key_blocks
 from priorattn.functional.prior_inputs import lag_table
-from priorattn.priors import GGD
+from priorattn.priors import GGD, T5Bias
 
 #: Priors whose log-prior depends on the lag only (the path's table), and no prior.
 LAG_PRIORS = ("uniform", "alibi", "ggd", "ggd_negative")
@@ -108,12 +108,87 @@ def test_flash_path_hands_half_precision_to_the_kernel(dtype, monkeypatch):
 @pytest.mark.parametrize("prior", ["ggd", "none"])
 def test_flash_path_long_causal_and_prefill_match_reference(prior, small_blocks):
     """Lengths past a real block (256 rows) and tile (64-128 rows), with the default sizes."""
-    lag_flash.FLASH_ROWS, lag_flash.TILE_ROWS, lag_flash.BACKWARD_KEYS = 256, 128, 2048
+    lag_flash.FLASH_ROWS, lag_flash.TILE_ROWS, lag_flash.BACKWARD_KEYS = 256, 256, 2048
     for Lq, Lk in [(600, 600), (300, 700)]:
         o = dict(B=1, H=2, Hkv=1, Lq=Lq, Lk=Lk, Dk=8, Dv=8, causal=True, offset=0, seed=1, window=None)
         o.update(prior="ggd" if prior == "ggd" else "uniform", docs=False, padding=False)
         check_route("memeff", {**o, "ssmax": False, "batched_pos": False}, torch.float32)
     assert small_blocks
+
+
+@pytest.fixture
+def far_calls(monkeypatch):
+    """Counts the calls whose far region (lags past a T5's horizon) ran as plain causal SDPA, taken
+    at the tests' short lengths."""
+    monkeypatch.setattr(lag_flash, "FAR_SIDE", 1)
+    calls = []
+    forward = lag_flash.FarRegion.forward
+    monkeypatch.setattr(lag_flash.FarRegion, "forward", lambda *a: calls.append(1) or forward(*a))
+    return calls
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("prior", ["t5", "t5_bidirectional"])
+@pytest.mark.parametrize(
+    "B, H, Hkv, Lq, cache, far",
+    [
+        (2, 4, 2, 40, 0, True),  # most cells are past the horizon (10, or 5 bidirectional)
+        (1, 2, 1, 20, -2, True),  # a prefill whose cached keys are nearer than the horizon
+        (1, 2, 2, 20, 1, False),  # a cache longer than the horizon: not one causal triangle
+        (1, 2, 2, 0, 0, False),  # queries as many as the horizon: none reaches it
+    ],
+)
+def test_a_table_constant_past_a_horizon_runs_its_far_lags_as_causal_sdpa(
+    dtype, prior, B, H, Hkv, Lq, cache, far, small_blocks, far_calls
+):
+    """T5 (random biases): forward and backward, its biases' gradients included, against the float64
+    reference, with the far region as one causal kernel call where the masking allows it. ``Lq`` 0:
+    the horizon; ``cache``: cached keys before the queries, past the horizon (0: none)."""
+    horizon = make_prior(prior, H).constant_beyond()
+    Lq = Lq or horizon
+    Lk = Lq + (cache and horizon + cache)
+    o = dict(B=B, H=H, Hkv=Hkv, Lq=Lq, Lk=Lk, Dk=8, Dv=8, causal=True, offset=0, seed=3, window=None)
+    o.update(prior=prior, docs=False, padding=False, ssmax=False, batched_pos=False)
+    check_route("memeff", o, dtype)
+    assert small_blocks and bool(far_calls) == far
+
+
+@pytest.mark.parametrize("far_bias", [8.0, -8.0])
+def test_the_far_region_is_exact_where_it_holds_the_weight_or_none(far_bias, far_calls):
+    """The last bucket far above the others (the far keys hold nearly all of each row's weight) or
+    far below (nearly none): outputs and every gradient equal the reference's in float64."""
+    prior = T5Bias(2, num_buckets=8, max_distance=12).double()
+    with torch.no_grad():
+        prior.bias.uniform_(-1, 1)
+        prior.bias[:, -1] = far_bias
+    q, k, v = (torch.randn(2, 2, 50, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    weights = torch.randn(2, 2, 50, 8, dtype=torch.float64)
+    results = []
+    for backend in ("memeff", "reference"):
+        out = priorattn.attention(q, k, v, prior=prior, causal=True, backend=backend)
+        results.append((out, *torch.autograd.grad((out * weights).sum(), (q, k, v, prior.bias))))
+    assert len(far_calls) == 1
+    for got, expected in zip(*results):
+        assert torch.allclose(got, expected, rtol=1e-9, atol=1e-11)
+
+
+def test_far_region_only_under_plain_causal_masking(far_calls):
+    """A window, bidirectional attention, or no horizon: no far region."""
+    q_pos = k_pos = torch.arange(30)[None]
+    causal = Masking(True, q_pos, k_pos)
+    assert lag_flash.far_region(5, causal, 30) == lag_flash.FarRegion(first=5, index=5 + 29, horizon=5)
+    assert lag_flash.far_region(None, causal, 30) is None
+    assert lag_flash.far_region(5, Masking(False, q_pos, k_pos), 30) is None
+    assert lag_flash.far_region(5, Masking(True, q_pos, k_pos, window=10), 30) is None
+
+
+def test_the_far_region_waits_for_a_triangle_of_far_side_horizons():
+    """T5's default horizon (113): from 16 horizons of far queries on."""
+    horizon = T5Bias(2).constant_beyond()
+    side = lag_flash.FAR_SIDE * horizon
+    for Lq, far in [(horizon + side - 1, False), (horizon + side, True), (4096, True), (256, False)]:
+        masking = Masking(True, torch.arange(Lq)[None], torch.arange(Lq)[None])
+        assert (lag_flash.far_region(horizon, masking, Lq) is not None) == far, Lq
 
 
 @pytest.mark.parametrize("B, H, Hkv, L", [(16, 4, 4, 40), (3, 6, 2, 300), (1, 4, 1, 700)])
@@ -282,8 +357,10 @@ def test_a_flat_table_takes_whole_blocks_for_every_head():
 
 
 def test_tiles_take_more_rows_on_long_rows():
-    """Half of TILE_ROWS on short rows (less of the causal triangle), TILE_ROWS from 8 x TILE_ROWS
-    queries on, rising in between."""
-    rows = [lag_flash.tile_rows(L) for L in (1, 256, 512, 768, 1024, 16384)]
-    half, full = lag_flash.TILE_ROWS // 2, lag_flash.TILE_ROWS
-    assert rows == [half, half, half, 96, full, full]
+    """A quarter of TILE_ROWS on short rows (less of the causal triangle), TILE_ROWS from 8 x TILE_ROWS
+    keys a row on, rising in between, and no more than TILE_BUFFER cells of a row's keys."""
+    rows = [lag_flash.tile_rows(L, L) for L in (1, 256, 512, 768, 1024, 2048, 4096, 16384)]
+    least, full = lag_flash.TILE_ROWS // 4, lag_flash.TILE_ROWS
+    assert (least, full, lag_flash.TILE_BUFFER) == (64, 256, 1 << 21)
+    assert rows == [least, least, least, 96, 128, full, full, lag_flash.TILE_BUFFER // 16384]
+    assert lag_flash.tile_rows(113, 4096) == least  # a T5's near band: 113 keys a row

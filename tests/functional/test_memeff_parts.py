@@ -6,7 +6,7 @@ import pytest
 import torch
 from factories import flushes
 
-from priorattn.functional.memeff import add_product, diagonal_sums, softmax_, toeplitz_tile
+from priorattn.functional.memeff import add_product, diagonal_sums, toeplitz_tile
 
 
 @pytest.mark.parametrize("n, m", [(1, 1), (3, 5), (5, 3), (4, 4)])
@@ -79,13 +79,6 @@ def test_add_product_refuses_a_total_it_cannot_view():
     total = torch.randn(3, 2, 6, 4).transpose(0, 1)  # batch and heads not mergeable in place
     with pytest.raises(RuntimeError, match="view"):
         add_product(total, torch.randn(2, 3, 6, 5), torch.randn(2, 3, 5, 4))
-
-
-def test_softmax_in_place_equals_softmax():
-    logits = torch.randn(2, 3, 7, 9, dtype=torch.float64)
-    expected = torch.softmax(logits, -1)
-    probs = softmax_(logits)
-    assert probs.data_ptr() == logits.data_ptr() and torch.equal(probs, expected)
 
 
 def test_general_blocks_take_inputs_in_the_layers_transposed_layout():

@@ -54,6 +54,22 @@ def test_t5_distances_past_max_distance_share_the_last_bucket_and_start_at_zero(
     assert not prior.log_prior(torch.arange(5), torch.arange(5)).any()
 
 
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("num_buckets, max_distance", [(32, 128), (8, 12), (4, 3), (2, 2)])
+def test_t5_is_constant_from_its_horizon_on(bidirectional, num_buckets, max_distance):
+    """``constant_beyond``: the first distance of the last bucket of past keys (by the formula
+    written out above), and every farther distance in it."""
+    if bidirectional and num_buckets < 4:
+        pytest.skip("a bidirectional T5 needs 4 buckets")
+    prior = T5Bias(2, num_buckets, max_distance, bidirectional)
+    horizon = prior.constant_beyond()
+    last = t5_bucket_by_hand(10**6, 0, bidirectional, num_buckets, max_distance)
+    assert t5_bucket_by_hand(horizon - 1, 0, bidirectional, num_buckets, max_distance) != last
+    for d in range(horizon, 5 * max_distance):
+        assert t5_bucket_by_hand(d, 0, bidirectional, num_buckets, max_distance) == last, d
+    assert 1 <= horizon <= max_distance
+
+
 def test_t5_spec_round_trips():
     prior = build_prior("t5(num_buckets=16, bidirectional=true)", 4)
     assert isinstance(prior, T5Bias) and prior.num_buckets == 16 and prior.bidirectional

@@ -46,6 +46,7 @@ from torch.utils.checkpoint import checkpoint
 from ..priors import Prior
 from ..ssmax import Scaling
 from .grouped import grouped, grouped_scores, grouped_values
+from .inplace import softmax_
 from .lag_flash import anti_diagonal_sums, keys_reversed, lag_flash_applies, lag_flash_attention
 from .masks import Masking
 from .prior_inputs import (
@@ -163,12 +164,6 @@ class Plan:
             return probs
         visible = self.masking.visible(rows, cols)
         return softmax_(logits.masked_fill_(~visible, lowest)).mul_(visible)
-
-
-def softmax_(logits: Tensor) -> Tensor:
-    """Softmax over the last dimension in place: the blocks' buffers are reused, not reallocated
-    (a fresh 8 MB block per step left the allocator holding tens of MB more at its peak)."""
-    return torch.ops.aten._softmax.out(logits, -1, False, out=logits)
 
 
 def block_buffer(plan: Plan, q2: Tensor) -> Tensor:
@@ -359,7 +354,8 @@ def memeff_attention(
         content = split_prior(q, k, None, masking, scale, factor, None)
         table = None if prior is None else lag_table(prior, masking).to(dtype)
         blocks = functools.partial(key_blocks, masking, spans)
-        return lag_flash_attention(content.q.to(q.dtype), k, v, table, masking, blocks, dtype)
+        horizon = None if prior is None else prior.constant_beyond()
+        return lag_flash_attention(content.q.to(q.dtype), k, v, table, masking, blocks, dtype, horizon)
     inputs = split_prior(q.to(dtype), k.to(dtype), prior, masking, scale, factor, row_scale, key_bias)
     span = None
     rates = key_rates(inputs.slope, key_bias_drift(key_bias))

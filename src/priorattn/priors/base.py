@@ -106,6 +106,14 @@ class Prior(nn.Module):
         """Whether the log-prior depends on ``q_pos - k_pos`` only (a Toeplitz matrix per head)."""
         return False
 
+    def constant_beyond(self) -> int | None:
+        """A lag ``d0 >= 1`` from which on a relative prior is constant by construction, whatever its
+        parameters: ``K_h(i, j) = K_h(d0)`` whenever ``i - j >= d0`` (the same function of them), or
+        None. The ``memeff`` route then runs those cells of a long causal call as plain causal
+        attention shifted by ``K_h(d0)`` per head (``functional/lag_flash.py``, ``FarRegion``); a
+        wrong answer would make it wrong, so a prior that is not sure says None."""
+        return None
+
     def can_fold(self, causal: bool) -> bool:
         """Whether :meth:`fold` is exact (up to per-query constants) under this masking."""
         return False

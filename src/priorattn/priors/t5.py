@@ -59,6 +59,12 @@ class T5Bias(Prior):
     def is_relative(self) -> bool:
         return True
 
+    def constant_beyond(self) -> int:
+        """The first distance in the last bucket of keys at or before the query: every farther one
+        shares it (``bucket`` is non-decreasing in the distance, and ``max_distance`` is in it)."""
+        distances = torch.arange(self.max_distance + 1)
+        return int((self.bucket(distances) < self.per_side - 1).sum())
+
     def bucket(self, lag: Tensor) -> Tensor:
         """The bucket of each lag ``d = i - j`` (any integer shape), as int64 of the same shape."""
         lag = lag.long()
