@@ -138,7 +138,10 @@ def assert_compiled_equals_eager(module, run, backend=None, tolerance=None):
     torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
     assert eager_grads.keys() == {n for n, p in module.named_parameters() if p.grad is not None}
     for name, grad in eager_grads.items():
-        torch.testing.assert_close(dict(module.named_parameters())[name].grad, grad, rtol=rtol, atol=atol)
+        # eager and compiled may take different routes (the lag table's flash path runs eager on the
+        # CPU only), each rounding at float32's resolution of the gradient's own scale
+        scaled = atol * max(1.0, float(grad.abs().max()))
+        torch.testing.assert_close(dict(module.named_parameters())[name].grad, grad, rtol=rtol, atol=scaled)
 
 
 @pytest.mark.parametrize("device", DEVICES)
