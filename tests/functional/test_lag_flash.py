@@ -67,9 +67,13 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(lag_flash, "FLASH_ROWS", 7)
     monkeypatch.setattr(lag_flash, "BACKWARD_KEYS", 5)
     monkeypatch.setattr(lag_flash, "TILE_ROWS", 3)
-    calls = []
-    apply = lag_flash.LagTableFlash.apply
-    monkeypatch.setattr(lag_flash.LagTableFlash, "apply", lambda *a: calls.append(1) or apply(*a))
+    return counted(monkeypatch, lag_flash.LagTableFlash, "apply")
+
+
+def counted(monkeypatch, owner, name: str) -> list:
+    """``owner.name`` patched to record each call in the list returned, then run as before."""
+    calls, original = [], getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda *a: calls.append(1) or original(*a))
     return calls
 
 
@@ -121,10 +125,7 @@ def far_calls(monkeypatch):
     """Counts the calls whose far region (lags past a T5's horizon) ran as plain causal SDPA, taken
     at the tests' short lengths."""
     monkeypatch.setattr(lag_flash, "FAR_SIDE", 1)
-    calls = []
-    forward = lag_flash.FarRegion.forward
-    monkeypatch.setattr(lag_flash.FarRegion, "forward", lambda *a: calls.append(1) or forward(*a))
-    return calls
+    return counted(monkeypatch, lag_flash.FarRegion, "forward")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
