@@ -5,6 +5,15 @@ copied with its checkpoint as one file (``export_run``)."""
 from .config import TrainConfig
 from .loop import TrainResult, train
 from .resume import resolve_configs
-from .runs import TrainedRun, export_run, load_run
+from .runs import OtherSettings, TrainedRun, export_run, load_run
 
-__all__ = ["TrainConfig", "TrainResult", "TrainedRun", "export_run", "load_run", "resolve_configs", "train"]
+__all__ = [
+    "OtherSettings",
+    "TrainConfig",
+    "TrainResult",
+    "TrainedRun",
+    "export_run",
+    "load_run",
+    "resolve_configs",
+    "train",
+]

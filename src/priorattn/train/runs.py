@@ -94,10 +94,20 @@ def check_run_dir(run_dir: Path, model_config: GPTConfig, config: TrainConfig, c
         return
     differences = config_differences(read_json(saved_path), run_configs(model_config, config))
     if differences:
-        raise ValueError(
+        raise OtherSettings(
             f"resume=True needs the arguments {run_dir} was started with (see {saved_path}; only "
-            "steps may be raised); differences: " + "; ".join(differences)
+            "steps may be raised); differences: " + "; ".join(differences),
+            differences,
         )
+
+
+class OtherSettings(ValueError):
+    """A run directory holds a run started with other configs than those given to continue it;
+    ``differences`` names each field (``"model.prior: run has 'ggd', given 'goat'"``)."""
+
+    def __init__(self, message: str, differences: list[str]):
+        super().__init__(message)
+        self.differences = differences
 
 
 def config_differences(saved: dict, given: dict) -> list[str]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import replace
 
 import pytest
 from factories import figure_title, word_salad
@@ -134,6 +136,26 @@ def test_a_run_trained_further_is_evaluated_again(corpus, tmp_path, monkeypatch)
     index = json.loads((tmp_path / "out" / "models" / "alibi" / "checkpoint-00000004.json").read_text())
     for task in ("ppl", "passkey_at_T"):
         assert data["models"]["alibi"][task]["checkpoint"] == dict(step=4, sha256=index["sha256"])
+
+
+def test_a_model_trained_with_other_settings_is_named_not_reused(corpus, tmp_path, monkeypatch):
+    """An out holding a GOAT trained as an earlier priorattn did (``prior_init="uniform"``, its
+    default before GOAT started seeded): ``compare`` stops before training, naming the directory,
+    the field and what to do, rather than reporting that GOAT as today's."""
+    monkeypatch.setenv("PRIORATTN_CACHE", str(tmp_path / "cache"))
+    today = CompareConfig.model_config
+    monkeypatch.setattr(
+        CompareConfig, "model_config", lambda self, name: replace(today(self, name), prior_init="uniform")
+    )
+    compare(small(corpus, models=["goat"]), tmp_path / "out", progress=False, log=lambda line: None)
+    monkeypatch.setattr(CompareConfig, "model_config", today)
+    run = tmp_path / "out" / "models" / "goat"
+    message = (
+        f"{run} holds a GOAT model trained with other settings than this study's "
+        "(model.prior_init: run has 'uniform', given None): remove it, or give another --out"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        compare(small(corpus, models=["goat"]), tmp_path / "out", progress=False, log=lambda line: None)
 
 
 def test_longer_retrieval_runs_only_for_models_that_retrieve_at_T(corpus, tmp_path, monkeypatch):

@@ -30,7 +30,7 @@ from ...figures import RunScale
 from ...files import check_text_encoding, prepare_out, write_json_atomic
 from ...models import preset
 from ...models.positions import mechanism_fields, mechanism_label, split_mechanism
-from ...train import TrainConfig, train
+from ...train import OtherSettings, TrainConfig, train
 from ..retrieval.report import run_retrieval_study
 from ..retrieval.study import RetrievalStudyConfig
 
@@ -180,9 +180,16 @@ def compare(config: CompareConfig, out: str | Path, *, progress: bool = True, lo
     for i, name in enumerate(config.models, 1):
         run_dir = out / "models" / name
         log(f"[{i}/{len(config.models)}] {mechanism_label(name)}: training {config.steps} steps in {run_dir}")
-        trained = train(
-            config.model_config(name), config.train_config(), run_dir, resume=True, progress=progress
-        )
+        try:
+            trained = train(
+                config.model_config(name), config.train_config(), run_dir, resume=True, progress=progress
+            )
+        except OtherSettings as other:  # e.g. trained by an earlier priorattn whose defaults differed
+            raise ValueError(
+                f"{run_dir} holds a {mechanism_label(name)} model trained with other settings than this "
+                f"study's ({'; '.join(other.differences)}): remove it, or give another --out, to train "
+                "it with these"
+            ) from None
         entry = dict(label=mechanism_label(name), run=str(run_dir), val_loss=trained.val_loss)
         entry["unigram_loss"] = trained.unigram_loss
         settings = config.evaluations()
