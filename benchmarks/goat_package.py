@@ -19,9 +19,9 @@ side by side in one process. The layers (4 heads of 64 lanes, causal self-attent
   ``plain SDPA (head 65)``, the same with 65-lane heads: what the same-function layer's extra lane
   costs by itself.
 
-Cases: ``uniform`` (the package's ``prior_init="uniform"``, priorattn's default start: a flat slope
-of 1e-13), ``seeded`` (the package's default: the ALiBi slopes, spectral weights N(0, 1e-2)), each
-without and with the query-norm gate. Timing: ``torch.utils.benchmark.Timer`` runs ``--number``
+Cases: ``uniform`` (the package's ``prior_init="uniform"``, priorattn's ``init="uniform"``: a flat
+slope of 1e-13), ``seeded`` (the package's default and priorattn's: the ALiBi slopes; the package also
+draws its spectral weights from N(0, 1e-2)), each without and with the query-norm gate. Timing: ``torch.utils.benchmark.Timer`` runs ``--number``
 steps per sample; each round times every layer once, the order rotating each round; medians over
 ``--rounds`` rounds, and each layer's ratio to the package's and to plain SDPA. The clock is the
 process's CPU time (``time.process_time``; one thread by default), not the wall clock: on a machine
@@ -34,10 +34,14 @@ shared with other jobs the wall clock counts the time others hold the core.
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import statistics
 import time
 from collections.abc import Callable
 from importlib.metadata import version
+from pathlib import Path
+from types import ModuleType
 
 import torch
 from goat import GoatAttention
@@ -45,7 +49,6 @@ from torch import Tensor
 from torch.utils import benchmark
 
 from priorattn import PriorMultiheadAttention
-from priorattn.priors import GOAT
 
 E, H, R, M = 256, 4, 8, 8  # width, heads, relative and sink frequencies (the package's ranks)
 HD = E // H
@@ -73,45 +76,27 @@ def their_layer(init: str, gate: str, L: int) -> GoatAttention:
     )
 
 
-def our_layer(theirs: GoatAttention, gated: bool, head_dim: int, L: int) -> PriorMultiheadAttention:
-    """priorattn's GOAT layer holding ``theirs``' parameters (tests/priors/test_goat_attention.py): the
-    prior's, the first ``content_dim`` content lanes of q and k, every value lane (a head wider than
-    the package's gets zero value lanes)."""
-    hidden = theirs.key_bias.fc1.out_features
-    prior = GOAT(
-        H, R, sink="shared", slope="learned", gate=gated, train_len=L, sink_freqs=M, sink_hidden=hidden
-    )
-    ours = PriorMultiheadAttention(E, H, prior=prior, head_dim=head_dim, backend="sdpa")
-    Dc, D = ours.content_dim, min(head_dim, HD)
-    with torch.no_grad():
-        prior.alpha.copy_(theirs.lambda_sym)
-        prior.beta.copy_(theirs.lambda_asym)
-        if gated:
-            prior.gate_scale_raw.copy_(theirs.prior_gate_scale_raw)
-            prior.gate_bias.copy_(theirs.prior_gate_bias)
-        prior.sink.mlp[0].load_state_dict(theirs.key_bias.fc1.state_dict())
-        prior.sink.mlp[2].load_state_dict(theirs.key_bias.fc2.state_dict())
-        prior.sink.gain.copy_(theirs.sink_gain)
-        prior.sink.bump.copy_(theirs.sink_bump)
-        prior.slope_raw.copy_(theirs.recency_slope_raw)
-        ours.v_proj.weight.zero_()
-        ours.out_proj.weight.zero_()
-        for h in range(H):
-            ours.q_proj.weight[h * Dc : (h + 1) * Dc] = theirs.q_proj.weight[h * HD : h * HD + Dc]
-            ours.k_proj.weight[h * Dc : (h + 1) * Dc] = theirs.k_proj.weight[h * HD : h * HD + Dc]
-            ours.v_proj.weight[h * head_dim : h * head_dim + D] = theirs.v_proj.weight[h * HD : h * HD + D]
-            ours.out_proj.weight[:, h * head_dim : h * head_dim + D] = theirs.out_proj.weight[
-                :, h * HD : h * HD + D
-            ]
-    return ours
+def our_layer(theirs: GoatAttention, gated: bool, head_dim: int) -> PriorMultiheadAttention:
+    """priorattn's GOAT layer holding ``theirs``' parameters, copied by the equivalence test's own
+    function (``tests/priors/test_goat_attention.py: our_layer``), so the two cannot drift apart."""
+    return equivalence_test().our_layer(theirs, "shared", "learned", gated, head_dim)
+
+
+@functools.cache
+def equivalence_test() -> ModuleType:
+    path = Path(__file__).resolve().parent.parent / "tests" / "priors" / "test_goat_attention.py"
+    spec = importlib.util.spec_from_file_location("test_goat_attention", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def layers(case: str, L: int) -> dict[str, Callable[[Tensor], Tensor]]:
     """The layers of ``case``, each as ``x -> y``; checks that the same-function layer is."""
     init, gate = CASES[case]
     theirs = their_layer(init, gate, L)
-    same = our_layer(theirs, gate != "none", HD + 1, L)
-    narrow = our_layer(theirs, gate != "none", HD, L)
+    same = our_layer(theirs, gate != "none", HD + 1)
+    narrow = our_layer(theirs, gate != "none", HD)
     torch.manual_seed(1)
     plain = PriorMultiheadAttention(E, H, backend="sdpa")
     plain_wide = PriorMultiheadAttention(E, H, head_dim=HD + 1, backend="sdpa")

@@ -44,15 +44,23 @@ def their_layer(sink: bool, gate: bool, seed: int) -> torch.nn.Module:
     return layer
 
 
-def our_layer(theirs, sink: str, slope: str, gate: bool) -> PriorMultiheadAttention:
-    """priorattn's layer holding ``theirs``' parameters. priorattn keeps the slope in a lane of its own
-    (re-centred near the queries), goat-attention adds it to the sink's lane: with both, priorattn's
-    head is one lane wider, a value lane of zeros."""
-    prior = GOAT(H, R, sink=sink, slope=slope, gate=gate, train_len=T, sink_freqs=M, sink_hidden=4)
-    head_dim = HD + (sink != "none" and slope != "none")
+def our_layer(
+    theirs, sink: str, slope: str, gate: bool, head_dim: int | None = None
+) -> PriorMultiheadAttention:
+    """priorattn's layer holding ``theirs``' parameters (shapes read from it): the prior's, the first
+    ``content_dim`` content lanes of q and k of each head, every value lane. priorattn keeps the slope
+    in a lane of its own (re-centred near the queries), goat-attention adds it to the sink's lane: with
+    both, the default head is one lane wider, a value lane of zeros, and computes their function; a
+    narrower ``head_dim`` (as ``benchmarks/goat_package.py`` times) has that many fewer content lanes."""
+    E, H, HD = theirs.embed_dim, theirs.num_heads, theirs.head_dim
+    options = dict(sink=sink, slope=slope, gate=gate, train_len=theirs.training_seq_len, sink_freqs=theirs.M)
+    if sink != "none":
+        options["sink_hidden"] = theirs.key_bias.fc1.out_features
+    prior = GOAT(H, theirs.R, **options)
+    if head_dim is None:
+        head_dim = HD + (sink != "none" and slope != "none")
     ours = PriorMultiheadAttention(E, H, prior=prior, head_dim=head_dim, backend="sdpa")
     Dc = ours.content_dim
-    assert Dc == theirs.content_dim
     with torch.no_grad():
         prior.alpha.copy_(theirs.lambda_sym)
         prior.beta.copy_(theirs.lambda_asym)
@@ -66,12 +74,11 @@ def our_layer(theirs, sink: str, slope: str, gate: bool) -> PriorMultiheadAttent
             prior.sink.bump.copy_(theirs.sink_bump)
         if slope != "none":
             prior.slope_raw.copy_(theirs.recency_slope_raw)
+        ours.v_proj.weight.zero_()
+        ours.out_proj.weight.zero_()
         for h in range(H):
             ours.q_proj.weight[h * Dc : (h + 1) * Dc] = theirs.q_proj.weight[h * HD : h * HD + Dc]
             ours.k_proj.weight[h * Dc : (h + 1) * Dc] = theirs.k_proj.weight[h * HD : h * HD + Dc]
-            ours.v_proj.weight.zero_()
-            ours.out_proj.weight.zero_()
-        for h in range(H):
             rows = slice(h * head_dim, h * head_dim + HD)
             ours.v_proj.weight[rows] = theirs.v_proj.weight[h * HD : (h + 1) * HD]
             ours.out_proj.weight[:, rows] = theirs.out_proj.weight[:, h * HD : (h + 1) * HD]
@@ -100,6 +107,7 @@ def test_goat_equals_goat_attention_in_outputs_and_gradients(case, gate):
         if their_sink and slope == "none":
             theirs.recency_slope_raw.fill_(-100.0)
     ours = our_layer(theirs, sink, slope, gate)
+    assert ours.content_dim == theirs.content_dim
     x = torch.randn(2, 48, E, generator=torch.Generator().manual_seed(1))
     x_theirs, x_ours = x.clone().requires_grad_(), x.clone().requires_grad_()
     y_theirs = theirs(x_theirs, x_theirs, x_theirs, need_weights=False, is_causal=True)[0]
