@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import random
+import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -153,3 +156,14 @@ def figure_title(path: Path) -> str:
 
     with Image.open(path) as image:
         return " ".join(image.text.get("Title", "").split())
+
+
+def benchmark_script(name: str) -> ModuleType:
+    """``benchmarks/NAME.py`` loaded as module ``NAME`` (registered in ``sys.modules``: its
+    dataclasses look their module up there)."""
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,17 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from factories import benchmark_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "device_check.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("device_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["device_check"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the check measures, for minutes")
@@ -48,7 +40,7 @@ def test_without_a_gpu_it_says_so_in_one_line_after_a_dry_run_of_every_part(tmp_
         ("SDPA (flash)", "plain") in measured
         and ("GGD", "memeff") in measured
         and ("GOAT", "sdpa") in measured
-        and (load_script().FOX, "sdpa") in measured
+        and (benchmark_script("device_check").FOX, "sdpa") in measured
     )
     assert {c["auto_takes"] for c in cells if c["route"] == "auto"} == {"sdpa", "memeff"}
     assert all(c["skipped"].startswith("FlexAttention has no backward") for c in cells if "ms" not in c)
@@ -63,7 +55,7 @@ def test_without_a_gpu_it_says_so_in_one_line_after_a_dry_run_of_every_part(tmp_
 def test_stand_ins_serve_the_librarys_imports_only():
     """A package the library imports but a GPU image lacks imports as a stand-in for priorattn's
     modules, fails where it is used, and stays missing for everyone else."""
-    script = load_script()
+    script = benchmark_script("device_check")
     finder = script.StandIns(["not_installed_here"])
     sys.meta_path.insert(0, finder)
     try:

@@ -3,26 +3,17 @@ keeps, and its per-GPU arithmetic."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from factories import benchmark_script
 
 from priorattn.models import GPT, GPTConfig, preset
 from priorattn.train.optim import prior_parameters
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "memory_table.py"
-
 
 @pytest.fixture(scope="module")
 def table():
-    spec = importlib.util.spec_from_file_location("memory_table", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["memory_table"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_script("memory_table")
 
 
 def test_counts_split_the_models_parameters(table):
