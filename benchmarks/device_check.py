@@ -3,23 +3,24 @@
     PYTHONPATH=src python benchmarks/device_check.py                 # or: make device-check
     PYTHONPATH=src python benchmarks/device_check.py --out DIR --parts attention training
 
-Three parts, each within its share of ``--budget`` seconds (470 by default, a share a part leaves
-unused goes to the next); a part whose time is spent skips its remaining cells with a note, and a
-cell that fails records its error while the check goes on:
+Three parts in this order, each within its share of ``--budget`` seconds (470 by default, a share
+a part leaves unused goes to the next); a part whose time is spent skips its remaining cells with a
+note, and a cell that fails records its error while the check goes on:
 
-1. ``pytest``: the tests with CUDA parametrizations (``-k cuda``: every route against the float64
-   reference on CUDA, FlexAttention's backward, the layer and the GPT under ``torch.compile``), in
-   a subprocess whose log goes to ``device_check_pytest.log``; skipped with a note where pytest or
-   hypothesis is not installed.
-2. ``attention``: forward + backward time and peak memory of every prior on each route that runs it
-   (``auto`` and the explicit ones), against plain ``scaled_dot_product_attention`` on its flash
-   backend and plain FlexAttention (both causal, no prior): causal, bfloat16, B 1, H 8, head width
-   64 (a folding prior's lanes come out of the 64, as a layer takes them), L = 1024, 4096, 16384,
-   32768. Baselines and ``auto`` first at every length, then the other routes.
-3. ``training``: 100 optimizer steps of the ``tiny`` and ``small`` presets per prior (batch 16 of
-   random tokens, two packed documents per row, bfloat16 autocast, AdamW, gradient clipping), eager
-   first, then through ``torch.compile``, each compiled cell in a process of its own: tokens per
-   second, the seconds of the three warm-up steps (the compilation), peak memory.
+1. ``attention``: forward + backward time and peak memory of every prior on ``auto`` and on the
+   explicit GPU routes that run it (``--routes``, default ``triton``, ``flex`` and ``sdpa``), against
+   plain ``scaled_dot_product_attention`` on its flash backend and plain FlexAttention (both causal,
+   no prior): causal, bfloat16, B 1, H 8, head width 64 (a folding prior's lanes come out of the
+   64, as a layer takes them), L = 1024, 4096, 16384, 32768 (``--lengths``). Baselines and ``auto``
+   first at every length, then the other routes.
+2. ``training``: 100 optimizer steps of the ``tiny`` and ``small`` presets (``--presets``) per prior
+   (batch 16 of random tokens, two packed documents per row, bfloat16 autocast, AdamW, gradient
+   clipping), eager first, then through ``torch.compile``, each compiled cell in a process of its
+   own: tokens per second, the seconds of the three warm-up steps (the compilation), peak memory.
+3. ``pytest``: the tests with CUDA parametrizations (``-k cuda``: the fused Triton route and every
+   other route against the float64 reference on CUDA, FlexAttention's backward, the layer and the
+   GPT under ``torch.compile``), in a subprocess whose log goes to ``device_check_pytest.log``, for
+   what is left of the budget; skipped with a note where pytest or hypothesis is not installed.
 
 ``device_check.json`` and ``device_check.md`` (the tables) go to ``--out`` (default
 ``$OUT/device_check`` where ``OUT`` is set, else ``~/.cache/priorattn/device_check``), rewritten
@@ -35,6 +36,7 @@ import them; the JSON lists them under ``stand_ins``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import importlib.abc
 import importlib.machinery
@@ -58,16 +60,22 @@ import torch._dynamo
 ROOT = Path(__file__).resolve().parent.parent
 #: Packages priorattn imports at module level whose code no part of the check runs.
 OPTIONAL = ("tqdm", "tokenizers", "safetensors", "matplotlib", "entmax")
-PARTS = ("pytest", "attention", "training")
+PARTS = ("attention", "training", "pytest")
 #: Each part's share of the budget.
-SHARES = {"pytest": 0.38, "attention": 0.30, "training": 0.32}
+SHARES = {"attention": 0.40, "training": 0.35, "pytest": 0.25}
 #: Test files with CUDA parametrizations, the route comparisons first.
 TEST_FILES = (
+    "tests/functional/test_triton_route.py",
     "tests/functional/test_routes.py",
     "tests/test_compile.py",
     "tests/functional/test_flex.py",
     "tests/functional/test_masks_independent.py",
 )
+#: The explicit routes measured beside ``auto`` (``--routes``): by default the GPU's own, not
+#: ``memeff``'s loop of small kernels (hundreds of times flash SDPA there).
+ROUTES_MEASURED: list[str] = ["triton", "flex", "sdpa"]
+#: The priors of :func:`priors` measured (``--priors``; empty: all).
+PRIORS_MEASURED: list[str] = []
 #: A (prior, route) whose cell took longer than this skips its longer lengths.
 CELL_SECONDS = 20.0
 
@@ -293,8 +301,14 @@ def fox_key_bias(B: int, H: int, L: int, device: torch.device) -> torch.Tensor:
 
 def routes_of(prior, device: torch.device) -> list[str]:
     from priorattn.functional.flex import flex_trains_on
+    from priorattn.functional.triton_route import triton_available
 
-    routes = ["sdpa"] if prior is None or prior.can_fold(True) else []
+    routes = (
+        ["triton"]
+        if triton_available(device) and (prior is None or prior.is_relative or prior.can_fold(True))
+        else []
+    )
+    routes += ["sdpa"] if prior is None or prior.can_fold(True) else []
     routes += ["memeff"] + (["flex"] if flex_trains_on(device) else [])
     return routes
 
@@ -357,10 +371,13 @@ def attention_part(report: Report, deadline: float, sizes: Sizes, device: torch.
     # (name, route, attend, Dk) in the order they are measured: baselines and auto first.
     plans = []
     for name, (prior, ssmax) in chosen.items():
+        if PRIORS_MEASURED and name not in PRIORS_MEASURED:
+            continue
         prior = None if prior is None else prior.to(device)
         ssmax = None if ssmax is None else ssmax.to(device)
         Dk = D - prior.fold_width if prior is not None and prior.can_fold(True) else D
-        for route in ["auto", *routes_of(prior, device)]:
+        explicit = [r for r in routes_of(prior, device) if r in ROUTES_MEASURED]
+        for route in ["auto", *explicit]:
 
             def attend(q, k, v, prior=prior, ssmax=ssmax, route=route, fox=name == FOX):
                 B, H, L, _ = q.shape
@@ -461,7 +478,9 @@ def train_cell_apart(preset_name: str, name: str, sizes: Sizes, deadline: float)
     """A compiled cell in a process of its own: compiling after the eager cells in one process ended
     it with a segmentation fault on the H200 (torch 2.11), and a crash must cost one cell, not the
     check. The worker prints the cell's JSON on its last line."""
-    args = [sys.executable, __file__, "--run-train-cell", preset_name, name, "gpu" if sizes is GPU else "dry"]
+    # the worker takes the GPU's sizes wherever there is a GPU (the lengths and presets it is told)
+    args = [sys.executable, __file__, "--run-train-cell", preset_name, name]
+    args.append("gpu" if torch.cuda.is_available() else "dry")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     try:
         done = subprocess.run(
@@ -641,11 +660,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=default_out(), help="where the JSON and markdown go")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--budget", type=float, default=470.0, help="seconds for all the parts together")
+    parser.add_argument("--lengths", type=int, nargs="+", help="attention lengths (default 1024 to 32768)")
+    parser.add_argument(
+        "--routes", nargs="+", help="explicit routes measured beside auto (default triton, flex, sdpa)"
+    )
+    parser.add_argument("--presets", nargs="+", help="training presets (default tiny and small)")
+    parser.add_argument("--priors", nargs="+", help="attention priors measured (default all), by name")
     args = parser.parse_args(argv)
     stand_ins = stand_in_for_missing()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
     sizes = GPU if cuda else DRY
+    if args.lengths:
+        sizes = dataclasses.replace(sizes, lengths=tuple(args.lengths))
+    if args.presets:
+        sizes = dataclasses.replace(sizes, presets=tuple(args.presets))
+    if args.routes:
+        ROUTES_MEASURED[:] = args.routes
+    PRIORS_MEASURED.extend(args.priors or ())
     set_recompile_limits()
     report = Report(
         args.out,

@@ -10,9 +10,15 @@ replayable too. The profile and seed are printed in the header (or, under ``-q``
 """
 
 import json
+import os
 
 import pytest
 import torch
+
+# Without a GPU, Triton kernels run in Triton's interpreter (tests/functional/test_triton_route.py).
+# Triton reads this when it is imported, so it is set before anything imports it.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 from factories import PRIOR_NAMES, word_salad
 from hypothesis import HealthCheck, settings
 

@@ -132,3 +132,10 @@ def test_queries_that_see_no_key_return_zeros_with_a_zero_gradient(backend):
     assert torch.equal(q.grad, torch.zeros_like(q))
     for t in (k, v):
         assert t.grad is None or torch.equal(t.grad, torch.zeros_like(t))
+
+
+@pytest.mark.parametrize("Lq, Lk", [(5, 5), (3, 9), (1, 4)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_visible_keys_counted_without_masks_equal_the_masks_count(Lq, Lk, causal):
+    masking = Masking(causal, torch.arange(Lk - Lq, Lk)[None], torch.arange(Lk)[None], starts=(Lk - Lq, 0))
+    assert torch.equal(masking.visible_keys(), masking.visible().sum(-1)[:, 0])

@@ -19,6 +19,12 @@ def expected(name: str) -> dict:
     return load_file(str(FIXTURES / name / "expected.safetensors"))
 
 
+def assert_same_logits(logits: torch.Tensor, recorded: torch.Tensor) -> None:
+    """The logits recorded then, to float32 rounding: the fixtures were written on one CPU, and
+    another x86-64 CPU (AVX-512 against AVX2 kernels) sums in another order, off by up to 2e-7."""
+    torch.testing.assert_close(logits, recorded, rtol=1e-5, atol=1e-5)
+
+
 def test_a_legacy_goat_with_a_negative_slope_is_refused_with_the_reason():
     """The fixture's GOAT learned slopes 0.09 and -0.024: the second rewards distance, which GOAT's
     slope (softplus, issue 28) cannot represent, so it cannot give the logits it gave then."""
@@ -34,7 +40,7 @@ def test_a_legacy_checkpoint_of_a_named_prior_loads_with_its_options(name, share
     model = phf.from_pretrained(FIXTURES / name).eval()
     with torch.no_grad():
         logits = model(expected(name)["tokens"]).logits
-    torch.testing.assert_close(logits, expected(name)["logits"], rtol=0, atol=0)
+    assert_same_logits(logits, expected(name)["logits"])
     priors = [layer.prior for layer in phf.attention_layers(model)]
     assert (priors[0] is priors[1]) == shared
     assert model.config.priorattn["shared_prior"] == shared
@@ -54,4 +60,4 @@ def test_a_legacy_checkpoint_of_a_module_loads_with_the_module_given_again():
     model = phf.from_pretrained(path, prior=GGD(2, trainable=("alpha", "beta", "mu"))).eval()
     with torch.no_grad():
         logits = model(expected("ggd_module")["tokens"]).logits
-    torch.testing.assert_close(logits, expected("ggd_module")["logits"], rtol=0, atol=0)
+    assert_same_logits(logits, expected("ggd_module")["logits"])

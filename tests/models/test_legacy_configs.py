@@ -54,17 +54,17 @@ def test_a_legacy_run_builds_the_same_parameters_init_and_outputs(name):
     init = {key.removeprefix("init."): value for key, value in tensors.items() if key.startswith("init.")}
     state = model.state_dict()
     assert init
-    for key, value in init.items():  # GOAT's slope m_h within rounding of softplus(softplus^-1(m))
-        torch.testing.assert_close(
-            today(state, key), value, rtol=1e-6 if key.endswith(".slope") else 0, atol=0
-        )
+    # Within float32 rounding, not bits: GOAT's slope m_h is softplus(softplus^-1(m)), its spectral
+    # start a least-squares fit, and another x86-64 CPU (AVX-512 against AVX2) rounds both otherwise.
+    for key, value in init.items():
+        torch.testing.assert_close(today(state, key), value, rtol=1e-5, atol=1e-12)
     weights = {
         key.removeprefix("model."): value for key, value in tensors.items() if key.startswith("model.")
     }
     assert sorted(state) == sorted(key + "_raw" if key.endswith(".slope") else key for key in weights)
     model.load_state_dict(weights, strict=True)
     for key, value in weights.items():  # the saved m_h, within rounding of softplus(softplus^-1(m))
-        torch.testing.assert_close(today(model.state_dict(), key), value, rtol=1e-6, atol=0)
+        torch.testing.assert_close(today(model.state_dict(), key), value, rtol=1e-5, atol=0)
     trainable = sorted(n for n, p in model.named_parameters() if p.requires_grad and ".prior." in n)
     assert trainable == sorted(
         n + "_raw" if n.endswith(".slope") else n for n in parameters["trainable_prior"]
@@ -72,10 +72,8 @@ def test_a_legacy_run_builds_the_same_parameters_init_and_outputs(name):
     assert sorted(n for n, p in model.named_parameters() if not p.requires_grad) == parameters["frozen"]
     with torch.no_grad():
         logits = model(tensors["tokens"])[0]
-    exact = not any(key.endswith(".slope") for key in weights)
-    torch.testing.assert_close(
-        logits, tensors["logits"], rtol=0 if exact else 1e-5, atol=0 if exact else 1e-5
-    )
+    # Likewise float32 rounding: another CPU sums in another order (seen: off by up to 2e-7).
+    torch.testing.assert_close(logits, tensors["logits"], rtol=1e-5, atol=1e-5)
 
 
 def today(state: dict, key: str) -> torch.Tensor:

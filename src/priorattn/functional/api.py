@@ -26,14 +26,19 @@ from .prior_inputs import (
 )
 from .reference import reference_attention
 from .sdpa import is_decode_step, sdpa_attention, sdpa_bias_attention
+from .triton_route import triton_attention, triton_preferred, triton_takes
 
 ROUTES = {
     "reference": reference_attention,
     "sdpa": sdpa_attention,
     "memeff": memeff_attention,
     "flex": flex_route,
+    "triton": triton_attention,
 }
 BACKENDS = ("auto", *ROUTES)
+#: From this many keys on, ``auto`` takes the ``triton`` route on CUDA where it would take ``flex``:
+#: on an H200 it beat FlexAttention at 16384 keys and lost to it at 4096 (docs/benchmarks.md).
+TRITON_MIN_KEYS = 16384
 #: What ``auto`` picks for a prior in a decode step (:func:`~.sdpa.sdpa_bias_attention`); not a backend
 #: of its own: explicit backends keep their algorithm whatever the shapes.
 DECODE_ROUTE = "sdpa_bias"
@@ -78,9 +83,13 @@ def attention(
             scales the prior too; use ``SSMax(..., scale_prior=False)`` to scale content only.
         backend: ``"reference"`` (dense definition), ``"sdpa"`` (prior folded into q/k lanes, one
             unmodified SDPA call), ``"memeff"`` (blockwise, any prior, O(L) memory), ``"flex"``
-            (compiled FlexAttention; forward only on the CPU), or ``"auto"`` (in a decode step, at
+            (compiled FlexAttention; forward only on the CPU), ``"triton"`` (fused Triton kernels
+            with the prior's terms and gradients inside: a prior that folds or is relative, on
+            positions that are runs; CUDA, or the CPU under ``TRITON_INTERPRET=1``), or ``"auto"``
+            (in a decode step, at
             most 16 queries against more keys, the prior's log-prior tile is added to the logits
-            instead of folding every key: ``sdpa.sdpa_bias_attention``; on CUDA ``"flex"`` for a
+            instead of folding every key: ``sdpa.sdpa_bias_attention``; on CUDA ``"flex"`` (or
+            ``"triton"`` from 16384 keys on, where Triton is installed) for a
             prior that does not fold, when it is relative on position runs; ``"flex"`` never on
             the CPU, where it has no backward).
         normalizer: the map from logits to weights, ``argmin_p -<p, logits> + Omega(p)`` over the
@@ -93,8 +102,9 @@ def attention(
             log-prior: a bare SSMax tensor scales it too, and so does a prior's query gate (GOAT's:
             ``g(q_i) (K + u)``, one lane per key term). It is exact on every route: a fold lane on
             ``"sdpa"``, a tile term on ``"memeff"`` and in a decode step, a ``score_mod`` term on
-            ``"flex"``. Routes add it re-centred on the keys each run of queries sees, in its own
-            dtype (pass float64 for a term that drifts far, as FoX's cumulative sums do).
+            ``"flex"``, a kernel term on ``"triton"``. Routes add it re-centred on the keys each run
+            of queries sees, in its own dtype (pass float64 for a term that drifts far, as FoX's
+            cumulative sums do).
 
     Returns:
         ``(B, H, Lq, Dv)``. A query that sees no key at all returns zeros, never NaN.
@@ -214,11 +224,15 @@ def _choose(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking, key_bia
     the ``sdpa`` route's runs cost 26-62x flash SDPA on an H200 at 16k-32k (docs/benchmarks.md), and a
     key bias's runs are sized by a drift it must read, where ``score_mod`` adds ``-m (i - j)`` and
     the key bias centred per row in one kernel. A slope that fits one run stays on ``sdpa``: one call
-    of the flash kernel, where flex costs more at short lengths (tiny-model training, an H200)."""
+    of the flash kernel, where flex costs more at short lengths (tiny-model training, an H200).
+    Where FlexAttention would run, the fused Triton kernels run instead from
+    :data:`TRITON_MIN_KEYS` keys on (when Triton is installed and they compute the call:
+    :func:`~.triton_route.triton_takes`); below it FlexAttention was faster (docs/benchmarks.md)."""
     if prior is None and key_bias is None:
         return "sdpa"
     if is_decode_step(q, k):
         return DECODE_ROUTE
+    fused = triton_preferred(q.device) and k.shape[2] >= TRITON_MIN_KEYS and triton_takes(prior, masking)
     folds = prior is None or prior.can_fold(masking.causal)
     span = None  # the longest run of queries one SDPA call of the fold may take (None: all)
     if prior is not None and folds:
@@ -228,14 +242,14 @@ def _choose(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking, key_bia
         span = slope_span(largest, slope_precision(compute, masking, key_bias))
     runs = span is not None and span < q.shape[2]
     if flex_trains_on(q.device) and (folds or tabulates(prior, masking)) and (runs or key_bias is not None):
-        return "flex"
+        return "triton" if fused else "flex"
     if prior is None:  # the key bias alone is one lane: shorter runs of queries still beat blocks
         return "sdpa"
     if folds:
         if span is None or span >= min(q.shape[2], MIN_FOLD_SPAN):
             return "sdpa"
     elif flex_trains_on(q.device) and tabulates(prior, masking):
-        return "flex"
+        return "triton" if fused else "flex"
     return "memeff"
 
 

@@ -125,6 +125,11 @@ class Masking:
     def visible_keys(self) -> Tensor:
         """Number of keys each query sees, ``(B or 1, Lq)``: the ``n_i`` of SSMax."""
         Lq, Lk = self.q_pos.shape[-1], self.k_pos.shape[-1]
+        device = self.q_pos.device
+        if self.plain_causal:  # query i sees keys 0 .. i + Lk - Lq: counted, not masked cell by cell
+            return (torch.arange(Lq, device=device) + (Lk - Lq + 1))[None]
+        if not self.masks_anything:
+            return torch.full((1, Lq), Lk, dtype=torch.long, device=device)
         step = max(1, COUNT_CHUNK_CELLS // max(Lk, 1))
         counts = [self.visible(slice(s, s + step)).sum(-1)[:, 0] for s in range(0, Lq, step)]
         return torch.cat(counts, dim=-1)

@@ -1,0 +1,390 @@
+"""The Triton route: one fused kernel for the forward pass and two for the backward, with the prior's
+terms computed inside them and its gradients reduced in registers (``triton_forward.py``,
+``triton_backward.py``).
+
+It takes every prior that folds (ALiBi, GOAT with or without its slope, Sandwich) and every relative
+prior on position runs (GGD, T5, KERPLE: a lag table), with the op's key bias (FoX's ``-F_j``), SSMax
+and a prior's query gate, under causal order, documents, key padding and a sliding window, with
+grouped-query attention. Positions must be runs (the defaults, or any ``start + arange``), where the
+lag is ``q0 - k0 + i - j``; other positions and priors that neither fold nor tabulate (FIRE) are
+refused with the route to use.
+
+Triton runs on CUDA; on the CPU only under ``TRITON_INTERPRET=1`` (Triton's interpreter, which the
+tests use to compare the kernels with the float64 reference).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..priors import Prior
+from ..ssmax import Scaling
+from .masks import Masking
+from .prior_inputs import content_queries, lag_table, prior_factor, query_lanes, tabulates, with_key_bias
+from .reference import compute_dtype
+
+
+def triton_available(device: torch.device) -> bool:
+    """Whether the ``triton`` route runs on ``device``: Triton installed, and the device CUDA, or the
+    CPU under ``TRITON_INTERPRET=1``."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return device.type == "cuda" or (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def triton_preferred(device: torch.device) -> bool:
+    """Whether ``backend="auto"`` takes the ``triton`` route where it computes the call: on CUDA with
+    Triton installed, outside ``torch.compile`` (a compiled graph takes FlexAttention, which inductor
+    compiles with it)."""
+    return device.type == "cuda" and triton_available(device) and not torch.compiler.is_compiling()
+
+
+def triton_takes(prior: Prior | None, masking: Masking) -> bool:
+    """Whether the ``triton`` route computes this call: positions are runs, and the prior folds or
+    is relative (a lag table)."""
+    if masking.starts is None:
+        return False
+    return prior is None or prior.can_fold(masking.causal) or tabulates(prior, masking)
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Tile sizes: the forward and query-block kernels take ``query_rows x key_cols`` tiles, the
+    key-block kernel ``key_rows`` keys against ``key_query_cols`` queries (square where a lag table's
+    gradient gathers diagonals)."""
+
+    query_rows: int = 128
+    key_cols: int = 64
+    key_rows: int = 64
+    key_query_cols: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+#: Tiles on CUDA (a Hopper card's shared memory holds them at head width 128) and in the interpreter,
+#: where small tiles keep the tests' shapes spread over several blocks. Tests may replace them.
+BLOCKS = {"cuda": Blocks(), "cpu": Blocks(16, 16, 16, 16, 1, 1)}
+
+
+def triton_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    prior: Prior | None,
+    masking: Masking,
+    scale: float,
+    ssmax: Scaling | None,
+    key_bias: Tensor | None = None,
+) -> Tensor:
+    """Prior attention through the fused Triton kernels, forward and backward."""
+    if not triton_available(q.device):
+        raise RuntimeError(
+            "backend='triton' needs the triton package and a CUDA device (on the CPU: TRITON_INTERPRET=1, "
+            "Triton's interpreter, slow); use backend='auto'"
+        )
+    if masking.starts is None:
+        raise ValueError(
+            "backend='triton' needs positions that are runs (start + arange), shared by the batch; "
+            "use backend='flex' on CUDA or 'memeff' for other positions"
+        )
+    if prior is not None and not triton_takes(prior, masking):
+        raise ValueError(
+            f"backend='triton' needs a prior that folds or is relative (a lag table); "
+            f"{type(prior).__name__} here is neither: use backend='memeff'"
+        )
+    B, H, Lq, _ = q.shape
+    Lk = k.shape[2]
+    dtype = compute_dtype(q.dtype)
+    factor = None if ssmax is None else ssmax.factor(masking.visible_keys()).to(dtype)
+    row_factor = prior_factor(q, prior, factor, ssmax is not None and ssmax.scale_prior)
+    content = content_queries(q.to(dtype), scale, factor).to(q.dtype)
+    q_lanes = k_lanes = slope = table = None
+    if key_bias is not None:
+        key_bias = key_bias.to(torch.promote_types(key_bias.dtype, dtype))
+    if prior is not None and prior.can_fold(masking.causal):
+        lanes = with_key_bias(prior.fold(masking.q_pos, masking.k_pos), key_bias)
+        if lanes.q.shape[-1]:
+            q_lanes = query_lanes(content, lanes.q, row_factor)
+            k_lanes = lanes.k.to(k.dtype).expand(B, k.shape[1], Lk, lanes.q.shape[-1])
+        key_bias, slope = lanes.key_bias, lanes.slope
+    elif prior is not None:
+        table = lag_table(prior, masking)
+    # a key bias in float64 (FoX's sums) is split into the kernel's dtype and what rounding dropped
+    key_lo = None
+    if key_bias is not None:
+        hi = key_bias.to(dtype)
+        if key_bias.dtype != dtype:
+            key_lo = (key_bias.detach() - hi.detach().to(key_bias.dtype)).to(dtype).expand(B, H, Lk)
+        key_bias = hi.expand(B, H, Lk)
+    q0, k0 = masking.starts
+    plan = Plan(
+        causal=masking.causal,
+        delta=q0 - k0,
+        window=masking.window,
+        q_doc=None if masking.q_doc is None else masking.q_doc.to(torch.int32).contiguous(),
+        k_doc=None if masking.k_doc is None else masking.k_doc.to(torch.int32).contiguous(),
+        padding=None if masking.key_padding is None else masking.key_padding.to(torch.int8).contiguous(),
+        key_lo=None if key_lo is None else key_lo.contiguous(),
+        blocks=BLOCKS["cuda" if q.device.type == "cuda" else "cpu"],
+    )
+    return FusedAttention.apply(
+        content.contiguous(),
+        k.contiguous(),
+        v.contiguous(),
+        None if q_lanes is None else q_lanes.contiguous(),
+        None if k_lanes is None else k_lanes.contiguous(),
+        None if key_bias is None else key_bias.contiguous(),
+        None if slope is None else slope.to(dtype).contiguous(),
+        None if table is None else table.to(dtype).expand(H, -1).contiguous(),
+        None if row_factor is None else row_factor.to(dtype).expand(B, H, Lq, 1)[..., 0].contiguous(),
+        plan,
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one call's kernels need beside the differentiable inputs: masks and the key bias's rounding."""
+
+    causal: bool
+    delta: int  # q_pos[0] - k_pos[0]
+    window: int | None
+    q_doc: Tensor | None  # (B, Lq) int32
+    k_doc: Tensor | None  # (B, Lk) int32
+    padding: Tensor | None  # (B, Lk) int8, 1 marks a padding key
+    key_lo: Tensor | None  # (B, H, Lk): what rounding the key bias to the kernel's dtype dropped
+    blocks: Blocks
+
+
+def _width(n: int) -> int:
+    """A tile width for ``n`` lanes: a power of two, at least 16 (``tl.dot``'s smallest)."""
+    return max(16, 1 << max(0, n - 1).bit_length())
+
+
+class FusedAttention(torch.autograd.Function):
+    """``(q, k, v, q_lanes, k_lanes, key_bias, slope, table, row_factor, plan) -> out``, all shapes
+    whole (no broadcast): q ``(B, H, Lq, D)`` already scaled, k ``(B, Hkv, Lk, D)``, v ``(B, Hkv,
+    Lk, Dv)``, lanes ``(B, H or Hkv, L, P)``, key bias ``(B, H, Lk)``, slope ``(H,)``, table ``(H, Lq +
+    Lk - 1)``, row factor ``(B, H, Lq)``; each optional input None or a tensor."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_lanes, k_lanes, key_bias, slope, table, row_factor, plan: Plan):
+        from .triton_forward import forward_kernel
+
+        B, H, Lq, D = q.shape
+        Hkv, Lk, Dv = k.shape[1], k.shape[2], v.shape[3]
+        acc = _acc(q.dtype)
+        out = torch.empty(B, H, Lq, Dv, dtype=v.dtype, device=q.device)
+        lse = torch.empty(B, H, Lq, dtype=acc, device=q.device)
+        args = _common(q, k, v, q_lanes, k_lanes, key_bias, slope, table, row_factor, plan)
+        blocks = plan.blocks
+        grid = (triton_cdiv(Lq, blocks.query_rows), B * H)
+        forward_kernel[grid](
+            q,
+            k,
+            v,
+            _or(q_lanes, q),
+            _or(k_lanes, k),
+            out,
+            lse,
+            *args["prior"],
+            *args["masks"],
+            H,
+            H // Hkv,
+            Lq,
+            Lk,
+            plan.delta,
+            plan.window or 0,
+            D,
+            Dv,
+            args["P"],
+            BLOCK_M=blocks.query_rows,
+            BLOCK_N=blocks.key_cols,
+            **args["flags"],
+            num_warps=blocks.num_warps,
+            num_stages=blocks.num_stages,
+        )
+        ctx.save_for_backward(q, k, v, q_lanes, k_lanes, key_bias, slope, table, row_factor, out, lse)
+        ctx.plan = plan
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        from .triton_backward import key_block_kernel, query_block_kernel
+
+        q, k, v, q_lanes, k_lanes, key_bias, slope, table, row_factor, out, lse = ctx.saved_tensors
+        plan, blocks = ctx.plan, ctx.plan.blocks
+        B, H, Lq, D = q.shape
+        Hkv, Lk, Dv = k.shape[1], k.shape[2], v.shape[3]
+        acc = _acc(q.dtype)
+        grad_out = grad_out.contiguous()
+        delta_rows = (grad_out.to(acc) * out.to(acc)).sum(-1)  # (B, H, Lq): rowsum(dO o)
+        args = _common(q, k, v, q_lanes, k_lanes, key_bias, slope, table, row_factor, plan)
+        needs = ctx.needs_input_grad
+        P = args["P"]
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        dkl = None if k_lanes is None else torch.empty_like(k_lanes)
+        du = None if key_bias is None else torch.empty(B, H, Lk, dtype=acc, device=q.device)
+        key_blocks = triton_cdiv(Lk, blocks.key_rows)
+        dslope = None if slope is None else torch.zeros(B * H, key_blocks, dtype=acc, device=q.device)
+        dtable = None if table is None else torch.zeros(H, Lq + Lk - 1, dtype=acc, device=q.device)
+        square = blocks.key_query_cols if table is None else blocks.key_rows
+        key_block_kernel[(key_blocks, B * Hkv)](
+            q,
+            k,
+            v,
+            _or(q_lanes, q),
+            _or(k_lanes, k),
+            grad_out,
+            lse,
+            delta_rows,
+            dk,
+            dv,
+            _or(dkl, dk),
+            _or(du, lse),
+            _or(dslope, lse),
+            _or(dtable, lse),
+            0 if dtable is None else dtable.stride(0),
+            *args["prior"],
+            *args["masks"],
+            H,
+            H // Hkv,
+            Lq,
+            Lk,
+            plan.delta,
+            plan.window or 0,
+            D,
+            Dv,
+            P,
+            key_blocks,
+            BLOCK_M=square,
+            BLOCK_N=blocks.key_rows,
+            **args["flags"],
+            KEY_BIAS_GRAD=du is not None and needs[5],
+            SLOPE_GRAD=dslope is not None and needs[6],
+            TABLE_GRAD=dtable is not None and needs[7],
+            num_warps=blocks.num_warps,
+            num_stages=blocks.num_stages,
+        )
+        dq = torch.empty_like(q)
+        dql = None if q_lanes is None else torch.empty_like(q_lanes)
+        df = None if row_factor is None else torch.empty(B, H, Lq, dtype=acc, device=q.device)
+        row_sums = None if du is None else torch.empty(B, H, Lq, dtype=acc, device=q.device)
+        query_block_kernel[(triton_cdiv(Lq, blocks.query_rows), B * H)](
+            q,
+            k,
+            v,
+            _or(q_lanes, q),
+            _or(k_lanes, k),
+            grad_out,
+            lse,
+            delta_rows,
+            dq,
+            _or(dql, dq),
+            _or(df, lse),
+            _or(row_sums, lse),
+            *args["prior"],
+            *args["masks"],
+            H,
+            H // Hkv,
+            Lq,
+            Lk,
+            plan.delta,
+            plan.window or 0,
+            D,
+            Dv,
+            P,
+            BLOCK_M=blocks.query_rows,
+            BLOCK_N=blocks.key_cols,
+            **args["flags"],
+            ROW_FACTOR_GRAD=df is not None and needs[8],
+            KEY_BIAS_GRAD=row_sums is not None,
+            num_warps=blocks.num_warps,
+            num_stages=blocks.num_stages,
+        )
+        if row_sums is not None:
+            # The kernels add u_j - u_t(i): the centre's gradient, minus f_i times row i's sum of dS,
+            # is 0 in exact arithmetic, but a recomputed softmax's rows of dS do not sum to exactly
+            # 0, and FoX's gate sums its key bias's gradient over all later keys, where these
+            # leftovers pile up. Differentiating what the kernels computed cancels them.
+            own = (torch.arange(Lq, device=q.device) + (Lk - Lq)).clamp(0, Lk - 1).expand(B, H, Lq)
+            weighted = row_sums if row_factor is None else row_sums * row_factor.to(acc)
+            du.scatter_add_(2, own, -weighted)
+        grads = (
+            dq,
+            dk,
+            dv,
+            dql,
+            dkl,
+            None if du is None else du.to(key_bias.dtype),
+            None if dslope is None else dslope.view(B, H, key_blocks).sum((0, 2)).to(slope.dtype),
+            None if dtable is None else dtable.to(table.dtype),
+            None if df is None else df.to(row_factor.dtype),
+            None,
+        )
+        return tuple(g if need else None for g, need in zip(grads, needs))
+
+
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    """The kernels' accumulation dtype: float64 for float64 inputs, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _or(t: Tensor | None, stand_in: Tensor) -> Tensor:
+    """``t``, or a tensor that stands in for an absent one (a kernel argument never read)."""
+    return stand_in if t is None else t
+
+
+def triton_cdiv(n: int, block: int) -> int:
+    return -(-n // block)
+
+
+def _common(q, k, v, q_lanes, k_lanes, key_bias, slope, table, row_factor, plan: Plan) -> dict:
+    """The kernels' shared arguments: the prior's tensors with their strides, the masks, the flags."""
+    import triton.language as tl
+
+    stand_in = q
+    prior = (
+        _or(key_bias, stand_in),
+        _or(plan.key_lo, stand_in),
+        *((0, 0) if key_bias is None else key_bias.stride()[:2]),
+        _or(slope, stand_in),
+        _or(table, stand_in),
+        0 if table is None else table.stride(0),
+        _or(row_factor, stand_in),
+        *((0, 0) if row_factor is None else row_factor.stride()[:2]),
+    )
+    masks = (
+        _or(plan.q_doc, stand_in),
+        _or(plan.k_doc, stand_in),
+        0 if plan.q_doc is None else plan.q_doc.stride(0),
+        0 if plan.k_doc is None else plan.k_doc.stride(0),
+        _or(plan.padding, stand_in),
+        0 if plan.padding is None else plan.padding.stride(0),
+    )
+    P = 0 if q_lanes is None else q_lanes.shape[-1]
+    flags = dict(
+        BLOCK_D=_width(q.shape[-1]),
+        BLOCK_DV=_width(v.shape[-1]),
+        BLOCK_P=_width(P),
+        HAS_LANES=q_lanes is not None,
+        HAS_KEY_BIAS=key_bias is not None,
+        HAS_LO=plan.key_lo is not None,
+        HAS_SLOPE=slope is not None,
+        HAS_TABLE=table is not None,
+        HAS_ROW_FACTOR=row_factor is not None,
+        CAUSAL=plan.causal,
+        HAS_WINDOW=plan.window is not None,
+        HAS_DOCS=plan.q_doc is not None,
+        HAS_PADDING=plan.padding is not None,
+        # masks every tile needs; without them only tiles the causal diagonal or the last key cuts
+        ALWAYS_MASK=plan.window is not None or plan.q_doc is not None or plan.padding is not None,
+        ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
+        PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
+    )
+    return dict(prior=prior, masks=masks, P=P, flags=flags)

@@ -1,0 +1,84 @@
+"""Compile the triton route's kernels for a Hopper GPU (sm_90) without one: Triton lowers them to
+PTX and its bundled ptxas assembles a cubin, so a kernel that Triton's interpreter runs but the GPU
+compiler refuses fails here. Run as a script (Triton reads ``TRITON_INTERPRET`` when it is imported,
+and the test suite sets it): ``python tests/functional/hopper_compile.py`` prints one line per kernel
+and exits 1 on the first that does not compile."""
+
+from __future__ import annotations
+
+import sys
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from priorattn.functional import triton_backward, triton_forward
+
+#: Pointer arguments by name (bfloat16 q, k, v and their gradients; float32 prior terms and sums).
+POINTERS = {
+    **dict.fromkeys(("Q", "K", "V", "QL", "KL", "O", "DO", "DQ", "DK", "DV_OUT", "DQL", "DKL"), "*bf16"),
+    **dict.fromkeys(
+        ("LSE", "DELTA_ROWS", "DU", "DSLOPE", "DTABLE", "DF", "ROW_SUMS", "U", "U_LO", "SLOPE", "TABLE"),
+        "*fp32",
+    ),
+    "F": "*fp32",
+    "Q_DOC": "*i32",
+    "K_DOC": "*i32",
+    "PAD": "*i8",
+}
+TERMS = ("HAS_LANES", "HAS_KEY_BIAS", "HAS_LO", "HAS_SLOPE", "HAS_TABLE", "HAS_ROW_FACTOR")
+MASKS = ("CAUSAL", "HAS_WINDOW", "HAS_DOCS", "HAS_PADDING", "ALWAYS_MASK")
+#: Every prior term with the causal mask alone (whole tiles unmasked), and every mask.
+VARIANTS = {
+    "every term, causal": dict.fromkeys(TERMS, True) | dict.fromkeys(MASKS, False) | dict(CAUSAL=True),
+    "every mask, a lag table": dict.fromkeys(TERMS, False)
+    | dict.fromkeys(MASKS, True)
+    | dict(HAS_TABLE=True),
+}
+
+
+def compile_for_hopper(kernel, flags: dict) -> int:
+    """Compile ``kernel`` with constexpr ``flags``; the bytes of shared memory it takes."""
+    signature, constants = {}, {}
+    for index, name in enumerate(kernel.arg_names):
+        if name in flags:
+            signature[name], constants[(index,)] = "constexpr", flags[name]
+        else:
+            signature[name] = POINTERS.get(name, "i32")
+    compiled = triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget("cuda", 90, 32))
+    return compiled.metadata.shared
+
+
+def main() -> int:
+    for variant, terms in VARIANTS.items():
+        flags = dict(terms, BLOCK_D=64, BLOCK_DV=64, BLOCK_P=16, ACC=tl.float32, PRECISION="tf32")
+        kernels = {
+            "forward_kernel": dict(BLOCK_M=128, BLOCK_N=64),
+            "key_block_kernel": dict(
+                BLOCK_M=64,
+                BLOCK_N=64,
+                KEY_BIAS_GRAD=terms["HAS_KEY_BIAS"],
+                SLOPE_GRAD=terms["HAS_SLOPE"],
+                TABLE_GRAD=terms["HAS_TABLE"],
+            ),
+            "query_block_kernel": dict(
+                BLOCK_M=128,
+                BLOCK_N=64,
+                ROW_FACTOR_GRAD=terms["HAS_ROW_FACTOR"],
+                KEY_BIAS_GRAD=terms["HAS_KEY_BIAS"],
+            ),
+        }
+        for name, blocks in kernels.items():
+            kernel = getattr(triton_forward if name == "forward_kernel" else triton_backward, name)
+            try:
+                shared = compile_for_hopper(kernel, flags | blocks)
+            except Exception as e:  # the compiler's own message says where
+                print(f"{variant}: {name} does not compile for sm_90: {type(e).__name__}: {e}")
+                return 1
+            print(f"{variant}: {name} compiles for sm_90, {shared} bytes of shared memory")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,218 @@
+"""The fused Triton route against the float64 reference, forward and backward: on CUDA where there is
+one, and on the CPU under Triton's interpreter (``TRITON_INTERPRET=1``, small shapes: it is slow)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from factories import DEVICES, make_prior
+from test_key_bias import drift
+
+import priorattn
+from priorattn.functional import api, triton_route
+from priorattn.priors import GGD, ALiBi
+
+pytest.importorskip("triton")
+
+
+#: The CPU runs in Triton's interpreter (tests/conftest.py), and only where no GPU is at hand: a
+#: process defines its kernels either for the GPU or for the interpreter.
+ROUTE_DEVICES = ["cuda"] if torch.cuda.is_available() else DEVICES[:1]
+
+
+B, H, HKV, D = 2, 4, 2, 16
+
+#: (prior name of factories.make_prior, attention keywords): every kind of term, mask and position.
+CASES = {
+    "nope": ("uniform", dict()),
+    "alibi": ("alibi", dict()),
+    "goat (lanes, sink, learned slope), documents": ("goat", dict(docs=True)),
+    "goat with its query gate, ssmax": ("goat_gate", dict(ssmax=True)),
+    "goat without slope, bidirectional, padding": ("goat_noslope", dict(causal=False, padding=True)),
+    "ggd (lag table), window": ("ggd_negative", dict(window=9)),
+    "ggd, bidirectional window, ssmax": ("ggd", dict(causal=False, window=7, ssmax=True)),
+    # CUDA reads no positions back, so only the CPU knows these are runs (elsewhere flex takes them)
+    "t5, decode offsets": ("t5", dict(q_pos=torch.arange(60, 80), k_pos=torch.arange(30, 80), cpu=True)),
+    "kerple": ("kerple_log", dict()),
+    "sandwich (folded)": ("sandwich", dict()),
+    "alibi + ggd + goat": ("sum", dict(docs=True)),
+    "a drifting key bias alone": ("uniform", dict(key_bias=True)),
+    "ggd and a drifting key bias, documents": ("ggd_negative", dict(key_bias=True, docs=True)),
+}
+
+
+def inputs(kwargs: dict, dtype: torch.dtype, device: str, gen: torch.Generator):
+    """q, k, v and the attention keywords of a case (documents, padding, key bias, SSMax drawn)."""
+    Lq = kwargs["q_pos"].shape[0] if "q_pos" in kwargs else 37
+    Lk = kwargs["k_pos"].shape[0] if "k_pos" in kwargs else 37
+    q = torch.randn(B, H, Lq, D, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(B, HKV, Lk, D, generator=gen, dtype=torch.float64) for _ in range(2))
+    kwargs = dict(kwargs)
+    if kwargs.pop("docs", False):
+        kwargs["doc_ids"] = torch.randint(0, 3, (B, Lk), generator=gen).sort(-1).values
+    if kwargs.pop("padding", False):
+        kwargs["key_padding_mask"] = torch.rand(B, Lk, generator=gen) < 0.2
+    if kwargs.pop("key_bias", False):  # FoX's -F_j, drifted to hundreds of nats
+        kwargs["key_bias"] = drift(B, H, Lk, 3.0, gen).requires_grad_()
+    if kwargs.pop("ssmax", False):
+        kwargs["ssmax"] = (torch.rand(H, generator=gen, dtype=torch.float64) + 0.5).requires_grad_()
+    moved = {
+        key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in kwargs.items()
+    }
+    return [t.to(device, dtype).requires_grad_() for t in (q, k, v)], moved
+
+
+def gradients(out, wrt, gen):
+    """``d <out, g> / d wrt`` for a fixed random ``g``: one backward through every input."""
+    g = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.device, out.dtype)
+    return torch.autograd.grad(out, wrt, g, allow_unused=True)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("device", ROUTE_DEVICES)
+def test_triton_route_matches_reference_forward_and_backward(case, device):
+    name, kwargs = CASES[case]
+    if kwargs.get("cpu") and device != "cpu":
+        pytest.skip("explicit positions are runs only where reading them is free (the CPU)")
+    kwargs = {key: value for key, value in kwargs.items() if key != "cpu"}
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    (q, k, v), kwargs = inputs(kwargs, dtype, device, torch.Generator().manual_seed(0))
+    prior = make_prior(name, H).to(device)
+    learned = [p for p in prior.parameters() if p.requires_grad]
+    extra = [t for t in kwargs.values() if isinstance(t, torch.Tensor) and t.requires_grad]
+    results = {}
+    for backend in ("reference", "triton"):
+        kw = dict(kwargs)
+        if backend == "triton" and dtype != torch.float64:
+            kw = {
+                key: t.to(dtype)
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and key != "key_bias"
+                else t
+                for key, t in kw.items()
+            }
+        p = prior if backend == "triton" else prior.double()
+        out = priorattn.attention(
+            *(t if backend == "triton" else t.double() for t in (q, k, v)), prior=p, backend=backend, **kw
+        )
+        results[backend] = (
+            out,
+            gradients(out, [q, k, v, *learned, *extra], torch.Generator().manual_seed(1)),
+        )
+    tol = 1e-9 if dtype == torch.float64 else 2e-4
+    (ref, ref_grads), (out, grads) = results["reference"], results["triton"]
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=tol)
+    for got, want in zip(grads, ref_grads):
+        assert (got is None) == (want is None)
+        if want is not None:
+            scale = max(1.0, float(want.abs().max()))
+            torch.testing.assert_close(got.double(), want.double(), rtol=0, atol=tol * scale)
+
+
+def choice(q, prior, **kwargs) -> str:
+    """The route ``auto`` takes for ``attention(q, q, q, prior=prior, **kwargs)``."""
+    chosen = []
+    with pytest.MonkeyPatch.context() as patch:
+        for name in api.ROUTES:
+            patch.setitem(api.ROUTES, name, lambda *a, name=name: chosen.append(name))
+        priorattn.attention(q, q, q, prior=prior, **kwargs)
+    return chosen[0]
+
+
+def test_auto_takes_triton_where_it_would_take_flex_from_its_length_on(monkeypatch):
+    """On CUDA (faked) with Triton, the fused kernels replace FlexAttention from TRITON_MIN_KEYS
+    keys on, for priors they compute; a fold that SDPA runs in one call keeps SDPA, and positions
+    that are no run keep their route."""
+    monkeypatch.setattr(api, "flex_trains_on", lambda device: True)
+    monkeypatch.setattr(api, "largest_slope", lambda slope, bound: bound)  # a GPU reads no slope
+    monkeypatch.setattr(api, "triton_preferred", lambda device: True)
+    monkeypatch.setattr(api, "TRITON_MIN_KEYS", 512)
+    short, long = torch.randn(1, 2, 300, 8), torch.randn(1, 2, 600, 8)
+    assert choice(short, GGD(2)) == "flex"
+    assert choice(long, GGD(2)) == "triton"
+    assert choice(torch.randn(1, 8, 1024, 8), ALiBi(8)) == "triton"  # slopes to 1/2: runs of 512
+    assert choice(long, None, key_bias=torch.randn(1, 2, 600)) == "triton"
+    assert choice(long, None) == "sdpa"
+    assert choice(long, make_prior("goat_noslope", 2)) == "sdpa"  # one flash call
+    gaps = torch.arange(0, 1200, 2)
+    assert choice(long, GGD(2), q_pos=gaps, k_pos=gaps) == "memeff"
+
+
+def test_triton_route_refuses_what_it_cannot_compute():
+    x = torch.randn(1, 2, 8, 16, dtype=torch.float64)
+    gaps = torch.arange(0, 16, 2)
+    with pytest.raises(ValueError, match="positions that are runs"):
+        priorattn.attention(x, x, x, prior=GGD(2), q_pos=gaps, k_pos=gaps, backend="triton")
+    with pytest.raises(ValueError, match="FIRE here is neither: use backend='memeff'"):
+        priorattn.attention(x, x, x, prior=make_prior("fire", 2), backend="triton")
+
+
+def test_triton_route_says_what_it_needs_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(triton_route, "triton_available", lambda device: False)
+    x = torch.randn(1, 2, 8, 16)
+    with pytest.raises(RuntimeError, match="backend='triton' needs the triton package and a CUDA device"):
+        priorattn.attention(x, x, x, prior=GGD(2), backend="triton")
+
+
+@pytest.mark.parametrize("Lq, Lk, causal", [(1, 1, True), (16, 16, True), (5, 40, True), (33, 20, False)])
+@pytest.mark.parametrize("device", ROUTE_DEVICES)
+def test_triton_route_matches_reference_at_tile_edges(Lq, Lk, causal, device):
+    """One query or key, exact multiples of the tiles, a decode chunk (Lq < Lk) and more queries
+    than keys: tiles the diagonal cuts, tiles past the last key, and whole tiles between them."""
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(1, H, Lq, D, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(1, HKV, Lk, D, generator=gen, dtype=torch.float64) for _ in range(2))
+    key_bias = drift(1, H, Lk, 1.0, gen)
+    prior = make_prior("sum" if causal else "ggd_negative", H).to(device)  # ALiBi folds only causal
+    q_pos = torch.arange(Lk - Lq, Lk) if Lq <= Lk else torch.arange(Lq)
+    q, k, v, key_bias, q_pos = (t.to(device) for t in (q, k, v, key_bias, q_pos))
+    k_pos = torch.arange(Lk, device=device)
+    out = {}
+    for backend in ("reference", "triton"):
+        inputs = [t.to(dtype if backend == "triton" else torch.float64).requires_grad_() for t in (q, k, v)]
+        result = priorattn.attention(
+            *inputs, prior=prior, causal=causal, q_pos=q_pos, k_pos=k_pos, key_bias=key_bias, backend=backend
+        )
+        out[backend] = (result, gradients(result, inputs, torch.Generator().manual_seed(3)))
+    tol = 1e-9 if dtype == torch.float64 else 2e-4
+    torch.testing.assert_close(out["triton"][0].double(), out["reference"][0], rtol=0, atol=tol)
+    for got, want in zip(out["triton"][1], out["reference"][1]):
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=tol * max(1.0, float(want.abs().max())))
+
+
+def test_the_kernels_compile_for_a_hopper_gpu_without_one():
+    """Triton's interpreter runs code the GPU compiler refuses (a global that is no constexpr, say):
+    the kernels are compiled for sm_90 in a process of their own, outside the interpreter."""
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(priorattn.__file__).parents[1]), env.get("PYTHONPATH", "")])
+    script = Path(__file__).with_name("hopper_compile.py")
+    result = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("compiles for sm_90") == 6
+
+
+def test_a_forget_gates_gradient_keeps_float32_precision_far_along_the_keys():
+    """FoX's gate sums its key bias's gradient over every later key, where leftovers of rows of dS
+    that do not sum to exactly 0 would pile up; the route differentiates the row-centred bias it
+    computes, which cancels them (gate logits -4: 1.2e-6, and 1.0e-5 without, the float32 reference
+    route 1.1e-4, at 300 keys)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 300, 16, generator=gen, dtype=torch.float64) for _ in range(3))
+    logits = torch.randn(1, 2, 300, generator=gen, dtype=torch.float64) * 0.5 - 4.0
+    g = torch.randn(1, 2, 300, 16, generator=gen, dtype=torch.float64)
+    grads = {}
+    for dtype, backend in ((torch.float64, "reference"), (torch.float32, "triton")):
+        x = logits.clone().requires_grad_()
+        key_bias = -torch.nn.functional.logsigmoid(x).cumsum(-1)  # FoX's -F_j, to 1200 nats
+        out = priorattn.attention(*(t.to(dtype) for t in (q, k, v)), key_bias=key_bias, backend=backend)
+        (out.double() * g).sum().backward()
+        grads[backend] = x.grad
+    assert (grads["triton"] - grads["reference"]).abs().max() < 5e-6
