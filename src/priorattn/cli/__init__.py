@@ -8,8 +8,11 @@ One module per command group (:mod:`~priorattn.cli.train`, :mod:`~priorattn.cli.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+import warnings
+from collections.abc import Callable, Sequence
 
+from ..train.checkpoint import CheckpointWarning
 from . import analysis, evaluation, experiments, hf, train
 from .parsing import Parser, flag_names
 
@@ -42,4 +45,22 @@ def build_parser() -> Parser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    with warnings.catch_warnings():  # restores how warnings are shown when the command returns
+        warnings.showwarning = checkpoints_in_one_line(warnings.showwarning)
+        return args.func(args)
+
+
+def checkpoints_in_one_line(show: Callable) -> Callable:
+    """``show`` (:func:`warnings.showwarning`), except that a
+    :class:`~priorattn.train.checkpoint.CheckpointWarning` is one line on stderr,
+    ``priorattn: warning: <damaged file> is corrupted ...: loading the older checkpoint <index> (step
+    N)``: which checkpoint file is damaged and which one an evaluation then scores, ``compare``
+    evaluates or a resumed run continues from (the warning's source line would say nothing)."""
+
+    def shown(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, CheckpointWarning):
+            print(f"priorattn: warning: {message}", file=sys.stderr if file is None else file, flush=True)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    return shown
