@@ -66,9 +66,22 @@ def test_a_two_process_checkpoint_resumes_on_one_process(goat_runs, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(goat_runs["two"], run)
     ckpt.checkpoint_json(run, 4).unlink()
-    finished(run_command(["--out", str(run), "--resume"]))
+    err = finished(run_command(["--out", str(run), "--resume"]))
     close(losses(goat_runs["two"]), losses(run))
     assert len(list((run / "checkpoint-00000004").iterdir())) == 1  # one process, one shard
+    assert "warning" not in err  # without dropout nothing depends on the number of processes
+
+
+def test_a_resume_on_fewer_processes_with_dropout_says_that_its_losses_leave_the_saved_runs(corpus, tmp_path):
+    """Dropout draws from each process's own random stream: a two-process checkpoint resumed on one
+    process says so in one line."""
+    run = tmp_path / "run"
+    args = [*RUN, "--prior", "goat", "--dropout", "0.1", "--steps", "2", "--save-every", "1", "--parallel"]
+    finished(run_command([*args, "fsdp", "--data", str(corpus), "--out", str(run)], processes=2))
+    ckpt.checkpoint_json(run, 2).unlink()
+    err = finished(run_command(["--out", str(run), "--resume"]))
+    line = f"priorattn: warning: {run}: a checkpoint of 2 processes resumed on 1: dropout draws from each"
+    assert [text for text in err.splitlines() if text.startswith(line)], err
 
 
 def test_export_writes_one_file_with_the_fsdp_runs_weights(goat_runs, tmp_path):

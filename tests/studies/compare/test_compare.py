@@ -328,7 +328,7 @@ def test_an_accuracy_nobody_scored_has_no_winner():
 
 def test_a_damaged_checkpoint_is_named_and_the_run_continues_from_the_older(corpus, tmp_path, monkeypatch):
     """A truncated newest checkpoint: ``compare`` names it and the checkpoint it resumes from (one
-    line on the command line: ``priorattn.cli.checkpoints_in_one_line``), trains the model to its
+    line on the command line: ``priorattn.cli.run_warnings_in_one_line``), trains the model to its
     steps again and scores what it then holds."""
     monkeypatch.setenv("PRIORATTN_CACHE", str(tmp_path / "cache"))
     for steps in (2, 4):  # two checkpoints
