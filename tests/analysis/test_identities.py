@@ -29,10 +29,11 @@ def test_identities_hold_on_every_layer_of_a_trained_run(make_run, tmp_path, cap
     result = json.loads((out / "results.json").read_text())
     assert set(result["residuals"]) == set(IDENTITIES)
     for name, residual in result["residuals"].items():
-        assert residual < 1e-9, name
-        assert result["magnitude"][name] > 0, name  # every identity compared something non-zero
+        assert residual["relative"] < 1e-9, name
+        assert residual["absolute"] == pytest.approx(residual["relative"] * residual["scale"], rel=1e-12)
+        assert residual["scale"] > 0, name  # every identity compared something non-zero
+        assert 0 < residual["smallest_weight"] < 1, name
     assert result["layers"] == [0, 1] and result["heads"] == [0, 1] and result["tokens"] == [2, 33]
-    assert 0 < result["smallest_weight"] < 1
     printed = capsys.readouterr().out
     assert all(name in printed for name in IDENTITIES)
 
@@ -58,7 +59,8 @@ def test_wrong_scores_temperature_or_sign_break_the_identities(make_run):
 
     def residuals(change):
         altered = [LayerScores(**(vars(layer) | change(layer))) for layer in layers]
-        return check_layers(altered, [0, 1], 3, torch.Generator().manual_seed(0))["residuals"]
+        report = check_layers(altered, [0, 1], 3, torch.Generator().manual_seed(0))["residuals"]
+        return {name: residual["relative"] for name, residual in report.items()}
 
     result = residuals(lambda x: dict(s=10 * x.s))
     assert all(result[name] > 1e-3 for name in ("fisher", "hessian")), result  # vs < 1e-9 when right
@@ -72,9 +74,33 @@ def test_wrong_scores_temperature_or_sign_break_the_identities(make_run):
 
 def test_a_nan_residual_is_reported_not_dropped():
     residuals = Residuals()
-    residuals.add("fisher", torch.tensor([1.0, float("nan")]), torch.ones(2))
-    residuals.add("fisher", torch.ones(2), torch.ones(2))
-    assert math.isnan(residuals.relative()["fisher"])
+    residuals.add("fisher", torch.tensor([1.0, float("nan")]), torch.ones(2), torch.ones(2))
+    residuals.add("fisher", torch.ones(2), torch.ones(2), torch.ones(2))
+    assert math.isnan(residuals.report()["fisher"]["relative"])
+
+
+def test_natural_gradient_stays_at_rounding_with_weights_down_to_1e_30():
+    """Rows whose far keys weigh down to 1e-30 (a GOAT prior's slope): every identity, the natural
+    gradient's included, holds to float64 rounding, and each reports that smallest weight."""
+    tau, L = 4.0, 16
+    decay = math.log(1e30) / (L - 1)  # the last row's first key weighs about 1e-30
+    lags = (torch.arange(L)[:, None] - torch.arange(L)[None, :]).double()
+    visible = lags >= 0
+    gen = torch.Generator().manual_seed(0)
+    noise = torch.rand(L, L, generator=gen, dtype=torch.float64)
+    s = (-tau * decay * lags + noise).masked_fill(~visible, -math.inf)[None, None].requires_grad_()
+    p = torch.softmax(s / tau, dim=-1)
+    p.retain_grad()
+    utility = torch.randn(1, 1, L, L, generator=gen, dtype=torch.float64)
+    (-(p * utility).sum() + 0.5 * p.square().sum()).backward()  # u = -dL/dp = utility - p
+    layer = LayerScores(tau, s.detach(), p.detach(), s.grad, -p.grad, visible[None, None])
+    residuals = Residuals()
+    for i in range(L):
+        add_row_matrices(residuals, layer, 0, 0, i)
+    report = residuals.report()
+    assert report["natural_gradient"]["smallest_weight"] < 1e-29
+    for name in ("fisher", "hessian", "score_gradient_fisher", "natural_gradient"):
+        assert report[name]["relative"] < 1e-13, (name, report[name])
 
 
 def test_first_query_row_with_one_key_is_checked(make_run):
@@ -84,7 +110,7 @@ def test_first_query_row_with_one_key_is_checked(make_run):
     for layer in layers:
         add_row_matrices(residuals, layer, 0, 0, 0)
         add_row_matrices(residuals, layer, 0, 1, 5)
-    assert all(value < 1e-9 for value in residuals.relative().values())
+    assert all(residual["relative"] < 1e-9 for residual in residuals.report().values())
 
 
 @pytest.mark.parametrize(

@@ -156,3 +156,30 @@ def test_compare_trains_on_the_data_given(tmp_path, monkeypatch):
 def test_jobs_refuse_bad_arguments_with_one_line(run_dir, tmp_path, job, options, message):
     with pytest.raises(ValueError, match=message):
         job(run_dir, tmp_path / "out", progress=False, **options)
+
+
+def test_a_truncated_checkpoint_is_named_in_one_line_with_the_one_used_instead(tmp_path, capsys, monkeypatch):
+    """The newest checkpoint cut short: ``eval`` scores the older one and ``train --resume``
+    continues from it, each saying so in one line; the results record the checkpoint scored."""
+    (tmp_path / "corpus").mkdir()
+    corpus = word_salad(tmp_path / "corpus", "by the pricking of my thumbs something wicked", length=500)
+    monkeypatch.setenv("PRIORATTN_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "run"
+    config = TrainConfig(data=str(corpus), steps=2, batch_size=2, eval_sequences=2, save_every=1)
+    train(
+        GPTConfig(vocab_size=256, seq_len=64, d_model=32, n_layers=2, n_heads=2), config, run, progress=False
+    )
+    newest = run / "checkpoint-00000002.safetensors"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    line = (
+        f"priorattn: warning: {newest} is corrupted: its sha256 differs from checkpoint-00000002.json's: "
+        "loading the older checkpoint checkpoint-00000001.json (step 1)"
+    )
+    argv = ["eval", "ppl", "--run", str(run), "--lengths", "64", "--windows", "1", "--quiet"]
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().err.splitlines() == [line]
+    index = json.loads((run / "checkpoint-00000001.json").read_text())
+    scored = json.loads((run / "eval" / "ppl" / "results.json").read_text())["checkpoint"]
+    assert scored == dict(step=1, sha256=index["sha256"])
+    assert cli.main(["train", "--out", str(run), "--resume", "--quiet"]) == 0
+    assert line in capsys.readouterr().err.splitlines()

@@ -4,6 +4,7 @@ resume exactly and on another number of processes, export to one file, and survi
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import time
@@ -65,9 +66,22 @@ def test_a_two_process_checkpoint_resumes_on_one_process(goat_runs, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(goat_runs["two"], run)
     ckpt.checkpoint_json(run, 4).unlink()
-    finished(run_command(["--out", str(run), "--resume"]))
+    err = finished(run_command(["--out", str(run), "--resume"]))
     close(losses(goat_runs["two"]), losses(run))
     assert len(list((run / "checkpoint-00000004").iterdir())) == 1  # one process, one shard
+    assert "warning" not in err  # without dropout nothing depends on the number of processes
+
+
+def test_a_resume_on_fewer_processes_with_dropout_says_that_its_losses_leave_the_saved_runs(corpus, tmp_path):
+    """Dropout draws from each process's own random stream: a two-process checkpoint resumed on one
+    process says so in one line."""
+    run = tmp_path / "run"
+    args = [*RUN, "--prior", "goat", "--dropout", "0.1", "--steps", "2", "--save-every", "1", "--parallel"]
+    finished(run_command([*args, "fsdp", "--data", str(corpus), "--out", str(run)], processes=2))
+    ckpt.checkpoint_json(run, 2).unlink()
+    err = finished(run_command(["--out", str(run), "--resume"]))
+    line = f"priorattn: warning: {run}: a checkpoint of 2 processes resumed on 1: dropout draws from each"
+    assert [text for text in err.splitlines() if text.startswith(line)], err
 
 
 def test_export_writes_one_file_with_the_fsdp_runs_weights(goat_runs, tmp_path):
@@ -105,7 +119,7 @@ def test_a_corrupt_shard_is_named_and_the_older_checkpoint_loads(goat_runs, tmp_
     with pytest.warns(ckpt.CheckpointWarning, match=warning):
         assert load_run(run).step == 2
     err = finished(run_command(["--out", str(run), "--resume"]))  # and resumes from it, on one process
-    assert "CheckpointWarning" in err and "loading the older checkpoint checkpoint-00000002.json" in err
+    assert re.search(r"priorattn: warning: .*corrupted.*: loading the older checkpoint .*00000002", err)
     close(losses(goat_runs["two"]), losses(run))
     for shard_file in run.glob("checkpoint-*/*.safetensors"):
         shard_file.write_bytes(b"not a shard")

@@ -15,11 +15,16 @@ one backward pass of the language-model loss ``L`` gives ``dL/ds`` and the margi
 - ``hessian`` (Cor. 7.5, Eq. 100): the Hessian of the potential ``tau logsumexp(s / tau)`` (Eq. 71,
   by autograd) equals ``tau F``.
 - ``score_gradient_fisher`` (Thm. 7.3, Eq. 79): ``dL/ds = -tau F u``.
-- ``natural_gradient`` (Eq. 99): the natural-gradient direction ``F^+ (-dL/ds)`` is ``tau u`` up to
-  the constant direction, the null space of ``F`` that softmax ignores: ``tau (u - mean(u))``.
+- ``natural_gradient`` (Eq. 98-99): the natural-gradient direction ``F^+ (-dL/ds)`` is ``tau u`` up
+  to the constant direction, the null space of ``F`` that softmax ignores: ``tau (u - mean(u))``.
+  ``F^+`` is taken in closed form (:func:`natural_gradient`), whose error does not grow as weights
+  shrink.
 
-The matrix identities are checked on ``rows`` sampled queries per layer and head. A residual is
-``max |lhs - rhs| / max |rhs|`` over every checked row of every layer.
+The matrix identities are checked on ``rows`` sampled queries per layer and head. Each identity
+reports its residual ``max |lhs - rhs| / max |rhs|`` over every checked row of every layer with its
+conditioning: the absolute residual, the scale ``max |rhs|`` it is relative to, and the smallest
+weight among the keys it was checked on (a GOAT layer's prior can take far keys' weights below
+1e-28), so that rounding can be told from a failure.
 """
 
 from __future__ import annotations
@@ -86,28 +91,42 @@ def capture_scores(model, tokens: Tensor) -> tuple[float, list[LayerScores]]:
 
 
 class Residuals:
-    """Running ``max |lhs - rhs|`` and ``max |rhs|`` per identity."""
+    """Running ``max |lhs - rhs|``, ``max |rhs|`` and smallest weight checked, per identity."""
 
     def __init__(self):
         self.error = dict.fromkeys(IDENTITIES, 0.0)
         self.size = dict.fromkeys(IDENTITIES, 0.0)
-        self.smallest_weight = 1.0  # over the rows of the matrix identities: F's conditioning
+        self.smallest_weight = dict.fromkeys(IDENTITIES, 1.0)
 
-    def add(self, name: str, lhs: Tensor, rhs: Tensor) -> None:
+    def add(self, name: str, lhs: Tensor, rhs: Tensor, weights: Tensor) -> None:
+        """``lhs`` against ``rhs``, checked on keys of the layer's ``weights`` (0: a masked key)."""
         if rhs.numel():  # torch.maximum keeps a NaN, where Python's max would drop it
             error = torch.maximum(torch.tensor(self.error[name]), (lhs - rhs).abs().max())
             self.error[name] = error.item()
             self.size[name] = max(self.size[name], rhs.abs().max().item())
+            seen = weights[weights > 0]
+            if seen.numel():
+                self.smallest_weight[name] = min(self.smallest_weight[name], seen.min().item())
 
-    def relative(self) -> dict[str, float]:
-        return {name: self.error[name] / self.size[name] if self.size[name] else 0.0 for name in IDENTITIES}
+    def report(self) -> dict[str, dict[str, float]]:
+        """Per identity: ``relative`` (``max |lhs - rhs| / max |rhs|``, 0 where nothing was compared),
+        ``absolute``, ``scale`` (``max |rhs|``) and ``smallest_weight``."""
+        return {
+            name: dict(
+                relative=self.error[name] / self.size[name] if self.size[name] else 0.0,
+                absolute=self.error[name],
+                scale=self.size[name],
+                smallest_weight=self.smallest_weight[name],
+            )
+            for name in IDENTITIES
+        }
 
 
 def add_advantage(residuals: Residuals, layer: LayerScores, heads: Sequence[int]) -> None:
     """Eq. 46 on every row of the given heads."""
     p, u = layer.p[:, heads], layer.utility[:, heads]
     expected_utility = (p * u).sum(-1, keepdim=True)  # Eq. 47
-    residuals.add("advantage", layer.grad_s[:, heads], -(p / layer.tau) * (u - expected_utility))
+    residuals.add("advantage", layer.grad_s[:, heads], -(p / layer.tau) * (u - expected_utility), p)
 
 
 def add_row_matrices(residuals: Residuals, layer: LayerScores, b: int, h: int, i: int) -> None:
@@ -116,22 +135,29 @@ def add_row_matrices(residuals: Residuals, layer: LayerScores, b: int, h: int, i
     keys = layer.visible[min(b, layer.visible.shape[0] - 1), 0, i] & (layer.p[b, h, i] > 0)
     s, p = layer.s[b, h, i, keys], layer.p[b, h, i, keys]  # the layer's own weights p
     g, u = layer.grad_s[b, h, i, keys], layer.utility[b, h, i, keys]
-    residuals.smallest_weight = min(residuals.smallest_weight, p.min().item())
     score = torch.func.jacrev(lambda x: torch.log_softmax(x / tau, dim=-1))(s)  # d log p_i / d s_j
     fisher = score.T @ (p[:, None] * score)  # Eq. 78: sum_i p_i (d log p_i)(d log p_i)^T
-    residuals.add("fisher", fisher, (torch.diag(p) - torch.outer(p, p)) / tau**2)
+    residuals.add("fisher", fisher, (torch.diag(p) - torch.outer(p, p)) / tau**2, p)
     hessian = torch.func.hessian(lambda x: tau * torch.logsumexp(x / tau, dim=-1))(s)
-    residuals.add("hessian", hessian, tau * fisher)
-    residuals.add("score_gradient_fisher", g, -tau * fisher @ u)
-    # The natural gradient F^+ (-g). F's entries scale with p, which spans many orders of magnitude
-    # in a trained layer, so F is equilibrated by its diagonal (Jacobi scaling) before the
-    # pseudo-inverse; F is singular along the constant vector (softmax ignores a shift of every
-    # score), and F^+ picks the solution orthogonal to it.
-    if len(s) > 1:  # with one key F = 0 and both sides are zero
-        scale = fisher.diagonal().sqrt()
-        y = torch.linalg.pinv(fisher / scale[:, None] / scale[None, :], hermitian=True) @ (-g / scale)
-        natural = y / scale
-        residuals.add("natural_gradient", natural - natural.mean(), tau * (u - u.mean()))
+    residuals.add("hessian", hessian, tau * fisher, p)
+    residuals.add("score_gradient_fisher", g, -tau * fisher @ u, p)
+    residuals.add("natural_gradient", natural_gradient(p, g, tau), tau * (u - u.mean()), p)
+
+
+def natural_gradient(p: Tensor, g: Tensor, tau: float) -> Tensor:
+    """``F^+ (-g)`` for ``F = (diag(p) - p p^T) / tau^2`` (seed 004 Eq. 88, checked as ``fisher``)
+    and a score gradient ``g`` of one row's keys: ``-tau^2 g / p``, centred.
+
+    ``F`` is singular along the constant vector (softmax ignores a common shift of the scores), and
+    for the same reason ``sum_j g_j = 0``: then ``F x = -g`` for every ``x = -tau^2 g / p + c 1``
+    (``F (g / p) = g - p sum_j g_j``), and ``F^+`` picks the one orthogonal to the null space, the
+    centred one. Each component divides ``g_j`` by its own ``p_j``, and autograd's ``g_j`` is
+    ``p_j`` times a difference of utilities, rounded relative to ``p_j``: the error stays at
+    rounding however small the weights. A numerical pseudo-inverse of ``F`` is accurate only
+    normwise, and its ``1 / p`` amplifies that error in the components of tiny weights (residuals of
+    1e-3 with weights of 1e-28, growing as ``eps / sqrt(p_min)`` after equilibrating ``F``)."""
+    x = -(tau**2) * g / p
+    return x - x.mean()
 
 
 def check_layers(
@@ -146,12 +172,7 @@ def check_layers(
             for _ in range(rows):
                 b, i = (int(torch.randint(n, (), generator=generator)) for n in (B, L))
                 add_row_matrices(residuals, layer, b, h, i)
-    return dict(
-        residuals=residuals.relative(),
-        absolute=dict(residuals.error),
-        magnitude=dict(residuals.size),
-        smallest_weight=residuals.smallest_weight,
-    )
+    return dict(residuals=residuals.report())
 
 
 def check_run(
@@ -166,7 +187,8 @@ def check_run(
 ) -> dict:
     """The identities on the attention layers of the run in ``run_dir``, over ``sequences`` windows of
     ``length`` tokens (default: the training length) of its validation text. Returns
-    ``{"residuals": {name: value}, "absolute": ..., "magnitude": ..., "identities": ..., ...}``."""
+    ``{"residuals": {name: {"relative", "absolute", "scale", "smallest_weight"}}, "identities": ...,
+    ...}`` (:meth:`Residuals.report`)."""
     from ..eval.jobs import eval_documents
     from ..eval.ppl import pick_windows
     from ..train import load_run

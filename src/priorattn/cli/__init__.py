@@ -8,8 +8,11 @@ One module per command group (:mod:`~priorattn.cli.train`, :mod:`~priorattn.cli.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+import warnings
+from collections.abc import Callable, Sequence
 
+from ..train.checkpoint import CheckpointWarning, ResumeWarning
 from . import analysis, evaluation, experiments, hf, train
 from .parsing import Parser, flag_names
 
@@ -42,4 +45,23 @@ def build_parser() -> Parser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    with warnings.catch_warnings():  # restores how warnings are shown when the command returns
+        warnings.showwarning = run_warnings_in_one_line(warnings.showwarning)
+        return args.func(args)
+
+
+def run_warnings_in_one_line(show: Callable) -> Callable:
+    """``show`` (:func:`warnings.showwarning`), except that what a run's checkpoints warn of is one
+    line on stderr, ``priorattn: warning: ...`` (the warning's source line would say nothing): a
+    :class:`~priorattn.train.checkpoint.CheckpointWarning` names the damaged checkpoint file and the
+    checkpoint an evaluation then scores, ``compare`` evaluates or a resumed run continues from; a
+    :class:`~priorattn.train.checkpoint.ResumeWarning` says why a resumed run leaves the losses of
+    the run that saved it."""
+
+    def shown(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, (CheckpointWarning, ResumeWarning)):
+            print(f"priorattn: warning: {message}", file=sys.stderr if file is None else file, flush=True)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    return shown

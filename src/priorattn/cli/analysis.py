@@ -40,9 +40,14 @@ def analyze_identities(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError, FileExistsError) as e:  # no run, no checkpoint, bad index
         args.parser.error(str(e))
     write_json_atomic(out / RESULTS_JSON, result)
+    print(f"{'identity':<22} {'residual':>9} {'max |rhs|':>9} {'min p':>9}   statement")
     for name, residual in result["residuals"].items():
-        print(f"{name:<22} {residual:.3e}   {result['identities'][name]}")
-    print(f"max |lhs - rhs| / max |rhs| in float64; results in {out / RESULTS_JSON}")
+        numbers = (residual[key] for key in ("relative", "scale", "smallest_weight"))
+        print(f"{name:<22} {' '.join(f'{x:9.2e}' for x in numbers)}   {result['identities'][name]}")
+    print(
+        "residual: max |lhs - rhs| / max |rhs| in float64, min p: the smallest weight it was checked on;"
+        f" results in {out / RESULTS_JSON}"
+    )
     return 0
 
 

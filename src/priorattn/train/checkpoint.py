@@ -47,6 +47,10 @@ class CheckpointWarning(UserWarning):
     """The newest checkpoint was unusable and an older one was loaded instead."""
 
 
+class ResumeWarning(UserWarning):
+    """A checkpoint resumed where the run cannot continue as the one that saved it would have."""
+
+
 def checkpoint_json(run_dir: Path, step: int) -> Path:
     return Path(run_dir) / f"checkpoint-{step:08d}.json"
 

@@ -19,6 +19,7 @@ import json
 import math
 import shutil
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -366,6 +367,7 @@ def _save(run_dir, step, model, optimizer, scheduler, config: TrainConfig, proce
             optimizer=optim_state,
             scheduler=scheduler.state_dict(),
             data_position=dict(step=step),  # batches are a function of the step alone
+            world_size=process.world_size,  # each process draws dropout from its own stream
             configs=json.loads((run_dir / CONFIG_JSON).read_text()),
         )
     if config.parallel == "fsdp":
@@ -391,6 +393,17 @@ def _restore(run_dir, model, optimizer, scheduler, model_config, config, process
     rng = tensors.get(f"rng.{process.rank}")
     if rng is not None:
         torch.set_rng_state(rng)
+    saved = state.get("world_size")  # None: a checkpoint written before it was recorded
+    if model_config.dropout and saved not in (None, process.world_size) and process.is_main:
+        warnings.warn(
+            f"{run_dir}: a checkpoint of {saved} processes resumed on {process.world_size}: dropout draws "
+            "from each process's own random stream, so its masks change with the number of processes and "
+            "the losses leave those of a run never interrupted (2 -> 1 under FSDP, dropout 0.1: 2e-4 at "
+            "the first step, up to 5e-3 in 20 steps; benchmarks/resume_drift.py); without dropout they "
+            "stay within float tolerance",
+            ckpt.ResumeWarning,
+            stacklevel=2,
+        )
     return step
 
 

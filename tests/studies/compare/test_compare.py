@@ -21,6 +21,7 @@ from priorattn.studies.compare.report import (
 )
 from priorattn.studies.compare.study import CompareConfig, compare
 from priorattn.studies.retrieval.study import RetrievalStudyConfig
+from priorattn.train import checkpoint as ckpt
 
 
 @pytest.fixture(scope="module")
@@ -323,3 +324,22 @@ def test_an_accuracy_nobody_scored_has_no_winner():
     assert (
         winner_text(*found["passkey accuracy past the training length"]) == "no model (every model scores 0)"
     )
+
+
+def test_a_damaged_checkpoint_is_named_and_the_run_continues_from_the_older(corpus, tmp_path, monkeypatch):
+    """A truncated newest checkpoint: ``compare`` names it and the checkpoint it resumes from (one
+    line on the command line: ``priorattn.cli.run_warnings_in_one_line``), trains the model to its
+    steps again and scores what it then holds."""
+    monkeypatch.setenv("PRIORATTN_CACHE", str(tmp_path / "cache"))
+    for steps in (2, 4):  # two checkpoints
+        compare(small(corpus, models=["alibi"], steps=steps), tmp_path / "out", progress=False, log=print)
+    run = tmp_path / "out" / "models" / "alibi"
+    newest = run / "checkpoint-00000004.safetensors"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    warning = (
+        r"checkpoint-00000004.safetensors is corrupted.*loading the older checkpoint checkpoint-00000002"
+    )
+    with pytest.warns(ckpt.CheckpointWarning, match=warning):
+        data = compare(small(corpus, models=["alibi"], steps=4), tmp_path / "out", progress=False, log=print)
+    index = json.loads((run / "checkpoint-00000004.json").read_text())
+    assert data["models"]["alibi"]["ppl"]["checkpoint"] == dict(step=4, sha256=index["sha256"])

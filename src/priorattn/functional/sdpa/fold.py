@@ -85,6 +85,31 @@ def every_head(k: Tensor, heads: int) -> Tensor:
     return k if k.shape[1] == heads else k.repeat_interleave(heads // k.shape[1], 1)
 
 
+def with_row_balance(lanes: FoldLanes, key_bias: Tensor, Lq: int) -> FoldLanes:
+    """``lanes`` with one more lane that balances the gradient of the op's ``key_bias`` ``u``
+    ``(B or 1, H or 1, Lk)`` row by row: ``q`` holds ``u[t_i] - u[t_i]`` (zero, with ``u[t_i]``'s
+    gradient) and ``k`` holds -1, so row i's logits gain ``-(u[t_i] - u[t_i]) = 0`` and ``u[t_i]``
+    the gradient ``-sum_j dS_ij``, ``t_i = i + Lk - Lq`` (clamped to the keys) query i's own key
+    when queries are the newest keys, ``dS`` the gradient of the logits.
+
+    A per-row constant leaves the softmax as it was, so ``sum_j dS_ij`` is zero in exact arithmetic,
+    but the flash kernel's rows of ``dS`` sum to its rounding. The key bias's gradient
+    ``sum_i dS_ij`` carries those sums, which sum to zero over no run of keys, and a reverse
+    cumulative sum (FoX's gate: ``F`` back to ``log f``, Lin et al. 2025 Sec. 2) adds up every later
+    row's. With the lane, ``log f_l``'s gradient is ``sum_{j < l <= i} dS_ij``, the paper's
+    ``D_ij = F_i - F_j`` differentiated: every term is a pair whose logit holds ``log f_l``, and the
+    kernel's row sums cancel by construction."""
+    Lk = key_bias.shape[-1]
+    own = (torch.arange(Lq, device=key_bias.device) + (Lk - Lq)).clamp(0, Lk - 1)
+    at_own = key_bias[..., own]  # (B or 1, H or 1, Lq)
+    balance = (at_own - at_own.detach())[..., None].to(lanes.q.dtype)
+    # Of empty views, not torch.broadcast_shapes: its first call imports 35 MB of symbolic shapes.
+    shape = torch.broadcast_tensors(lanes.q[..., :0], balance[..., :0])[0].shape[:-1]
+    q_lanes = torch.cat([lanes.q.expand(*shape, lanes.q.shape[-1]), balance.expand(*shape, 1)], dim=-1)
+    k_lanes = torch.cat([lanes.k, lanes.k.new_full((*lanes.k.shape[:-1], 1), -1.0)], dim=-1)
+    return lanes._replace(q=q_lanes, k=k_lanes)
+
+
 def lanes_of(lanes: FoldLanes, rows: slice, cols: slice) -> FoldLanes:
     """The lanes of query ``rows`` and key ``cols`` (views)."""
     key_bias = None if lanes.key_bias is None else lanes.key_bias[..., cols]

@@ -26,7 +26,7 @@ from ..prior_inputs import (
 )
 from ..spans import Call, Kind, batch_groups, key_spans, select_rows, visible_counts
 from .flash import LowerRightCausal, folded_calls
-from .fold import Fold, lanes_of
+from .fold import Fold, lanes_of, with_row_balance
 from .planning import Plans, head_plans, heads_per_thread_team, weight_bands
 
 
@@ -44,7 +44,8 @@ def sdpa_attention(
 
     Batch rows whose key spans (document boundaries) or padding differ run as separate groups.
     ``key_bias`` ``(B or 1, H or 1, Lk)`` is one more lane (``<1, u[b, h, j]>``), re-centred on each
-    call's keys (:func:`~..prior_inputs.centred_key_bias`).
+    call's keys (:func:`~..prior_inputs.centred_key_bias`), and its gradient takes one more, zero in
+    value, that makes each query row's share of it sum to zero (:func:`~.fold.with_row_balance`).
     """
     if prior is not None and not prior.can_fold(masking.causal):
         raise ValueError(
@@ -99,8 +100,6 @@ def folded_attention(
     ):  # half precision computes in float32 rather than in tiny runs
         compute = fold_dtype(largest_slope(rates, bound), dtype, masking, key_bias)
         q, k, v = q.to(compute), k.to(compute), v.to(compute)
-    width = max(q.shape[-1] + lanes.width, v.shape[-1])
-    fold = Fold(masking, scale, q.shape[1], width, centred_bias=key_bias is not None)
     # No prior: the calls take q, k, v as they are, and autograd saves no copies.
     run_calls = autograd_calls if prior is None and key_bias is None else folded_calls_kernel(q.device)
     precision = slope_precision(q.dtype, masking, key_bias)
@@ -110,6 +109,10 @@ def folded_attention(
         chunk = heads_per_thread_team(q.shape[0], torch.get_num_threads())
         bands = weight_bands(q, k, lanes, scale, masking, factor, row_factor)
     plans = head_plans(masking, spans, rates, bound, precision, H, chunk, bands)
+    if key_bias is not None:  # after the bands: the lane adds nothing to a logit
+        lanes = with_row_balance(lanes, key_bias, q.shape[2])
+    width = max(q.shape[-1] + lanes.width, v.shape[-1])
+    fold = Fold(masking, scale, H, width, centred_bias=key_bias is not None)
     return run_calls(fold, plans, q, k, v, lanes, factor, row_factor).to(dtype)
 
 
