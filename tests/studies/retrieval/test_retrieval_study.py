@@ -10,7 +10,7 @@ import torch
 from eval_fakes import InductionOracle
 from factories import figure_title
 
-from priorattn.data.synthetic import SYNTHETIC_TASKS, SyntheticTask
+from priorattn.data.synthetic import CONTENT_TASKS, SyntheticTask
 from priorattn.encodings import YaRNRoPE
 from priorattn.eval.synthetic import extended_rope, score_synthetic
 from priorattn.models import GPT, GPTConfig
@@ -35,7 +35,7 @@ from priorattn.studies.retrieval.study import (
 SCORING = dict(depths=[0.0, 0.5, 1.0], prompts=2, seed=3, progress=False)
 
 
-@pytest.mark.parametrize("name", SYNTHETIC_TASKS)
+@pytest.mark.parametrize("name", CONTENT_TASKS)
 def test_an_ideal_induction_model_scores_one_at_every_length_and_one_that_cannot_scores_zero(name):
     task = SyntheticTask(name)
     lengths = [task.min_length() + 8, 2 * task.min_length() + 40, 4 * task.min_length() + 100]

@@ -34,7 +34,16 @@ from .study import (
 
 KEEPS = 0.9  # "keeps near-perfect accuracy": the interval lies above this
 COLLAPSES = 0.5  # "collapses" / "fades" / "struggles": the interval lies below this
-TASK_NAMES = {"passkey": "passkey", "niah": "multi-key NIAH", "mqar": "MQAR"}
+TASK_NAMES = {
+    "passkey": "passkey",
+    "niah": "multi-key NIAH",
+    "mqar": "MQAR",
+    "text_passkey": "passkey in text",
+    "latest": "latest value",
+    "first": "first value",
+    "offset": "offset recall",
+    "span": "span copy",
+}
 
 
 def summarize(config: RetrievalStudyConfig, runs: dict[str, list[dict]]) -> dict[str, dict]:
