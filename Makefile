@@ -34,7 +34,7 @@ $(VENV)/.test-installed: $(VENV)/.demo-installed
 	touch $@
 
 # The main job (16 minutes here): the synthetic retrieval study (every positional mechanism with and
-# without SSMax, two seeds, exact match to 64 T) and the tiny language models on the embedded corpus
+# without SSMax, three seeds, exact match to 64 T) and the tiny language models on the embedded corpus
 # (perplexity beyond the training length), in one $(OUT)/report.html. A re-run reuses finished
 # models and evaluations. PRIORS=nope,alibi,goat picks the language models, BUDGET=0.1 makes a
 # smoke run of both.

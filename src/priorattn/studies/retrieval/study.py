@@ -94,7 +94,7 @@ class RetrievalStudyConfig:
     """What the study trains and measures; :meth:`for_budget` makes one from ``--budget``.
 
     Defaults (budget 1): ten mechanisms (NoPE, RoPE, ALiBi, BAM, GOAT, each with and without SSMax)
-    x two seeds; each a 2-layer model of width 64 (2 heads of 32 lanes, GOAT with 3 frequencies)
+    x three seeds; each a 2-layer model of width 64 (2 heads of 32 lanes, GOAT with 3 frequencies)
     with a token shift, trained on 32 sequences a step of passkey and multi-key NIAH samples at
     lengths drawn uniformly up to ``train_len = 64`` (after a ``curriculum_steps`` ramp) until it
     answers every one of ``check_prompts`` check sequences per task at ``T`` exactly (checked every
@@ -103,7 +103,7 @@ class RetrievalStudyConfig:
     """
 
     mechanisms: list[str] = field(default_factory=lambda: list(DEFAULT_MECHANISMS))
-    seeds: list[int] = field(default_factory=lambda: [0, 1])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     tasks: list[str] = field(default_factory=lambda: ["passkey", "niah"])
     train_len: int = 64
     token_shift: bool = True
