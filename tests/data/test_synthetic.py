@@ -219,14 +219,14 @@ def test_default_sizes():
         for name in SYNTHETIC_TASKS
     }
     # passkey S | N v*4 | Q N v*4; mqar S | (key v*4)*4 | Q (key v*4)*4; niah S | (N key v*4)*4 | Q key v*4;
-    # latest and first as niah; offset S | N v*4 | Q N v; span S | N s*8 | Q N s*8
+    # latest as niah, first one more (Q S key v*4); offset S | N v*4 | Q N v; span S | N s*8 | Q N s*8
     assert sizes == {
         "passkey": (12, 4),
         "mqar": (42, 16),
         "niah": (31, 4),
         "text_passkey": (12, 4),
         "latest": (31, 4),
-        "first": (31, 4),
+        "first": (32, 4),
         "offset": (9, 1),
         "span": (20, 8),
     }
@@ -353,9 +353,11 @@ def test_position_tasks_put_the_asked_needle_at_the_depth_and_answer_from_it(nam
         tokens, answers = sample.tokens, sample.tokens[sample.answer_mask]
         start, stop = asked_needle(task, sample)
         n_haystack = length - task.min_length()
+        question = len(tokens) - len(answers) - (3 if name == "first" else 2)  # Q S key, Q key or Q N
         assert len(tokens) == length and sample.answer_mask.sum() == task.answer_length()
         assert haystack_before(task, sample, start) == round(depth * n_haystack)
-        assert tokens[start] == NEEDLE_TOKEN and tokens[len(tokens) - len(answers) - 2] == QUERY_TOKEN
+        assert tokens[start] == NEEDLE_TOKEN and tokens[question] == QUERY_TOKEN
+        assert (tokens[question + 1] == START_TOKEN) == (name == "first")
         if name in ("latest", "first"):
             key = tokens[start + 1]
             assert [tokens[s + 1] for s in sample.needle_starts] == [key] * task.needles
@@ -368,7 +370,7 @@ def test_position_tasks_put_the_asked_needle_at_the_depth_and_answer_from_it(nam
             np.testing.assert_array_equal(answers, tokens[start + 1 : stop])
         haystack = np.ones(length, dtype=bool)
         haystack[0] = False
-        haystack[len(tokens) - len(answers) - 2 :] = False
+        haystack[question:] = False
         for s in sample.needle_starts:
             haystack[s : s + stop - start] = False
         kinds = TEXT_TOKENS if name == "text_passkey" else FILLER_TOKENS

@@ -35,14 +35,16 @@ marker, ``f`` filler, ``a b c`` keys, digits values):
   Control: the values never occur in the text and are drawn afresh for each sample, so a model of
   the text that does not read the needle scores the passkey's chance level.
 - ``latest`` and ``first``, order-sensitive recall: one key assigned ``needles`` times, each time
-  to other values (``N a v1..vk``); the question ``Q a`` asks for the latest (or the first) values.
+  to other values (``N a v1..vk``); the question ``Q a`` asks for the latest values, ``Q S a`` (the
+  start marker: "counting from the start") for the first, so that a model trained on both can tell
+  which is asked.
   The answer's needle lies at ``depth`` and the other assignments before it (``latest``: uniformly
   in ``[0, depth]``) or after it (``first``: in ``[depth, 1]``), so ``latest`` sets a near
   assignment against a far one and ``first`` a far one against near ones: where a prior's shape
   decides. Control: every assignment matches the key, so a reader without order picks one of
   ``needles``::
 
-      S f N a 5 2 f N a 8 6 f Q a 8 6                latest: 8 6   (first: Q a 5 2)
+      S f N a 5 2 f N a 8 6 f Q a 8 6                latest: 8 6   (first: Q S a 5 2)
 
 - ``offset``, positional recall: a needle ``N v1..vk`` and the question ``Q N``, whose answer is
   the one value ``offset`` tokens after the marker, ``v_offset``. Control: content leads from ``N``
@@ -71,7 +73,7 @@ places: a second hop would be needed.
 
 Vocabulary, one layout for every task: 0 ``START``, 1 ``NEEDLE``, 2 ``QUERY``, 3-14 filler (12
 kinds), 15-38 keys (24), 39-62 values (24) (:data:`SYNTHETIC_VOCAB_SIZE` = 63 tokens); the text
-characters :data:`TEXT_CHARS` follow as 63-99 (:data:`TEXT_VOCAB_SIZE` = 100, ``text_passkey``'s
+characters :data:`TEXT_CHARS` follow as 63-98 (:data:`TEXT_VOCAB_SIZE` = 99, ``text_passkey``'s
 vocabulary). Filler and text never hold a marker, key or value. So a sample has at most 24 keys
 (``pairs``, ``needles``) and 24 value tokens (``pairs * values``, ``needles * values``).
 
@@ -231,6 +233,8 @@ class SyntheticTask:
             return 1 + (1 + self.span) + (2 + self.span)  # S | N s.. | Q N s..
         if self.name == "mqar":
             return 1 + self.pairs * (1 + k) + 1 + self.pairs * (1 + k)  # S | (key v..)* | Q (key v..)*
+        if self.name == "first":
+            return 1 + self.needles * (2 + k) + (3 + k)  # S | (N key v..)* | Q S key v..
         return 1 + self.needles * (2 + k) + (2 + k)  # S | (N key v..)* | Q key v..
 
     def answer_length(self) -> int:
@@ -270,7 +274,8 @@ class SyntheticTask:
             query = np.concatenate([[QUERY_TOKEN], pairs[order].reshape(-1)])
             return [pairs.reshape(-1)], query, order * (1 + k)
         needles = [np.concatenate([[NEEDLE_TOKEN], pair]) for pair in pairs]
-        return needles, np.concatenate([[QUERY_TOKEN], pairs[0]]), np.zeros(1, np.int64)
+        asks = [QUERY_TOKEN, START_TOKEN] if self.name == "first" else [QUERY_TOKEN]
+        return needles, np.concatenate([asks, pairs[0]]), np.zeros(1, np.int64)
 
     def _span_needle(self, rng: np.random.Generator) -> np.ndarray:
         """``N s1..sm``: a span over a fresh alphabet, drawn again until :func:`span_count` counts it."""
@@ -363,10 +368,10 @@ def content_answers(tokens: np.ndarray, answer_mask: np.ndarray, context: int) -
 
     For an answer at ``t`` (read after the right tokens before it), the reader takes the last ``c``
     tokens, ``tokens[t - c : t]``, for the largest ``c <= context`` that also occurs earlier (followed
-    by a token before ``t``), and reads the token after each earlier occurrence. The answer is right only when every
-    occurrence is followed by ``tokens[t]``: a reader with no order cannot prefer one occurrence to
-    another. No occurrence of even the last token: wrong. ``context`` 1 is what an induction head
-    matches without a token shift, 2 with it.
+    by a token before ``t``), and reads the token after each earlier occurrence. The answer is right
+    only when every occurrence is followed by ``tokens[t]``: a reader with no order cannot prefer one
+    occurrence to another. No occurrence of even the last token: wrong. ``context`` 1 is what an
+    induction head matches without a token shift, 2 with it.
     """
     tokens = np.asarray(tokens)
     for t in np.flatnonzero(answer_mask):
