@@ -177,8 +177,8 @@ def seed_claims(config: RetrievalStudyConfig, summary: dict) -> list[dict]:
             e = longest(summary, mechanism, task)
             measured = (
                 f"{TASK_NAMES[task]} {e.value:.2f} [{e.low:.2f}, {e.high:.2f}] at {longest_len} tokens "
-                f"({config.factors[-1]}x T), {t['at_train_len']:.2f} at T, {len(t['seeds_used'])} "
-                f"seeds used, {len(t['seeds_left_out'])} left out"
+                f"({config.factors[-1]}x T), {t['at_train_len']:.2f} at T; seeds used "
+                f"{len(t['seeds_used'])}, left out {len(t['seeds_left_out'])}"
             )
             reason = unjudged(summary, [mechanism], [task])
             agrees = None
