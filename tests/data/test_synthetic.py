@@ -1,4 +1,5 @@
-"""Synthetic retrieval over a small vocabulary: lengths, depths, answers, one-hop layout, batches, errors."""
+"""Synthetic retrieval over a small vocabulary: lengths, depths, answers, one-hop layout, batches, errors;
+the position tasks' answers, depths, chance levels and the content reader that fails them."""
 
 from __future__ import annotations
 
@@ -13,20 +14,27 @@ from hypothesis import strategies as st
 from priorattn.data import SYNTHETIC_TASKS, SyntheticTask, training_lengths
 from priorattn.data.packing import IGNORE_INDEX
 from priorattn.data.synthetic import (
+    CONTENT_TASKS,
     FILLER_TOKENS,
     KEY_TOKENS,
     NEEDLE_TOKEN,
     QUERY_TOKEN,
+    SPAN_ALPHABET,
     START_TOKEN,
     SYNTHETIC_VOCAB_SIZE,
+    TEXT_TOKENS,
+    TEXT_VOCAB_SIZE,
     VALUE_TOKENS,
+    content_answers,
+    span_count,
+    text_tokens,
 )
 
 
 @st.composite
 def cases(draw):
-    """A task with small counts, a length with up to 60 filler tokens, a depth and a seed."""
-    name = draw(st.sampled_from(SYNTHETIC_TASKS))
+    """A content task with small counts, a length with up to 60 filler tokens, a depth and a seed."""
+    name = draw(st.sampled_from(CONTENT_TASKS))
     counts = st.integers(1, 4)
     task = SyntheticTask(name, values=draw(counts), pairs=draw(counts), needles=draw(st.integers(2, 4)))
     length = task.min_length() + draw(st.integers(0, 60))
@@ -107,7 +115,7 @@ def test_asked_needle_lies_after_round_depth_of_the_filler(case):
     assert filler[:start].sum() == round(sample.depth * filler.sum())
 
 
-@pytest.mark.parametrize("name", SYNTHETIC_TASKS)
+@pytest.mark.parametrize("name", CONTENT_TASKS)
 @pytest.mark.parametrize("extra", [0, 1, 3, 40])
 def test_depth_zero_is_right_after_the_start_and_one_right_before_the_query(name, extra):
     task = SyntheticTask(name)
@@ -210,9 +218,22 @@ def test_default_sizes():
         name: (SyntheticTask(name).min_length(), SyntheticTask(name).answer_length())
         for name in SYNTHETIC_TASKS
     }
-    # passkey S | N v*4 | Q N v*4; mqar S | (key v*4)*4 | Q (key v*4)*4; niah S | (N key v*4)*4 | Q key v*4
-    assert sizes == {"passkey": (12, 4), "mqar": (42, 16), "niah": (31, 4)}
-    assert {SyntheticTask(name).vocab_size for name in SYNTHETIC_TASKS} == {SYNTHETIC_VOCAB_SIZE}
+    # passkey S | N v*4 | Q N v*4; mqar S | (key v*4)*4 | Q (key v*4)*4; niah S | (N key v*4)*4 | Q key v*4;
+    # latest as niah, first one more (Q S key v*4); offset S | N v*4 | Q N v; span S | N s*8 | Q N s*8
+    assert sizes == {
+        "passkey": (12, 4),
+        "mqar": (42, 16),
+        "niah": (31, 4),
+        "text_passkey": (12, 4),
+        "latest": (31, 4),
+        "first": (32, 4),
+        "offset": (9, 1),
+        "span": (20, 8),
+    }
+    vocab = {name: SyntheticTask(name).vocab_size for name in SYNTHETIC_TASKS}
+    assert vocab == {name: SYNTHETIC_VOCAB_SIZE for name in SYNTHETIC_TASKS} | {
+        "text_passkey": TEXT_VOCAB_SIZE
+    }
 
 
 def test_the_largest_counts_the_vocabulary_holds_build():
@@ -253,6 +274,9 @@ def test_batch_rows_are_samples_with_targets_only_at_answers(name, depth):
         assert torch.equal(targets[b][answers[1:]], tokens[1:][answers[1:]])
         assert (targets[b][~answers[1:]] == IGNORE_INDEX).all()
     assert (targets != IGNORE_INDEX).sum() == 6 * task.answer_length()
+    np.testing.assert_array_equal(
+        rows[0].loss_mask, np.arange(length) > 0 if name == "text_passkey" else rows[0].answer_mask
+    )
     if depth is None:
         assert len({row.depth for row in rows}) == 6
 
@@ -275,6 +299,10 @@ def mqar():
         (lambda: SyntheticTask("niah", needles=1), "needles"),
         (lambda: SyntheticTask("niah", needles="4"), "needles"),
         (lambda: SyntheticTask("niah", needles=7), "needles * values"),
+        (lambda: SyntheticTask("latest", needles=7), "needles * values"),
+        (lambda: SyntheticTask("offset", offset=1), "offset"),
+        (lambda: SyntheticTask("offset", offset=5), "offset"),
+        (lambda: SyntheticTask("span", span=4), "span"),
         (lambda: mqar().sample(41, 0.5, np.random.default_rng(0)), "length"),
         (lambda: mqar().sample(50.0, 0.5, np.random.default_rng(0)), "length"),
         (lambda: mqar().sample(50, -0.1, np.random.default_rng(0)), "depth"),
@@ -299,3 +327,120 @@ def test_training_lengths_stay_in_range_and_cover_it():
     drawn = [training_lengths(12, 8, rng) for _ in range(500)]
     assert set(drawn) == set(range(8, 13)) and all(isinstance(n, int) for n in drawn)
     assert training_lengths(20, 20, rng) == 20
+
+
+def asked_needle(task: SyntheticTask, sample) -> tuple[int, int]:
+    """``(start, stop)`` of the needle a position task asks about."""
+    size = {"latest": 2 + task.values, "first": 2 + task.values, "span": 1 + task.span}.get(
+        task.name, 1 + task.values
+    )
+    return sample.needle_starts[0], sample.needle_starts[0] + size
+
+
+def haystack_before(task: SyntheticTask, sample, start: int) -> int:
+    """Haystack tokens before index ``start``: neither the start token nor a needle's."""
+    needles = [asked_needle(task, sample)[1] - asked_needle(task, sample)[0]] * len(sample.needle_starts)
+    return start - 1 - sum(size for s, size in zip(sample.needle_starts, needles) if s < start)
+
+
+@pytest.mark.parametrize("name", ["text_passkey", "latest", "first", "offset", "span"])
+@pytest.mark.parametrize("depth", [0.0, 0.3, 0.5, 1.0])
+def test_position_tasks_put_the_asked_needle_at_the_depth_and_answer_from_it(name, depth):
+    task = SyntheticTask(name)
+    for seed in range(20):
+        length = task.min_length() + 7 * seed
+        sample = task.sample(length, depth, np.random.default_rng(seed))
+        tokens, answers = sample.tokens, sample.tokens[sample.answer_mask]
+        start, stop = asked_needle(task, sample)
+        n_haystack = length - task.min_length()
+        question = len(tokens) - len(answers) - (3 if name == "first" else 2)  # Q S key, Q key or Q N
+        assert len(tokens) == length and sample.answer_mask.sum() == task.answer_length()
+        assert haystack_before(task, sample, start) == round(depth * n_haystack)
+        assert tokens[start] == NEEDLE_TOKEN and tokens[question] == QUERY_TOKEN
+        assert (tokens[question + 1] == START_TOKEN) == (name == "first")
+        if name in ("latest", "first"):
+            key = tokens[start + 1]
+            assert [tokens[s + 1] for s in sample.needle_starts] == [key] * task.needles
+            others = sample.needle_starts[1:]
+            assert all(s < start for s in others) if name == "latest" else all(s > start for s in others)
+            np.testing.assert_array_equal(answers, tokens[start + 2 : stop])
+        elif name == "offset":
+            np.testing.assert_array_equal(answers, tokens[start + task.offset])
+        else:
+            np.testing.assert_array_equal(answers, tokens[start + 1 : stop])
+        haystack = np.ones(length, dtype=bool)
+        haystack[0] = False
+        haystack[question:] = False
+        for s in sample.needle_starts:
+            haystack[s : s + stop - start] = False
+        kinds = TEXT_TOKENS if name == "text_passkey" else FILLER_TOKENS
+        assert ((tokens[haystack] >= kinds.start) & (tokens[haystack] < kinds.stop)).all()
+        assert haystack.sum() == n_haystack
+
+
+def test_text_passkey_haystack_is_a_window_of_the_corpus_text():
+    task, text = SyntheticTask("text_passkey"), text_tokens()
+    sample = task.sample(task.min_length() + 200, 1.0, np.random.default_rng(3))
+    window = sample.tokens[1:201]
+    starts = np.flatnonzero(text[: len(text) - 200] == window[0])
+    assert any((text[s : s + 200] == window).all() for s in starts)
+    assert sample.loss_mask[1:].all() and not sample.loss_mask[0]
+
+
+def test_span_draws_repeats_from_three_tokens_and_the_span_count_is_exact():
+    task = SyntheticTask("span")
+    for seed in range(50):
+        sample = task.sample(task.min_length(), 0.5, np.random.default_rng(seed))
+        assert len(set(sample.tokens[sample.answer_mask].tolist())) == SPAN_ALPHABET
+    # span 5 over {a, b, c}: 36 spans use all three and fail the content reader (a separate
+    # enumeration of the rule, written apart from span_count, found the same 36, 306, 1458 and 5364)
+    assert span_count(5) == 36
+
+
+@pytest.mark.parametrize(
+    ("name", "chance"),
+    [
+        ("passkey", 1 / (24 * 23 * 22 * 21)),
+        ("text_passkey", 1 / (24 * 23 * 22 * 21)),
+        ("latest", 1 / (24 * 23 * 22 * 21)),
+        ("first", 1 / (24 * 23 * 22 * 21)),
+        ("offset", 1 / 24),
+        ("span", 1 / (2024 * 5364)),  # C(24, 3) alphabets x 5364 spans of 8
+    ],
+)
+def test_chance_level_is_the_best_blind_guess(name, chance):
+    assert SyntheticTask(name).chance() == pytest.approx(chance, rel=1e-12)
+
+
+def test_offset_answers_are_uniform_over_the_values():
+    """The best blind guess of an offset answer is right 1 in 24: every value is as likely."""
+    task = SyntheticTask("offset")
+    drawn = [
+        int(task.sample(task.min_length(), 0.5, np.random.default_rng(s)).tokens[-1]) for s in range(4800)
+    ]
+    counts = np.bincount(np.asarray(drawn) - VALUE_TOKENS.start, minlength=24)
+    assert counts.min() > 140 and counts.max() < 260  # 200 each; 4 sigma is 56
+
+
+@pytest.mark.parametrize("context", [1, 2])
+@pytest.mark.parametrize("name", SYNTHETIC_TASKS)
+def test_position_tasks_fail_the_content_reader(name, context):
+    """The control: a reader of content alone (with or without a token shift's pair of tokens)
+    answers every content task and text passkey exactly, and no latest, first, offset or span one."""
+    task = SyntheticTask(name)
+    passed = [
+        content_answers(sample.tokens, sample.answer_mask, context)
+        for seed in range(30)
+        for sample in [task.sample(task.min_length() + 3 * seed, seed / 29, np.random.default_rng(seed))]
+    ]
+    assert all(passed) if name in (*CONTENT_TASKS, "text_passkey") else not any(passed)
+
+
+def test_the_content_reader_reads_the_token_after_the_match():
+    q, n, a, b, c = QUERY_TOKEN, NEEDLE_TOKEN, *VALUE_TOKENS[:3]
+    tokens = np.array([START_TOKEN, n, a, b, n, c, q, n, a])
+    last = np.arange(len(tokens)) == len(tokens) - 1
+    assert not content_answers(tokens, last, 1)  # N is followed by a and by c
+    tokens[5] = a
+    assert content_answers(tokens, last, 1)
+    assert not content_answers(np.array([START_TOKEN, q, a]), np.array([False, False, True]), 2)  # no match

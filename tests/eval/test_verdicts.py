@@ -12,6 +12,7 @@ from priorattn.eval.verdicts import (
     compare_to,
     mean_interval,
     normal_interval,
+    seed_interval,
     wilson_interval,
     winner,
 )
@@ -85,6 +86,23 @@ def test_an_accuracy_nobody_scored_is_nobodys_win():
     assert winner(some, higher_is_better=True, nothing=0.0) == Winner("b", [])
 
 
+def test_seed_interval_holds_the_spread_between_seeds():
+    agree, disagree = seed_interval([40, 40], 40), seed_interval([40, 22], 40)
+    assert agree == wilson_interval(80, 80)  # no spread: the sequences' noise alone
+    assert disagree.value == 62 / 80
+    assert disagree.low < 22 / 40 + 0.05 and disagree.high == 1.0  # reaches both seeds
+    pooled = wilson_interval(62, 80)
+    assert disagree.low < pooled.low and agree.low > pooled.high  # Wilson alone would separate them
+    assert disagree.high > agree.low  # these do not
+    assert seed_interval([40, 22], 40) == disagree  # the same counts, the same interval
+
+
+def test_seed_interval_of_one_seed_is_about_wilsons():
+    one, wilson = seed_interval([20], 40), wilson_interval(20, 40)
+    assert one.value == 0.5 and one.low <= wilson.low + 1e-9 and one.high >= wilson.high - 1e-9
+    assert one.high - one.low < 1.1 * (wilson.high - wilson.low)
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
@@ -99,6 +117,9 @@ def test_an_accuracy_nobody_scored_is_nobodys_win():
         (lambda: Estimate(1.0, 2.0, 3.0), "finite value inside its interval"),
         (lambda: Estimate(math.nan, 0.0, 1.0), "finite value inside its interval"),
         (lambda: winner({}, True), "estimates must name at least one estimate"),
+        (lambda: seed_interval([], 10), r"correct must hold one int in \[0, trials=10\] per seed, got \[\]"),
+        (lambda: seed_interval([3, 11], 10), "correct must hold one int"),
+        (lambda: seed_interval([3], 0), "trials must be a positive int, got 0"),
     ],
 )
 def test_bad_input_is_a_one_line_error(call, message):

@@ -54,9 +54,11 @@ def compare(args: argparse.Namespace) -> int:
 
 
 def retrieval(args: argparse.Namespace) -> int:
-    """Train tiny models on synthetic retrieval per mechanism and seed; score them far beyond T."""
+    """Train tiny models on synthetic retrieval per mechanism and seed; score them far beyond T (with
+    ``--sweep``, at two model sizes and two training lengths)."""
     from ..studies.retrieval.report import run_retrieval_study
     from ..studies.retrieval.study import RetrievalStudyConfig
+    from ..studies.retrieval.sweep import run_retrieval_sweep
 
     fields = dict(
         mechanisms=args.mechanisms,
@@ -66,10 +68,13 @@ def retrieval(args: argparse.Namespace) -> int:
         token_shift=args.token_shift,
     )
     try:
+        if args.sweep and args.train_len is not None:
+            raise ValueError("--train-len with --sweep: the sweep trains at each of its lengths")
         config = RetrievalStudyConfig.for_budget(
             args.budget, **{k: v for k, v in fields.items() if v is not None}
         )
-        run_retrieval_study(config, args.out, workers=args.workers, progress=not args.quiet)
+        run = run_retrieval_sweep if args.sweep else run_retrieval_study
+        run(config, args.out, workers=args.workers, progress=not args.quiet)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         fail(args, e)
     print(f"report: {args.out / 'report.html'}")
@@ -208,6 +213,12 @@ def add_retrieval_parser(commands) -> None:
         "--workers",
         type=int_at_least(1),
         help="processes training models side by side, one thread each (one per CPU core)",
+    )
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="run the study at 2 layers x width 64 and 4 x 128, each at T = 64 and 256, into DIR/cells/, "
+        "and report which verdicts hold across them (hours at budget 1 on a CPU)",
     )
     add_experiment_options(p, defaults.steps, seed_help=None)
     p.set_defaults(func=retrieval, parser=p)

@@ -5,8 +5,8 @@
 (store.py), ``PackedSequences``, ``Batches``, ``eval_batches`` and ``document_positions``
 (packing.py), the ``unigram_cross_entropy`` baseline (stats.py), synthetic passkey/needle
 sequences in text (retrieval.py), and synthetic retrieval over a small vocabulary of its own
-(``SyntheticTask``: passkey, MQAR, multi-key NIAH; synthetic.py). ``run_documents`` gives back a
-run's validation (or train) documents.
+(``SyntheticTask``: passkey, MQAR, multi-key NIAH, and the tasks that need position; synthetic.py).
+``run_documents`` gives back a run's validation (or train) documents.
 """
 
 from .corpus import Document, load_corpus, split_documents

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from ..checks import check_int
 from ..data.packing import IGNORE_INDEX
-from ..data.synthetic import SYNTHETIC_TASKS, SyntheticTask
+from ..data.synthetic import SYNTHETIC_TASKS, SyntheticTask, targets_of
 from ..encodings import ROPE_SCALINGS, scaled_rope
 from .ppl import check_lengths
 from .retrieval import check_depths
@@ -111,10 +111,8 @@ def score_synthetic(
                     task.sample(length, depth, cell_rng(seed, task.name, length, j, k))
                     for k in range(prompts)
                 ]
-                tokens = torch.from_numpy(np.stack([s.tokens for s in samples]))  # (n, length)
-                mask = torch.from_numpy(np.stack([s.answer_mask for s in samples]))  # (n, length)
-                targets = tokens[:, 1:].masked_fill(~mask[:, 1:], IGNORE_INDEX)  # (n, length - 1)
-                correct[i, j] = int(exact_matches(model, tokens[:, :-1], targets).sum())
+                inputs, targets = targets_of(samples, "answer_mask")  # (n, length - 1) each
+                correct[i, j] = int(exact_matches(model, inputs, targets).sum())
                 bar.update(1)
         bar.set_postfix(length=length, acc=f"{correct[i].sum() / (prompts * len(depths)):.2f}")
     bar.close()

@@ -10,7 +10,7 @@ import torch
 from eval_fakes import InductionOracle
 from factories import figure_title
 
-from priorattn.data.synthetic import SYNTHETIC_TASKS, SyntheticTask
+from priorattn.data.synthetic import CONTENT_TASKS, SyntheticTask
 from priorattn.encodings import YaRNRoPE
 from priorattn.eval.synthetic import extended_rope, score_synthetic
 from priorattn.models import GPT, GPTConfig
@@ -35,7 +35,7 @@ from priorattn.studies.retrieval.study import (
 SCORING = dict(depths=[0.0, 0.5, 1.0], prompts=2, seed=3, progress=False)
 
 
-@pytest.mark.parametrize("name", SYNTHETIC_TASKS)
+@pytest.mark.parametrize("name", CONTENT_TASKS)
 def test_an_ideal_induction_model_scores_one_at_every_length_and_one_that_cannot_scores_zero(name):
     task = SyntheticTask(name)
     lengths = [task.min_length() + 8, 2 * task.min_length() + 40, 4 * task.min_length() + 100]
@@ -165,7 +165,7 @@ def fake_runs(config: RetrievalStudyConfig, counts: dict[str, list[list[int]]]) 
         runs[mechanism] = [
             dict(
                 seed=seed,
-                training=dict(final_loss=0.1, seconds=1.0),
+                training=dict(final_loss=0.1, seconds=1.0, retrieves=per_seed[i][0] == config.prompts),
                 learned=[],
                 prior_curve=None,
                 tasks={
@@ -184,10 +184,10 @@ def fake_runs(config: RetrievalStudyConfig, counts: dict[str, list[list[int]]]) 
 
 
 def small_config(mechanisms) -> RetrievalStudyConfig:
-    return RetrievalStudyConfig(mechanisms=mechanisms, factors=[1, 2, 64], prompts=50, depths=2)
+    return RetrievalStudyConfig(mechanisms=mechanisms, seeds=[0, 1], factors=[1, 2, 64], prompts=50, depths=2)
 
 
-def test_counts_are_pooled_over_seeds_and_depths_with_wilson_intervals():
+def test_counts_are_pooled_over_seeds_and_depths_with_intervals_that_hold_the_seeds():
     config = small_config(["rope"])
     summary = summarize(config, fake_runs(config, {"rope": [[50, 25, 0], [50, 15, 0]]}))
     passkey = summary["rope"]["tasks"]["passkey"]
@@ -196,13 +196,16 @@ def test_counts_are_pooled_over_seeds_and_depths_with_wilson_intervals():
     assert passkey["per_seed"] == [[1.0, 0.5, 0.0], [1.0, 0.3, 0.0]]
     assert passkey["high"][2] == pytest.approx(0.01884, abs=1e-4)  # Wilson: 0 of 200
     assert passkey["low"][0] == pytest.approx(0.98116, abs=1e-4)
-    assert summary["rope"]["retrieves_at_train_len"]
+    assert passkey["low"][1] < 0.3 and passkey["high"][1] > 0.5  # both seeds inside, Wilson's is [0.34, 0.47]
+    assert summary["rope"]["retrieves_at_train_len"] and summary["rope"]["seeds_at_criterion"] == 2
 
 
-def claims_of(config, counts) -> dict[str, dict]:
+def claims_of(config, counts, task: str = "passkey") -> dict[str, dict]:
+    """The verdicts on ``task``, by the claim's first word ("BAM SSMax" for BAM + SSMax's)."""
     return {
         c["claim"].split()[0] + (" SSMax" if "SSMax" in c["claim"] else ""): c
         for c in seed_claims(config, summarize(config, fake_runs(config, counts)))
+        if c["task"] == task
     }
 
 
@@ -248,6 +251,35 @@ def test_ssmax_effect_and_winner_name_a_tie_within_noise_and_a_clear_win():
     assert effects["nope", "passkey"]["winner"] is None and effects["nope", "passkey"]["judged"] is None
     best = winners(config, summary)
     assert best[0]["winner"] == "BAM + SSMax"
+
+
+def test_a_claim_is_judged_on_each_task_it_is_about_and_names_it():
+    config = RetrievalStudyConfig(
+        mechanisms=["rope", "bam+ssmax"],
+        tasks=["passkey", "latest"],
+        seeds=[0, 1],
+        factors=[1, 64],
+        prompts=50,
+        depths=2,
+    )
+    claims = seed_claims(
+        config, summarize(config, fake_runs(config, {"rope": [[50, 0]] * 2, "bam+ssmax": [[50, 50]] * 2}))
+    )
+    judged = {(c["claim"].split()[0], c["task"]): c["agrees"] for c in claims}
+    # RoPE's collapse is about retrieval on every task; BAM + SSMax's claim about the passkey only
+    assert judged == {("RoPE", "passkey"): True, ("RoPE", "latest"): True, ("BAM", "passkey"): True}
+    assert all("seeds used" in c["measured"] and "left out" in c["measured"] for c in claims)
+
+
+def test_two_seeds_that_disagree_do_not_lose_to_two_that_agree():
+    """40/40 and 22/40 against 40/40 and 40/40: pooled Wilson intervals would separate them
+    ([0.68, 0.85] against [0.95, 1]); the seeds' spread makes it a tie."""
+    config = RetrievalStudyConfig(
+        mechanisms=["bam", "bam+ssmax"], seeds=[0, 1], factors=[1, 64], prompts=20, depths=2
+    )
+    summary = summarize(config, fake_runs(config, {"bam": [[20, 20]] * 2, "bam+ssmax": [[20, 20], [20, 11]]}))
+    best = winners(config, summary)[0]
+    assert best["winner"] is None and set(best["tied"]) == {"BAM", "BAM + SSMax"}
 
 
 def test_a_tie_at_the_top_is_named():

@@ -18,6 +18,11 @@ TASK_TITLES = {
     "passkey": "Passkey: the value after the needle marker",
     "niah": "Multi-key NIAH: one key's value among distractors",
     "mqar": "MQAR: every key's value",
+    "text_passkey": "Passkey in text: the value after the marker, in Shakespeare",
+    "latest": "Latest: the last value a key was given",
+    "first": "First: the first value a key was given",
+    "offset": "Offset: the value 3 tokens after the marker",
+    "span": "Span: a span with repeats, copied in order",
 }
 
 

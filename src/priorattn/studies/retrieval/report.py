@@ -1,12 +1,13 @@
 """What the retrieval study shows: accuracies with intervals, the seeds' claims judged, figures, HTML.
 
 Counts are pooled over depths, prompts and the seeds that retrieve at ``T`` per (mechanism, task,
-length) (:func:`summarize`); the 95% interval is Wilson's on the pooled count
-(:func:`~priorattn.eval.verdicts.wilson_interval`). Each seed's own accuracy is kept beside it, so a
-spread between seeds wider than the interval is visible. A claim about a mechanism beyond ``T`` is
-judged only when it retrieves at ``T`` (pooled accuracy at least
-:data:`~priorattn.studies.retrieval.study.RETRIEVES_AT_T` on every task the claim is about); otherwise
-the report says so for that mechanism.
+length) (:func:`summarize`). The 95% interval holds the spread between seeds as well as between
+sequences (:func:`~priorattn.eval.verdicts.seed_interval`: a bootstrap over seeds, then over each
+seed's sequences, joined with Wilson's interval of the pooled count), so two seeds that disagree
+widen it, and a winner is declared only where these intervals separate. Each seed's own accuracy is
+kept beside it, with the number of seeds pooled and left out. A claim about a mechanism beyond ``T``
+is judged per task, and only on a task where it retrieves at ``T`` (pooled accuracy at least
+:data:`~priorattn.studies.retrieval.study.RETRIEVES_AT_T`); otherwise the report says so.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from ...eval.pages import STYLE, image, table
-from ...eval.verdicts import Estimate, compare_to, wilson_interval, winner
+from ...eval.verdicts import Estimate, compare_to, seed_interval, winner
 from ...files import prepare_out, write_atomic, write_json_atomic
 from .study import (
     RETRIEVES_AT_T,
@@ -34,14 +35,32 @@ from .study import (
 
 KEEPS = 0.9  # "keeps near-perfect accuracy": the interval lies above this
 COLLAPSES = 0.5  # "collapses" / "fades" / "struggles": the interval lies below this
-TASK_NAMES = {"passkey": "passkey", "niah": "multi-key NIAH", "mqar": "MQAR"}
+TASK_NAMES = {
+    "passkey": "passkey",
+    "niah": "multi-key NIAH",
+    "mqar": "MQAR",
+    "text_passkey": "passkey in text",
+    "latest": "latest value",
+    "first": "first value",
+    "offset": "offset recall",
+    "span": "span copy",
+}
+
+
+#: How the study's intervals are made, as ``results.json`` states it.
+INTERVAL = (
+    "95%: the union of a two-stage bootstrap's percentiles (seeds with replacement, then each seed's "
+    "sequences) and Wilson's interval of the count pooled over the seeds used"
+)
 
 
 def summarize(config: RetrievalStudyConfig, runs: dict[str, list[dict]]) -> dict[str, dict]:
     """Per mechanism: label, and per task ``lengths``, pooled ``correct`` / ``trials`` and
-    ``accuracy`` per length with its Wilson ``low`` / ``high``, the ``heatmap`` ``[length][depth]``,
-    ``at_train_len``, every seed's accuracies ``per_seed`` ``[seed][length]``, and which seeds were
-    pooled (``seeds_used``) or left out (``seeds_left_out``).
+    ``accuracy`` per length with its seed-inclusive ``low`` / ``high`` (:data:`INTERVAL`), the
+    ``heatmap`` ``[length][depth]``, ``at_train_len``, every seed's accuracies ``per_seed``
+    ``[seed][length]``, and which seeds were pooled (``seeds_used``) or left out
+    (``seeds_left_out``); per mechanism, ``seeds_at_criterion``, how many seeds' training stopped at
+    the criterion (every check sequence right at ``T``) rather than at the step cap.
 
     The question beyond ``T`` is whether a model that retrieves at ``T`` still does, so a task's
     numbers pool the seeds that retrieve at ``T`` (accuracy at least :data:`RETRIEVES_AT_T`); a seed
@@ -52,33 +71,33 @@ def summarize(config: RetrievalStudyConfig, runs: dict[str, list[dict]]) -> dict
         tasks = {}
         for task in config.tasks:
             scored = [run["tasks"][task] for run in seeds]
-            per_seed = [
-                (np.asarray(s["correct"]).sum(1) / (s["prompts"] * len(s["depths"]))).tolist() for s in scored
-            ]
+            per_cell = scored[0]["prompts"]
+            per_seed_length = per_cell * len(scored[0]["depths"])  # sequences per seed and length
+            counts = np.asarray([s["correct"] for s in scored])  # (seeds, lengths, depths)
+            per_seed = (counts.sum(2) / per_seed_length).tolist()
             used = [i for i, accuracy in enumerate(per_seed) if accuracy[0] >= RETRIEVES_AT_T]
             used = used or list(range(len(scored)))
-            correct = np.sum([np.asarray(scored[i]["correct"]) for i in used], axis=0)  # (lengths, depths)
-            per_cell = scored[0]["prompts"] * len(used)
-            trials = per_cell * correct.shape[1]
-            intervals = [wilson_interval(int(c), trials) for c in correct.sum(1)]
+            intervals = [seed_interval(c.tolist(), per_seed_length) for c in counts[used].sum(2).T]
+            correct = counts[used].sum(0)  # (lengths, depths)
             tasks[task] = dict(
                 lengths=scored[0]["lengths"],
                 depths=scored[0]["depths"],
                 correct=correct.sum(1).tolist(),
-                trials=trials,
+                trials=per_seed_length * len(used),
                 accuracy=[e.value for e in intervals],
                 low=[e.low for e in intervals],
                 high=[e.high for e in intervals],
                 per_seed=per_seed,
                 seeds_used=[seeds[i]["seed"] for i in used],
                 seeds_left_out=[run["seed"] for i, run in enumerate(seeds) if i not in used],
-                heatmap=(correct / per_cell).tolist(),
+                heatmap=(correct / (per_cell * len(used))).tolist(),
                 at_train_len=intervals[0].value,
             )
         summary[mechanism] = dict(
             label=label_of(mechanism),
             retrieves_at_train_len=all(t["at_train_len"] >= RETRIEVES_AT_T for t in tasks.values()),
             tasks=tasks,
+            seeds_at_criterion=sum(bool(run["training"].get("retrieves")) for run in seeds),
             final_loss=[run["training"]["final_loss"] for run in seeds],
             train_seconds=[run["training"]["seconds"] for run in seeds],
             train_steps=[run["training"].get("steps") for run in seeds],
@@ -115,6 +134,8 @@ def unjudged(summary: dict, mechanisms: list[str], tasks: list[str]) -> str | No
     return None
 
 
+PASSKEY_TASKS = ("passkey", "text_passkey")  # a claim about passkey accuracy is judged on both
+
 # (claim, source, position, expected: "keeps" | "collapses", tasks it is about (None: every task run))
 CLAIMS = (
     (
@@ -122,55 +143,54 @@ CLAIMS = (
         "seed 003 Sec. 3.1, Fig. 2",
         "bam+ssmax",
         "keeps",
-        ("passkey",),
+        PASSKEY_TASKS,
     ),
-    ("BAM keeps passkey accuracy beyond T", "seed 003 Sec. 3.1, App. F.4", "bam", "keeps", ("passkey",)),
+    ("BAM keeps passkey accuracy beyond T", "seed 003 Sec. 3.1, App. F.4", "bam", "keeps", PASSKEY_TASKS),
     ("GOAT keeps near-perfect retrieval far beyond T", "seed 000 Fig. 3", "goat", "keeps", None),
     ("RoPE collapses beyond T", "seed 000 Fig. 3; seed 003 Fig. 2", "rope", "collapses", None),
     ("RoPE with position interpolation collapses beyond T", "seed 000 Fig. 3", "rope_pi", "collapses", None),
     ("Sinusoidal collapses beyond T", "seed 000 Fig. 3; seed 003 Fig. 2", "sinusoidal", "collapses", None),
-    ("NoPE degrades to near-random beyond T", "seed 003 Fig. 2", "nope", "collapses", ("passkey",)),
+    ("NoPE degrades to near-random beyond T", "seed 003 Fig. 2", "nope", "collapses", PASSKEY_TASKS),
     (
         "Even ALiBi struggles at very long contexts",
         "seed 003 Sec. 3.1, Fig. 2",
         "alibi",
         "collapses",
-        ("passkey",),
+        PASSKEY_TASKS,
     ),
 )
 
 
 def seed_claims(config: RetrievalStudyConfig, summary: dict) -> list[dict]:
-    """Each seed claim whose mechanism was run, judged at the longest length: ``agrees`` True /
-    False, or None with the reason (``"within noise"``: the interval straddles the threshold;
-    or the mechanism does not retrieve at T)."""
+    """Each seed claim whose mechanism was run, judged at the longest length on each task it is about
+    that was run, one verdict per task: ``task``, ``agrees`` True / False, or None with the reason
+    (``"within noise"``: the interval holds the threshold; or the mechanism does not retrieve at T on
+    that task)."""
     longest_len = config.lengths()[-1]
     found = []
     for claim, source, mechanism, expected, about in CLAIMS:
         if mechanism not in summary:
             continue
-        tasks = [t for t in config.tasks if about is None or t in about]
-        if not tasks:
-            continue
         threshold = KEEPS if expected == "keeps" else COLLAPSES
-        estimates = {t: longest(summary, mechanism, t) for t in tasks}
-        measured = "; ".join(
-            f"{TASK_NAMES[t]} {e.value:.2f} [{e.low:.2f}, {e.high:.2f}] at {longest_len} tokens "
-            f"({config.factors[-1]}x T), {summary[mechanism]['tasks'][t]['at_train_len']:.2f} at T"
-            for t, e in estimates.items()
-        )
-        reason = unjudged(summary, [mechanism], tasks)
-        agrees = None
-        if reason is None:
-            sides = {compare_to(e, threshold) for e in estimates.values()}
-            wanted = "above" if expected == "keeps" else "below"
-            if sides == {wanted}:
-                agrees = True
-            elif "within noise" in sides:
-                reason = f"within noise: the interval includes {threshold}"
-            else:
-                agrees = False
-        found.append(dict(claim=claim, source=source, measured=measured, agrees=agrees, reason=reason))
+        for task in (t for t in config.tasks if about is None or t in about):
+            t = summary[mechanism]["tasks"][task]
+            e = longest(summary, mechanism, task)
+            measured = (
+                f"{TASK_NAMES[task]} {e.value:.2f} [{e.low:.2f}, {e.high:.2f}] at {longest_len} tokens "
+                f"({config.factors[-1]}x T), {t['at_train_len']:.2f} at T; seeds used "
+                f"{len(t['seeds_used'])}, left out {len(t['seeds_left_out'])}"
+            )
+            reason = unjudged(summary, [mechanism], [task])
+            agrees = None
+            if reason is None:
+                side = compare_to(e, threshold)
+                if side == "within noise":
+                    reason = f"within noise: the interval includes {threshold}"
+                else:
+                    agrees = side == ("above" if expected == "keeps" else "below")
+            found.append(
+                dict(claim=claim, source=source, task=task, measured=measured, agrees=agrees, reason=reason)
+            )
     return found
 
 
@@ -257,6 +277,7 @@ def write_study(
         environment=dict(
             torch=torch.__version__, python=platform.python_version(), workers=workers, threads_per_worker=1
         ),
+        interval=INTERVAL,
         summary=summary,
         seed_claims=seed_claims(config, summary),
         ssmax=ssmax_effects(config, summary),
@@ -294,15 +315,20 @@ def study_html(data: dict, out: Path, level: int = 2) -> str:
             "the study.</p>"
         )
     shift = " with a token shift" if config.token_shift else ""
+    loss = "answers only in the loss" + (
+        ", every token of the text" if "text_passkey" in config.tasks else ""
+    )
     parts.append(
         f"<p>{len(summary)} mechanisms x {len(config.seeds)} seeds, each a {config.n_layers}-layer model of "
         f"width {config.d_model} ({config.n_heads} heads){shift}, trained on {config.batch_size} sequences "
-        f"a step of {tasks} (answers only in the loss) at lengths up to T = {config.train_len} until it "
+        f"a step of {tasks} ({loss}) at lengths up to T = {config.train_len} until it "
         f"answered every check sequence at T exactly (at most {config.steps} steps), then scored on the "
         f"same sequences at {lengths[0]} to {lengths[-1]} tokens ({config.depths} needle depths x "
         f"{config.prompts} sequences per seed). Exact match: every answer token is the model's argmax "
         "(teacher-forced, the same as greedy decoding). A task's numbers pool the seeds that retrieve "
-        f"at T (accuracy >= {RETRIEVES_AT_T}); intervals are Wilson 95% over their sequences. A claim is "
+        f"at T (accuracy >= {RETRIEVES_AT_T}); intervals hold the spread between seeds and between "
+        "sequences (a bootstrap over seeds, then sequences, joined with Wilson's 95% interval of the "
+        "pooled count), and each table row says how many seeds it pools. A claim is "
         f"judged only where the mechanism retrieves at T; 'keeps' means the interval lies above {KEEPS}, "
         f"'collapses' below {COLLAPSES}, and 'within noise' that it contains the threshold.</p>"
     )
@@ -320,12 +346,17 @@ def study_html(data: dict, out: Path, level: int = 2) -> str:
             + ".</p>"
         )
     parts.append(f"<{sub}>Against the seeds' claims</{sub}><ul>")
-    for c in data["seed_claims"]:
-        why = f" ({html.escape(c['reason'])})" if c["reason"] else ""
-        parts.append(
-            f"<li>{html.escape(c['claim'])} ({html.escape(c['source'])}): {VERDICTS[c['agrees']]}{why}. "
-            f"Measured: {html.escape(c['measured'])}.</li>"
+    for claim, verdicts in claims_by_text(data["seed_claims"]).items():
+        judged = {c["agrees"] for c in verdicts} - {None}
+        split = " <b>The tasks disagree.</b>" if len(judged) > 1 else ""
+        items = "".join(
+            f"<li>{html.escape(TASK_NAMES[c['task']])}: {VERDICTS[c['agrees']]}"
+            + (f" ({html.escape(c['reason'])})" if c["reason"] else "")
+            + f". Measured: {html.escape(c['measured'])}.</li>"
+            for c in verdicts
         )
+        source = html.escape(verdicts[0]["source"])
+        parts.append(f"<li>{html.escape(claim)} ({source}):{split}<ul>{items}</ul></li>")
     parts.append("</ul>")
     if data["ssmax"]:
         parts.append(f"<{sub}>Prior or SSMax?</{sub}><ul>")
@@ -352,14 +383,15 @@ def study_html(data: dict, out: Path, level: int = 2) -> str:
             t = s["tasks"][task]
             cells = [f"{a:.2f} [{lo:.2f}, {hi:.2f}]" for a, lo, hi in zip(t["accuracy"], t["low"], t["high"])]
             r = reach(t)
-            rows.append([html.escape(s["label"]), *cells, "—" if r is None else str(r)])
+            seeds = f"{len(t['seeds_used'])} / {len(t['seeds_left_out'])}"
+            rows.append([html.escape(s["label"]), seeds, *cells, "—" if r is None else str(r)])
         parts.append(
             table(
-                ["mechanism", *map(str, lengths), "holds >= 0.9 to"],
+                ["mechanism", "seeds used / left out", *map(str, lengths), "holds >= 0.9 to"],
                 rows,
-                f"{TASK_NAMES[task]}: exact match per length, pooled "
-                "over seeds and depths, [Wilson 95%]; the "
-                "last column is the longest length up to which the whole interval stays above 0.9.",
+                f"{TASK_NAMES[task]}: exact match per length, pooled over the seeds used and the "
+                "depths, [95% over seeds and sequences]; the last column is the longest length up to "
+                "which the whole interval stays above 0.9.",
             )
         )
         parts.append(image(figures[f"heatmap_{task}"], f"{task} heatmaps"))
@@ -372,6 +404,14 @@ def study_html(data: dict, out: Path, level: int = 2) -> str:
         "weights, training log and scores are in its directory under <code>models/</code>.</p>"
     )
     return "".join(parts)
+
+
+def claims_by_text(claims: list[dict]) -> dict[str, list[dict]]:
+    """The per-task verdicts of :func:`seed_claims` grouped by claim, in order."""
+    grouped: dict[str, list[dict]] = {}
+    for c in claims:
+        grouped.setdefault(c["claim"], []).append(c)
+    return grouped
 
 
 def learned_table(data: dict) -> str:

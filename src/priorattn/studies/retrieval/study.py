@@ -36,8 +36,7 @@ from safetensors.torch import load_model, save_model
 from tqdm.auto import tqdm
 
 from ...checks import check_int
-from ...data.packing import IGNORE_INDEX
-from ...data.synthetic import SYNTHETIC_TASKS, SyntheticTask
+from ...data.synthetic import SYNTHETIC_TASKS, SyntheticTask, targets_of
 from ...eval.ppl import check_factors
 from ...eval.retrieval import uniform_depths
 from ...eval.synthetic import exact_matches, score_synthetic
@@ -95,7 +94,7 @@ class RetrievalStudyConfig:
     """What the study trains and measures; :meth:`for_budget` makes one from ``--budget``.
 
     Defaults (budget 1): ten mechanisms (NoPE, RoPE, ALiBi, BAM, GOAT, each with and without SSMax)
-    x two seeds; each a 2-layer model of width 64 (2 heads of 32 lanes, GOAT with 3 frequencies)
+    x three seeds; each a 2-layer model of width 64 (2 heads of 32 lanes, GOAT with 3 frequencies)
     with a token shift, trained on 32 sequences a step of passkey and multi-key NIAH samples at
     lengths drawn uniformly up to ``train_len = 64`` (after a ``curriculum_steps`` ramp) until it
     answers every one of ``check_prompts`` check sequences per task at ``T`` exactly (checked every
@@ -104,7 +103,7 @@ class RetrievalStudyConfig:
     """
 
     mechanisms: list[str] = field(default_factory=lambda: list(DEFAULT_MECHANISMS))
-    seeds: list[int] = field(default_factory=lambda: [0, 1])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     tasks: list[str] = field(default_factory=lambda: ["passkey", "niah"])
     train_len: int = 64
     token_shift: bool = True
@@ -213,7 +212,7 @@ class RetrievalStudyConfig:
             fields["window"] = self.train_len
         fields["prior"] = with_defaults(fields.get("prior", "uniform"), goat=dict(num_freqs=self.goat_freqs))
         return GPTConfig(
-            vocab_size=SyntheticTask(self.tasks[0]).vocab_size,
+            vocab_size=max(SyntheticTask(name).vocab_size for name in self.tasks),
             seq_len=self.train_len,
             d_model=self.d_model,
             n_layers=self.n_layers,
@@ -263,15 +262,13 @@ class RetrievalStudyConfig:
 
 def training_batch(tasks: Sequence[SyntheticTask], batch_size: int, length: int, rng: np.random.Generator):
     """``(inputs, targets)`` of ``batch_size`` sequences of ``length`` tokens, each row's task and
-    needle depth drawn from ``rng``: ``(B, length - 1)`` each, targets ``IGNORE_INDEX`` except at
-    answer tokens (the loss is on answers only)."""
+    needle depth drawn from ``rng``: ``(B, length - 1)`` each, targets ``IGNORE_INDEX`` outside each
+    sample's ``loss_mask`` (the answers; every token of ``text_passkey``)."""
     samples = [
         tasks[int(rng.integers(len(tasks)))].sample(length, float(rng.random()), rng)
         for _ in range(batch_size)
     ]
-    tokens = torch.from_numpy(np.stack([s.tokens for s in samples]))  # (B, length)
-    mask = torch.from_numpy(np.stack([s.answer_mask for s in samples]))  # (B, length)
-    return tokens[:, :-1], tokens[:, 1:].masked_fill(~mask[:, 1:], IGNORE_INDEX)
+    return targets_of(samples, "loss_mask")
 
 
 def train_synthetic(config: RetrievalStudyConfig, mechanism: str, seed: int, progress: bool = True):
