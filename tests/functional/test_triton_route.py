@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from factories import DEVICES, make_prior
+from test_flex import choice
 from test_key_bias import drift
 
 import priorattn
@@ -112,16 +113,6 @@ def test_triton_route_matches_reference_forward_and_backward(case, device):
         if want is not None:
             scale = max(1.0, float(want.abs().max()))
             torch.testing.assert_close(got.double(), want.double(), rtol=0, atol=tol * scale)
-
-
-def choice(q, prior, **kwargs) -> str:
-    """The route ``auto`` takes for ``attention(q, q, q, prior=prior, **kwargs)``."""
-    chosen = []
-    with pytest.MonkeyPatch.context() as patch:
-        for name in api.ROUTES:
-            patch.setitem(api.ROUTES, name, lambda *a, name=name: chosen.append(name))
-        priorattn.attention(q, q, q, prior=prior, **kwargs)
-    return chosen[0]
 
 
 def test_auto_takes_triton_where_it_would_take_flex_from_its_length_on(monkeypatch):

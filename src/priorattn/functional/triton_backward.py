@@ -9,7 +9,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_forward import LOG2E, key_range, prior_bias, query_range, visible_mask
+from .triton_forward import LOG2E, key_range, prior_bias, query_range, uncut_keys_end, visible_mask
 
 
 @triton.jit
@@ -121,7 +121,9 @@ def key_block_kernel(
     first_full = n0 * 0  # query blocks from here on see every key of the block
     if CAUSAL:
         first_full = n0 + BLOCK_N - 1 - DELTA
-    if n0 + BLOCK_N > Lk:
+    if n0 + BLOCK_N > Lk:  # the last key
+        first_full = Lq
+    if ALWAYS_MASK:  # documents, padding or a window: every tile is cut
         first_full = Lq
     for g in range(GROUP):
         h = hk * GROUP + g
@@ -171,28 +173,7 @@ def key_block_kernel(
             # rows past Lq read lse = inf: weight 0 without a mask
             lse = tl.load(LSE + bh * Lq + offs_m, mask=offs_m < Lq, other=float("inf"))
             pT = tl.math.exp2((sT + bias - lse[None, :]) * LOG2E)
-            if ALWAYS_MASK:
-                visible = visible_mask(
-                    offs_m[None, :],
-                    offs_n[:, None],
-                    b,
-                    Lq,
-                    Lk,
-                    DELTA,
-                    WINDOW,
-                    Q_DOC,
-                    K_DOC,
-                    sqd_b,
-                    skd_b,
-                    PAD,
-                    sp_b,
-                    CAUSAL,
-                    HAS_WINDOW,
-                    HAS_DOCS,
-                    HAS_PADDING,
-                )
-                pT = tl.where(visible, pT, 0.0)
-            elif m0 < first_full:  # a tile that the causal diagonal or the last key cuts
+            if m0 < first_full:  # a tile the causal diagonal, the last key or a mask cuts
                 visible = visible_mask(
                     offs_m[None, :],
                     offs_n[:, None],
@@ -354,10 +335,7 @@ def query_block_kernel(
         df = tl.zeros([BLOCK_M], ACC)
     row_sums = tl.zeros([BLOCK_M], ACC)
     lo, hi = key_range(m0, BLOCK_M, BLOCK_N, Lk, DELTA, WINDOW, CAUSAL, HAS_WINDOW)
-    full_end = m0 * 0 + Lk  # keys before it are visible to every row of the block
-    if CAUSAL:
-        if m0 + DELTA + 1 < full_end:
-            full_end = m0 + DELTA + 1
+    full_end = uncut_keys_end(m0, Lk, DELTA, CAUSAL, ALWAYS_MASK)
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         keys = offs_n[:, None] < Lk
@@ -400,28 +378,7 @@ def query_block_kernel(
             p = tl.math.exp2((s + bias * f[:, None] - lse[:, None]) * LOG2E)
         else:
             p = tl.math.exp2((s + bias - lse[:, None]) * LOG2E)
-        if ALWAYS_MASK:
-            visible = visible_mask(
-                offs_m[:, None],
-                offs_n[None, :],
-                b,
-                Lq,
-                Lk,
-                DELTA,
-                WINDOW,
-                Q_DOC,
-                K_DOC,
-                sqd_b,
-                skd_b,
-                PAD,
-                sp_b,
-                CAUSAL,
-                HAS_WINDOW,
-                HAS_DOCS,
-                HAS_PADDING,
-            )
-            p = tl.where(visible, p, 0.0)
-        elif n0 + BLOCK_N > full_end:  # a tile that the causal diagonal or the last key cuts
+        if n0 + BLOCK_N > full_end:  # a tile the causal diagonal, the last key or a mask cuts
             visible = visible_mask(
                 offs_m[:, None],
                 offs_n[None, :],

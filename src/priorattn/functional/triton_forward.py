@@ -88,6 +88,19 @@ def query_range(
 
 
 @triton.jit
+def uncut_keys_end(m0, Lk, DELTA, CAUSAL: tl.constexpr, ALWAYS_MASK: tl.constexpr):
+    """Keys before this one are visible to every row from ``m0`` on: tiles of them need no mask
+    (0 where documents, padding or a window may hide any key)."""
+    end = m0 * 0 + Lk
+    if CAUSAL:  # j <= m0 + DELTA
+        if m0 + DELTA + 1 < end:
+            end = m0 + DELTA + 1
+    if ALWAYS_MASK:
+        end = m0 * 0
+    return end
+
+
+@triton.jit
 def visible_mask(
     i,
     j,
@@ -247,10 +260,7 @@ def forward_kernel(
     l_i = tl.zeros([BLOCK_M], ACC)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], ACC)
     lo, hi = key_range(m0, BLOCK_M, BLOCK_N, Lk, DELTA, WINDOW, CAUSAL, HAS_WINDOW)
-    full_end = m0 * 0 + Lk  # keys before it are visible to every row of the block
-    if CAUSAL:
-        if m0 + DELTA + 1 < full_end:
-            full_end = m0 + DELTA + 1
+    full_end = uncut_keys_end(m0, Lk, DELTA, CAUSAL, ALWAYS_MASK)
     for n0 in range(lo, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         keys = offs_n[None, :] < Lk
@@ -291,28 +301,7 @@ def forward_kernel(
         if HAS_ROW_FACTOR:
             bias = bias * f[:, None]
         s = s + bias
-        if ALWAYS_MASK:
-            visible = visible_mask(
-                offs_m[:, None],
-                offs_n[None, :],
-                b,
-                Lq,
-                Lk,
-                DELTA,
-                WINDOW,
-                Q_DOC,
-                K_DOC,
-                sqd_b,
-                skd_b,
-                PAD,
-                sp_b,
-                CAUSAL,
-                HAS_WINDOW,
-                HAS_DOCS,
-                HAS_PADDING,
-            )
-            s = tl.where(visible, s, float("-inf"))
-        elif n0 + BLOCK_N > full_end:  # a tile that the causal diagonal or the last key cuts
+        if n0 + BLOCK_N > full_end:  # a tile the causal diagonal, the last key or a mask cuts
             visible = visible_mask(
                 offs_m[:, None],
                 offs_n[None, :],
