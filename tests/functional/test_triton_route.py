@@ -16,7 +16,7 @@ from test_key_bias import drift
 
 import priorattn
 from priorattn.functional import api, triton_route
-from priorattn.priors import GGD, ALiBi
+from priorattn.priors import GGD, ALiBi, build_prior, with_defaults
 
 pytest.importorskip("triton")
 
@@ -175,6 +175,67 @@ def test_triton_route_matches_reference_at_tile_edges(Lq, Lk, causal, device):
     torch.testing.assert_close(out["triton"][0].double(), out["reference"][0], rtol=0, atol=tol)
     for got, want in zip(out["triton"][1], out["reference"][1]):
         torch.testing.assert_close(got.double(), want, rtol=0, atol=tol * max(1.0, float(want.abs().max())))
+
+
+@pytest.mark.parametrize("device", ROUTE_DEVICES)
+def test_the_fused_operator_passes_torchs_operator_checks(device):
+    """Schema, fake (meta) shapes, autograd registration and AOT dispatch of the operator that wraps
+    the kernels, with every optional input present (lanes, key bias and its rounding, slope, table,
+    row factor, documents, padding) and with none."""
+    gen = torch.Generator().manual_seed(4)
+    B_, H_, Hkv, L, P = 1, 2, 1, 20, 3
+
+    def randn(*shape, grad=True):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(device).requires_grad_(grad)
+
+    q, k, v = randn(B_, H_, L, D), randn(B_, Hkv, L, D), randn(B_, Hkv, L, D)
+    blocks = list(triton_route.BLOCKS["cuda" if device == "cuda" else "cpu"])
+    full = (
+        randn(B_, H_, L, P),
+        randn(B_, Hkv, L, P),
+        randn(B_, H_, L),
+        randn(B_, H_, L, grad=False) * 1e-17,
+        randn(H_) * 0.1,
+        randn(H_, 2 * L - 1),
+        randn(B_, H_, L).abs() + 0.5,
+        torch.zeros(B_, L, dtype=torch.int32, device=device),
+        torch.zeros(B_, L, dtype=torch.int32, device=device),
+        torch.zeros(B_, L, dtype=torch.int8, device=device),
+    )
+    for optional in (full, (None,) * len(full)):
+        args = (q, k, v, *optional, True, 0, None, blocks)
+        torch.library.opcheck(triton_route.fused_attention, args)
+
+
+@pytest.mark.parametrize("device", ROUTE_DEVICES)
+@pytest.mark.parametrize(
+    "prior, kwargs", [("goat", {}), ("ggd", dict(ssmax=True)), ("uniform", dict(fox=True))]
+)
+def test_a_layer_on_the_triton_route_compiles_as_one_graph(prior, kwargs, device):
+    """``torch.compile(fullgraph=True)`` keeps the kernels' operator whole, forward and backward; the
+    compiled layer and its gradients match eager (GOAT's lanes and slope, a lag table with SSMax, a
+    forget gate's key bias)."""
+    torch.manual_seed(0)
+    prior = build_prior(with_defaults(prior, goat=dict(num_freqs=2)), 4)
+    if kwargs.pop("fox", False):
+        kwargs["forget_gate"] = True
+    layer = priorattn.PriorMultiheadAttention(64, 4, num_kv_heads=2, prior=prior, backend="triton", **kwargs)
+    layer = layer.to(device)
+    x = torch.randn(2, 20, 64, device=device)
+    expected = layer(x)[0]
+    expected.square().sum().backward()
+    eager = {name: p.grad.clone() for name, p in layer.named_parameters() if p.grad is not None}
+    layer.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    out = torch.compile(layer, backend="aot_eager", fullgraph=True)(x)[0]
+    out.square().sum().backward()
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-6)
+    compiled = {name: p.grad for name, p in layer.named_parameters() if p.grad is not None}
+    assert compiled.keys() == eager.keys()
+    for name, grad in eager.items():
+        torch.testing.assert_close(
+            compiled[name], grad, rtol=1e-5, atol=1e-6 * max(1.0, float(grad.abs().max()))
+        )
 
 
 def test_the_kernels_compile_for_a_hopper_gpu_without_one():
