@@ -36,6 +36,7 @@ import them; the JSON lists them under ``stand_ins``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import importlib.abc
@@ -300,14 +301,14 @@ def fox_key_bias(B: int, H: int, L: int, device: torch.device) -> torch.Tensor:
 
 
 def routes_of(prior, device: torch.device) -> list[str]:
+    """The explicit routes that compute ``prior`` causal at default positions on ``device``."""
     from priorattn.functional.flex import flex_trains_on
-    from priorattn.functional.triton_route import triton_available
+    from priorattn.functional.masks import Masking
+    from priorattn.functional.triton_route import triton_available, triton_takes
 
-    routes = (
-        ["triton"]
-        if triton_available(device) and (prior is None or prior.is_relative or prior.can_fold(True))
-        else []
-    )
+    pos = torch.arange(2, device=device)[None]
+    causal = Masking(True, pos, pos, starts=(0, 0))
+    routes = ["triton"] if triton_available(device) and triton_takes(prior, causal) else []
     routes += ["sdpa"] if prior is None or prior.can_fold(True) else []
     routes += ["memeff"] + (["flex"] if flex_trains_on(device) else [])
     return routes
@@ -448,6 +449,14 @@ TRAINED = {
 }
 
 
+#: Route policies a training cell may run under (``--train-policies``): ``auto`` as it is, or
+#: ``fused``, ``auto`` taking the fused Triton kernels at every length where it would take
+#: FlexAttention (``api.TRITON_MIN_KEYS`` 0), so one run compares the two at training lengths.
+TRAIN_POLICIES = {"auto": None, "fused": 0}
+#: The policies measured.
+POLICIES_MEASURED: list[str] = ["auto"]
+
+
 def training_part(report: Report, deadline: float, sizes: Sizes, device: torch.device) -> None:
     part = report.part("training")
     part["settings"] = dict(
@@ -458,28 +467,44 @@ def training_part(report: Report, deadline: float, sizes: Sizes, device: torch.d
     for compiled in (False, True):
         for preset_name in sizes.presets:
             for name, overrides in trained.items():
-                cell = dict(preset=preset_name, prior=name, compiled=compiled)
-                cells.append(cell)
-                if time.time() > deadline:
-                    cell["skipped"] = "the part's time was spent"
-                    continue
-                try:
-                    if compiled:
-                        cell.update(train_cell_apart(preset_name, name, sizes, deadline))
-                    else:
-                        cell.update(train_cell(preset_name, overrides, compiled, sizes, device))
-                except Exception as e:
-                    failed(cell, e, device)
-                report.save()
-                progress(cell, device)
+                for policy in POLICIES_MEASURED if name != "NoPE" else ["auto"]:
+                    cell = dict(preset=preset_name, prior=name, compiled=compiled, policy=policy)
+                    cells.append(cell)
+                    if time.time() > deadline:
+                        cell["skipped"] = "the part's time was spent"
+                        continue
+                    try:
+                        if compiled:
+                            cell.update(train_cell_apart(preset_name, name, policy, sizes, deadline))
+                        else:
+                            with route_policy(policy):
+                                cell.update(train_cell(preset_name, overrides, compiled, sizes, device))
+                    except Exception as e:
+                        failed(cell, e, device)
+                    report.save()
+                    progress(cell, device)
 
 
-def train_cell_apart(preset_name: str, name: str, sizes: Sizes, deadline: float) -> dict:
+@contextlib.contextmanager
+def route_policy(policy: str):
+    """``auto``'s choice under ``policy`` (:data:`TRAIN_POLICIES`) while the block runs."""
+    from priorattn.functional import api
+
+    min_keys = api.TRITON_MIN_KEYS
+    if TRAIN_POLICIES[policy] is not None:
+        api.TRITON_MIN_KEYS = TRAIN_POLICIES[policy]
+    try:
+        yield
+    finally:
+        api.TRITON_MIN_KEYS = min_keys
+
+
+def train_cell_apart(preset_name: str, name: str, policy: str, sizes: Sizes, deadline: float) -> dict:
     """A compiled cell in a process of its own: compiling after the eager cells in one process ended
     it with a segmentation fault on the H200 (torch 2.11), and a crash must cost one cell, not the
     check. The worker prints the cell's JSON on its last line."""
     # the worker takes the GPU's sizes wherever there is a GPU (the lengths and presets it is told)
-    args = [sys.executable, __file__, "--run-train-cell", preset_name, name]
+    args = [sys.executable, __file__, "--run-train-cell", preset_name, name, policy]
     args.append("gpu" if torch.cuda.is_available() else "dry")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     try:
@@ -495,13 +520,14 @@ def train_cell_apart(preset_name: str, name: str, sizes: Sizes, deadline: float)
     return json.loads(lines[-1])
 
 
-def run_train_cell(preset_name: str, name: str, sizes_name: str) -> int:
+def run_train_cell(preset_name: str, name: str, policy: str, sizes_name: str) -> int:
     """The compiled-cell worker of :func:`train_cell_apart`."""
     stand_in_for_missing()
     sizes = GPU if sizes_name == "gpu" else DRY
     device = torch.device("cuda" if sizes is GPU else "cpu")
     set_recompile_limits()
-    print(json.dumps(train_cell(preset_name, TRAINED[name], True, sizes, device)))
+    with route_policy(policy):
+        print(json.dumps(train_cell(preset_name, TRAINED[name], True, sizes, device)))
     return 0
 
 
@@ -626,9 +652,20 @@ def markdown(data: dict) -> str:
             f"Batch {s['batch']}, {s['steps']} steps after {s['warmup_steps']} warm-up steps, {s['dtype']}.",
             "",
         ]
-        header = ["preset", "prior", "compiled", "tokens/s", "ms/step", "warm-up s", "peak MB", "note"]
+        header = [
+            "preset",
+            "prior",
+            "policy",
+            "compiled",
+            "tokens/s",
+            "ms/step",
+            "warm-up s",
+            "peak MB",
+            "note",
+        ]
         rows = [
-            [c["preset"], c["prior"], "yes" if c["compiled"] else "no", number(c.get("tokens_per_s"), 0)]
+            [c["preset"], c["prior"], c.get("policy", "auto"), "yes" if c["compiled"] else "no"]
+            + [number(c.get("tokens_per_s"), 0)]
             + [number(c.get("ms_per_step"), 1), number(c.get("warmup_s"), 1), number(c.get("peak_mb"), 0)]
             + [c.get("error") or c.get("skipped") or ""]
             for c in p["cells"]
@@ -655,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--run-pytest"]:
         return run_pytest(argv[1:])
     if argv[:1] == ["--run-train-cell"]:
-        return run_train_cell(*argv[1:4])
+        return run_train_cell(*argv[1:5])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=default_out(), help="where the JSON and markdown go")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
@@ -666,6 +703,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--presets", nargs="+", help="training presets (default tiny and small)")
     parser.add_argument("--priors", nargs="+", help="attention priors measured (default all), by name")
+    parser.add_argument(
+        "--train-policies",
+        nargs="+",
+        choices=TRAIN_POLICIES,
+        help="route policies of the training cells (default auto; fused: Triton at every length)",
+    )
     args = parser.parse_args(argv)
     stand_ins = stand_in_for_missing()
     cuda = torch.cuda.is_available()
@@ -678,6 +721,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.routes:
         ROUTES_MEASURED[:] = args.routes
     PRIORS_MEASURED.extend(args.priors or ())
+    POLICIES_MEASURED[:] = args.train_policies or POLICIES_MEASURED
     set_recompile_limits()
     report = Report(
         args.out,

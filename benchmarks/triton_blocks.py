@@ -16,7 +16,7 @@ from torch.utils import benchmark
 
 import priorattn
 from priorattn.functional import triton_route
-from priorattn.functional.triton_route import Blocks
+from priorattn.functional.triton_op import Blocks
 from priorattn.priors import GGD, GOAT
 
 CANDIDATES = (

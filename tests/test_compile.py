@@ -195,7 +195,9 @@ def test_rope_layer_compiles_without_breaks_and_matches_eager():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("prior", ["uniform", "alibi", "ggd", "goat", "alibi+goat", "fox"])  # 3-5 s each
+@pytest.mark.parametrize(
+    "prior", ["uniform", "alibi", "ggd", "goat", "alibi+goat", "t5", "kerple", "sandwich", "fire", "fox"]
+)  # 3-5 s each
 def test_gpt_compiles_as_one_graph_and_matches_eager(prior, device):
     """Every prior, and FoX's forget gate (``attention="fox"``, no prior)."""
     mechanism = dict(attention="fox", prior="uniform") if prior == "fox" else dict(prior=prior)

@@ -46,9 +46,9 @@ def test_without_a_gpu_it_says_so_in_one_line_after_a_dry_run_of_every_part(tmp_
     )
     assert {c["auto_takes"] for c in cells if c["route"] == "auto"} == {"sdpa", "memeff"}
     assert all(c["skipped"].startswith("FlexAttention has no backward") for c in cells if "ms" not in c)
-    assert [(c["compiled"], "tokens_per_s" in c) for c in parts["training"]["cells"]] == [
-        (False, True),
-        (True, True),
+    assert [(c["compiled"], c["policy"], "tokens_per_s" in c) for c in parts["training"]["cells"]] == [
+        (False, "auto", True),
+        (True, "auto", True),
     ]
     tables = (tmp_path / "device_check.md").read_text()
     assert "## Attention: forward + backward" in tables and "## Training throughput" in tables
@@ -72,3 +72,17 @@ def test_stand_ins_serve_the_librarys_imports_only():
         sys.meta_path.remove(finder)
         for name in [n for n in sys.modules if n.startswith("not_installed_here")]:
             del sys.modules[name]
+
+
+def test_the_fused_training_policy_takes_triton_at_every_length_while_it_runs():
+    """``--train-policies fused``: ``auto`` takes the fused kernels where it would take FlexAttention
+    at any length (``TRITON_MIN_KEYS`` 0) inside the cell, and goes back to its own threshold after."""
+    from priorattn.functional import api
+
+    script = benchmark_script("device_check")
+    before = api.TRITON_MIN_KEYS
+    with script.route_policy("fused"):
+        assert api.TRITON_MIN_KEYS == 0
+    with script.route_policy("auto"):
+        assert api.TRITON_MIN_KEYS == before
+    assert api.TRITON_MIN_KEYS == before

@@ -19,7 +19,8 @@ from priorattn.functional import triton_backward, triton_forward
 POINTERS = {
     **dict.fromkeys(("Q", "K", "V", "QL", "KL", "O", "DO", "DQ", "DK", "DV_OUT", "DQL", "DKL"), "*bf16"),
     **dict.fromkeys(
-        ("LSE", "DELTA_ROWS", "DU", "DSLOPE", "DTABLE", "DF", "ROW_SUMS", "U", "U_LO", "SLOPE", "TABLE"),
+        ("LSE", "DELTA_ROWS", "DU", "DSLOPE", "DTABLE", "DF", "ROW_SUMS", "U", "U_LO", "SLOPE", "TABLE")
+        + ("LAG_SCALE", "ROW_SCALE", "GRID", "DGRID", "DLAG_SCALE", "DROW_SCALE"),
         "*fp32",
     ),
     "F": "*fp32",
@@ -27,15 +28,22 @@ POINTERS = {
     "K_DOC": "*i32",
     "PAD": "*i8",
 }
-TERMS = ("HAS_LANES", "HAS_KEY_BIAS", "HAS_LO", "HAS_SLOPE", "HAS_TABLE", "HAS_ROW_FACTOR")
+TERMS = ("HAS_LANES", "HAS_KEY_BIAS", "HAS_LO", "HAS_SLOPE", "HAS_TABLE", "HAS_ROW_FACTOR", "HAS_GRID")
 MASKS = ("CAUSAL", "HAS_WINDOW", "HAS_DOCS", "HAS_PADDING", "ALWAYS_MASK")
-#: Every prior term with the causal mask alone (whole tiles unmasked), and every mask.
+#: Every prior term with the causal mask alone (whole tiles unmasked), FIRE's grid (a term of
+#: its own: FIRE is neither a fold nor a lag table), and every mask.
 VARIANTS = {
-    "every term, causal": dict.fromkeys(TERMS, True) | dict.fromkeys(MASKS, False) | dict(CAUSAL=True),
+    "every term but a grid, causal": dict.fromkeys(TERMS, True)
+    | dict.fromkeys(MASKS, False)
+    | dict(CAUSAL=True, HAS_GRID=False),
+    "FIRE's grid, a row factor, documents": dict.fromkeys(TERMS, False)
+    | dict.fromkeys(MASKS, False)
+    | dict(HAS_GRID=True, HAS_ROW_FACTOR=True, CAUSAL=True, HAS_DOCS=True, ALWAYS_MASK=True),
     "every mask, a lag table": dict.fromkeys(TERMS, False)
     | dict.fromkeys(MASKS, True)
     | dict(HAS_TABLE=True),
 }
+GRID_CELLS = 1024  # the triton route's
 
 
 def compile_for_hopper(kernel, flags: dict) -> int:
@@ -53,6 +61,7 @@ def compile_for_hopper(kernel, flags: dict) -> int:
 def main() -> int:
     for variant, terms in VARIANTS.items():
         flags = dict(terms, BLOCK_D=64, BLOCK_DV=64, BLOCK_P=16, ACC=tl.float32, PRECISION="tf32")
+        flags["GRID_CELLS"] = GRID_CELLS if terms["HAS_GRID"] else 1
         kernels = {
             "forward_kernel": dict(BLOCK_M=128, BLOCK_N=64),
             "key_block_kernel": dict(
@@ -61,12 +70,15 @@ def main() -> int:
                 KEY_BIAS_GRAD=terms["HAS_KEY_BIAS"],
                 SLOPE_GRAD=terms["HAS_SLOPE"],
                 TABLE_GRAD=terms["HAS_TABLE"],
+                GRID_GRAD=terms["HAS_GRID"],
+                LAG_SCALE_GRAD=terms["HAS_GRID"],
             ),
             "query_block_kernel": dict(
                 BLOCK_M=128,
                 BLOCK_N=64,
                 ROW_FACTOR_GRAD=terms["HAS_ROW_FACTOR"],
                 KEY_BIAS_GRAD=terms["HAS_KEY_BIAS"],
+                ROW_SCALE_GRAD=terms["HAS_GRID"],
             ),
         }
         for name, blocks in kernels.items():

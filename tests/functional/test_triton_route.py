@@ -15,8 +15,8 @@ from test_flex import choice
 from test_key_bias import drift
 
 import priorattn
-from priorattn.functional import api, triton_route
-from priorattn.priors import GGD, ALiBi, build_prior, with_defaults
+from priorattn.functional import api, triton_op, triton_route
+from priorattn.priors import FIRE, GGD, ALiBi, Prior, build_prior, with_defaults
 
 pytest.importorskip("triton")
 
@@ -132,6 +132,94 @@ def test_auto_takes_triton_where_it_would_take_flex_from_its_length_on(monkeypat
     assert choice(long, make_prior("goat_noslope", 2)) == "sdpa"  # one flash call
     gaps = torch.arange(0, 1200, 2)
     assert choice(long, GGD(2), q_pos=gaps, k_pos=gaps) == "memeff"
+    assert choice(short, make_prior("fire", 2)) == "triton"  # at every length: no flex for FIRE
+    assert choice(short, make_prior("fire", 2), causal=False) == "memeff"
+
+
+class InterpolatedFIRE(Prior):
+    """FIRE as the ``triton`` route computes it, densely: its MLP linear between the points of a
+    grid of ``cells`` cells of ``[0, 1]`` (the function the route's gradients are exact for)."""
+
+    def __init__(self, fire: FIRE, cells: int):
+        super().__init__()
+        self.fire, self.cells, self.num_heads = fire, cells, fire.num_heads
+
+    def log_prior(self, q_pos, k_pos):
+        q_pos, k_pos = q_pos.reshape(-1), k_pos.reshape(-1)
+        lags = (q_pos[:, None] - k_pos[None, :]).reshape(-1)
+        lag_scale, row_scale, grid = self.fire.scaled_lag(lags, q_pos, self.cells)
+        x = (lag_scale.view(len(q_pos), len(k_pos)) * row_scale[:, None]).clamp(0, 1)
+        u = x * self.cells
+        cell = u.detach().floor().long().clamp(max=self.cells - 1)
+        t = u - cell
+        return grid[:, cell] + t * (grid[:, cell + 1] - grid[:, cell])  # (H, Lq, Lk)
+
+
+def fire_with_kinks_inside(heads: int) -> FIRE:
+    """A FIRE whose hidden units all bend inside ``[0, 1]``, where the grid interpolates."""
+    prior = make_prior("fire", heads).double()
+    with torch.no_grad():
+        w1 = prior.mlp[0].weight[:, 0]
+        prior.mlp[0].bias.copy_(-w1 * torch.linspace(0.13, 0.91, len(w1), dtype=torch.float64))
+    return prior
+
+
+@pytest.mark.parametrize("cells", [8, 1024], ids=["cells wider than tiles", "cells finer than lags"])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(),
+        dict(docs=True, ssmax=True),
+        dict(q_pos=torch.arange(60, 80), k_pos=torch.arange(30, 80), cpu=True),
+    ],
+    ids=["causal", "documents, ssmax", "decode offsets"],
+)
+@pytest.mark.parametrize("device", ROUTE_DEVICES)
+def test_fire_on_the_triton_route_is_its_grid_interpolant_exactly(cells, kwargs, device, monkeypatch):
+    """The kernels interpolate FIRE's MLP on a grid of its normalised lag: forward and every gradient
+    (q, k, v, the MLP through the grid, c and L through the lag and row scales, SSMax) equal the
+    float64 reference of that interpolant. Wide cells take the grid gradient as one sum per grid
+    point of a tile, fine cells as adds per cell."""
+    if kwargs.get("cpu") and device != "cpu":
+        pytest.skip("explicit positions are runs only where reading them is free (the CPU)")
+    monkeypatch.setattr(triton_route, "GRID_CELLS", cells)
+    kwargs = {key: value for key, value in kwargs.items() if key != "cpu"}
+    dtype = torch.float64 if device == "cpu" else torch.float32
+    (q, k, v), kwargs = inputs(kwargs, dtype, device, torch.Generator().manual_seed(5))
+    prior = fire_with_kinks_inside(H).to(device)
+    learned = list(prior.parameters())
+    extra = [t for t in kwargs.values() if isinstance(t, torch.Tensor) and t.requires_grad]
+    results = {}
+    for backend, p in (("reference", InterpolatedFIRE(prior, cells)), ("triton", prior)):
+        args = [t if backend == "triton" else t.double() for t in (q, k, v)]
+        out = priorattn.attention(*args, prior=p, backend=backend, **kwargs)
+        results[backend] = out, gradients(out, [q, k, v, *learned, *extra], torch.Generator().manual_seed(6))
+    tol = 1e-9 if dtype == torch.float64 else 2e-4
+    (ref, ref_grads), (out, grads) = results["reference"], results["triton"]
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=tol)
+    for got, want in zip(grads, ref_grads):
+        scale = max(1.0, float(want.abs().max()))
+        torch.testing.assert_close(got.double(), want.double(), rtol=0, atol=tol * scale)
+
+
+@pytest.mark.parametrize("cells", [1, 8, 1024])
+def test_fires_grid_interpolant_stays_within_its_error_bound(cells):
+    """Linear interpolation of FIRE's MLP is off by at most ``grid_error_bound`` (each kink inside
+    ``[0, 1]``: its bend over 4 cells), on queries both sides of the threshold; exact where no unit
+    bends inside ``[0, 1]``."""
+    fire = fire_with_kinks_inside(3)
+    pos = torch.arange(300)
+    error = (InterpolatedFIRE(fire, cells).log_prior(pos, pos) - fire.log_prior(pos, pos)).abs()
+    error = error.masked_fill(pos[None, :] > pos[:, None], 0)  # causal pairs, where x is in [0, 1]
+    bound = fire.grid_error_bound(cells)
+    assert (error.amax((1, 2)) <= bound + 1e-12).all()
+    assert error.max() > 0.01 * bound.max()  # the bound is not vacuous
+    with torch.no_grad():  # every kink below 0
+        fire.mlp[0].bias.copy_(fire.mlp[0].weight[:, 0].abs() + 0.1)
+        fire.mlp[0].weight.abs_()
+    error = (InterpolatedFIRE(fire, cells).log_prior(pos, pos) - fire.log_prior(pos, pos)).abs()
+    assert float(fire.grid_error_bound(cells).max()) == 0.0
+    assert error.masked_fill(pos[None, :] > pos[:, None], 0).max() < 1e-12
 
 
 def test_triton_route_refuses_what_it_cannot_compute():
@@ -139,8 +227,10 @@ def test_triton_route_refuses_what_it_cannot_compute():
     gaps = torch.arange(0, 16, 2)
     with pytest.raises(ValueError, match="positions that are runs"):
         priorattn.attention(x, x, x, prior=GGD(2), q_pos=gaps, k_pos=gaps, backend="triton")
-    with pytest.raises(ValueError, match="FIRE here is neither: use backend='memeff'"):
-        priorattn.attention(x, x, x, prior=make_prior("fire", 2), backend="triton")
+    with pytest.raises(ValueError, match="FIRE here is none of these: use backend='memeff'"):
+        priorattn.attention(x, x, x, prior=make_prior("fire", 2), causal=False, backend="triton")
+    with pytest.raises(ValueError, match="FIRE here is none of these"):  # keys before position 0
+        priorattn.attention(x, x, x, prior=make_prior("fire", 2), k_pos=torch.arange(-8, 0), backend="triton")
 
 
 def test_triton_route_says_what_it_needs_without_a_gpu(monkeypatch):
@@ -181,7 +271,7 @@ def test_triton_route_matches_reference_at_tile_edges(Lq, Lk, causal, device):
 def test_the_fused_operator_passes_torchs_operator_checks(device):
     """Schema, fake (meta) shapes, autograd registration and AOT dispatch of the operator that wraps
     the kernels, with every optional input present (lanes, key bias and its rounding, slope, table,
-    row factor, documents, padding) and with none."""
+    row factor, a scaled lag's scales and grid, documents, padding) and with none."""
     gen = torch.Generator().manual_seed(4)
     B_, H_, Hkv, L, P = 1, 2, 1, 20, 3
 
@@ -191,20 +281,23 @@ def test_the_fused_operator_passes_torchs_operator_checks(device):
     q, k, v = randn(B_, H_, L, D), randn(B_, Hkv, L, D), randn(B_, Hkv, L, D)
     blocks = list(triton_route.BLOCKS["cuda" if device == "cuda" else "cpu"])
     full = (
-        randn(B_, H_, L, P),
-        randn(B_, Hkv, L, P),
-        randn(B_, H_, L),
-        randn(B_, H_, L, grad=False) * 1e-17,
-        randn(H_) * 0.1,
-        randn(H_, 2 * L - 1),
-        randn(B_, H_, L).abs() + 0.5,
+        randn(B_, H_, L, P),  # q lanes
+        randn(B_, Hkv, L, P),  # k lanes
+        randn(B_, H_, L),  # key bias
+        randn(H_) * 0.1,  # slope
+        randn(H_, 2 * L - 1),  # lag table
+        randn(B_, H_, L).abs() + 0.5,  # row factor
+        torch.rand(2 * L - 1, generator=gen, dtype=torch.float64).to(device).requires_grad_(),  # lag scale
+        torch.rand(L, generator=gen, dtype=torch.float64).to(device).requires_grad_(),  # row scale
+        randn(H_, 9),  # grid
+        randn(B_, H_, L, grad=False) * 1e-17,  # the key bias's rounding
         torch.zeros(B_, L, dtype=torch.int32, device=device),
         torch.zeros(B_, L, dtype=torch.int32, device=device),
         torch.zeros(B_, L, dtype=torch.int8, device=device),
     )
     for optional in (full, (None,) * len(full)):
         args = (q, k, v, *optional, True, 0, None, blocks)
-        torch.library.opcheck(triton_route.fused_attention, args)
+        torch.library.opcheck(triton_op.fused_attention, args)
 
 
 @pytest.mark.parametrize("device", ROUTE_DEVICES)
@@ -248,7 +341,7 @@ def test_the_kernels_compile_for_a_hopper_gpu_without_one():
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("compiles for sm_90") == 6
+    assert result.stdout.count("compiles for sm_90") == 9
 
 
 def test_a_forget_gates_gradient_keeps_float32_precision_far_along_the_keys():

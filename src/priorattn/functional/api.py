@@ -37,7 +37,7 @@ ROUTES = {
 }
 BACKENDS = ("auto", *ROUTES)
 #: From this many keys on, ``auto`` takes the ``triton`` route on CUDA where it would take ``flex``:
-#: on an H200 it beat FlexAttention at 16384 keys and lost to it at 4096 (docs/benchmarks.md).
+#: where it overtook FlexAttention on a Hopper GPU (docs/benchmarks.md).
 TRITON_MIN_KEYS = 16384
 #: What ``auto`` picks for a prior in a decode step (:func:`~.sdpa.sdpa_bias_attention`); not a backend
 #: of its own: explicit backends keep their algorithm whatever the shapes.
@@ -221,13 +221,15 @@ def _choose(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking, key_bia
     into SDPA where possible, else FlexAttention where it trains (CUDA) and can read the prior (a lag
     table), otherwise the blockwise route. On CUDA a fold whose slope would split the queries into
     runs (sized by the prior's bound, read from nothing), and a key bias, go to FlexAttention too:
-    the ``sdpa`` route's runs cost 26-62x flash SDPA on an H200 at 16k-32k (docs/benchmarks.md), and a
-    key bias's runs are sized by a drift it must read, where ``score_mod`` adds ``-m (i - j)`` and
-    the key bias centred per row in one kernel. A slope that fits one run stays on ``sdpa``: one call
-    of the flash kernel, where flex costs more at short lengths (tiny-model training, an H200).
+    the ``sdpa`` route's runs cost tens of times flash SDPA there at long lengths (docs/benchmarks.md),
+    and a key bias's runs are sized by a drift it must read, where ``score_mod`` adds ``-m (i - j)``
+    and the key bias centred per row in one kernel. A slope that fits one run stays on ``sdpa``: one
+    call of the flash kernel, where flex costs more at short lengths (tiny-model training).
     Where FlexAttention would run, the fused Triton kernels run instead from
     :data:`TRITON_MIN_KEYS` keys on (when Triton is installed and they compute the call:
-    :func:`~.triton_route.triton_takes`); below it FlexAttention was faster (docs/benchmarks.md)."""
+    :func:`~.triton_route.triton_takes`); below it FlexAttention was faster (docs/benchmarks.md).
+    A prior of a scaled lag (FIRE, causal), which neither SDPA nor FlexAttention runs, takes them at
+    every length on CUDA, never the blockwise route."""
     if prior is None and key_bias is None:
         return "sdpa"
     if is_decode_step(q, k):
@@ -250,6 +252,8 @@ def _choose(q: Tensor, k: Tensor, prior: Prior | None, masking: Masking, key_bia
             return "sdpa"
     elif flex_trains_on(q.device) and tabulates(prior, masking):
         return "triton" if fused else "flex"
+    if triton_preferred(q.device) and triton_takes(prior, masking):
+        return "triton"  # FIRE, causal: the blockwise route's tiles are hundreds of times flash on CUDA
     return "memeff"
 
 

@@ -6,8 +6,8 @@ A relative prior on position runs is read from its lag table (one value per lag)
 a FlexAttention block mask, so fully hidden blocks are skipped. The first call for a shape compiles
 (about 20 s on 2 CPU cores); later calls reuse it.
 
-On CUDA ``backend="auto"`` takes this route for a prior that does not fold (issue 13: there its
-backward exists, and the blockwise ``memeff`` route is a loop of small kernels). Only the choice is
+On CUDA ``backend="auto"`` takes this route for a prior that does not fold (there its backward
+exists, and the blockwise ``memeff`` route is a loop of small kernels). Only the choice is
 tested without a GPU; the CUDA runs of the route tests skip here.
 """
 
@@ -50,8 +50,9 @@ def slope_gradient_as_key_bias(slope: Tensor, k_pos: Tensor, key_bias: Tensor | 
     row, whose gradient sums to zero along the row; so a loss's gradient with respect to ``m`` is
     exactly that of the key term ``m j``. FlexAttention computes the gradient of a tensor that
     ``score_mod`` reads by atomic adds from every (query, key) pair into it: into ``H`` slopes they
-    serialize (GOAT with a learned slope ran 504x flash SDPA at 16k on an H200), into ``B x H x Lk``
-    key biases they spread. The added term is ``m j - m j``: zero in value, ``j`` in gradient."""
+    serialize (GOAT with a learned slope ran hundreds of times flash SDPA, docs/benchmarks.md), into
+    ``B x H x Lk`` key biases they spread. The added term is ``m j - m j``: zero in value, ``j`` in
+    gradient."""
     if not slope.requires_grad:
         return slope, key_bias
     term = slope[None, :, None] * k_pos[:, None, :].to(slope.dtype)  # (B, H, Lk)

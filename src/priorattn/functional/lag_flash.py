@@ -474,7 +474,7 @@ def tile_rows(width: int, Lk: int) -> int:
     triangle (about ``rows / (2 width)`` of its work) stays small, and at most ``TILE_BUFFER / Lk``.
     One thread: against 64 rows everywhere, 128 took GGD at L = 4096 from 1.14x plain SDPA's time to
     1.07x, and at L = 256 took 7% longer (docs/performance_log.md, `memeff` in the fifth session);
-    against 128, 256 rows took KERPLE at L = 4096 from 1.58x to 1.47x (docs/benchmarks.md, issue 24).
+    against 128, 256 rows took KERPLE at L = 4096 from 1.58x to 1.47x (docs/benchmarks.md).
     At L = 16384 the buffer's bound keeps 128 rows: 256 would add 17 MB to the route's peak."""
     least = max(1, TILE_ROWS // 4)
     rows = min(TILE_ROWS, max(least, width // 8))

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..priors import FoldLanes, Prior
+from ..priors import FoldLanes, Prior, ScaledLag
 from ..priors.base import sum_of_present
 from .masks import Masking, values_are_free
 
@@ -216,6 +216,24 @@ def lag_table(prior: Prior, masking: Masking) -> Tensor | None:
     Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
     lags = q0 - (k0 + Lk - 1) + torch.arange(Lq + Lk - 1, device=masking.q_pos.device)
     return prior.lag_values(lags).contiguous()
+
+
+def interpolates(prior: Prior, masking: Masking) -> bool:
+    """Whether :func:`scaled_lag` has the prior's grid for this call: a prior of a scaled lag
+    (FIRE), causal, on position runs with keys from position 0 on, where its argument stays in
+    ``[0, 1]``."""
+    return prior.is_scaled_lag and masking.causal and masking.starts is not None and masking.starts[1] >= 0
+
+
+def scaled_lag(prior: Prior, masking: Masking, cells: int) -> ScaledLag:
+    """The prior as a function of a scaled lag (:meth:`~priorattn.priors.Prior.scaled_lag`) for this
+    call, sampled at ``cells + 1`` points, its lag scale indexed as :func:`lag_table`'s (``i - j +
+    Lk - 1``); only where :func:`interpolates`."""
+    q0, k0 = masking.starts
+    Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
+    device = masking.q_pos.device
+    lags = q0 - (k0 + Lk - 1) + torch.arange(Lq + Lk - 1, device=device)
+    return prior.scaled_lag(lags, q0 + torch.arange(Lq, device=device), cells)
 
 
 @dataclass

@@ -9,7 +9,19 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .triton_forward import LOG2E, key_range, prior_bias, query_range, uncut_keys_end, visible_mask
+from .triton_forward import (
+    LOG2E,
+    key_range,
+    prior_bias,
+    query_range,
+    scaled_lag_term,
+    uncut_keys_end,
+    visible_mask,
+)
+
+#: A tile whose scaled lags fall in at most this many cells of the grid adds its grid gradient as
+#: one sum per grid point (far from the diagonal, nearly every tile); other tiles add per cell.
+GRID_WINDOW = tl.constexpr(4)
 
 
 @triton.jit
@@ -29,6 +41,8 @@ def key_block_kernel(
     DSLOPE,
     DTABLE,
     dt_h,
+    DGRID,
+    DLAG_SCALE,
     U,
     U_LO,
     su_b,
@@ -39,6 +53,10 @@ def key_block_kernel(
     F,
     sf_b,
     sf_h,
+    LAG_SCALE,
+    ROW_SCALE,
+    GRID,
+    sg_h,
     Q_DOC,
     K_DOC,
     sqd_b,
@@ -66,6 +84,8 @@ def key_block_kernel(
     HAS_SLOPE: tl.constexpr,
     HAS_TABLE: tl.constexpr,
     HAS_ROW_FACTOR: tl.constexpr,
+    HAS_GRID: tl.constexpr,
+    GRID_CELLS: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_DOCS: tl.constexpr,
@@ -74,6 +94,8 @@ def key_block_kernel(
     KEY_BIAS_GRAD: tl.constexpr,
     SLOPE_GRAD: tl.constexpr,
     TABLE_GRAD: tl.constexpr,
+    GRID_GRAD: tl.constexpr,
+    LAG_SCALE_GRAD: tl.constexpr,
     ACC: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -109,7 +131,7 @@ def key_block_kernel(
             other=0.0,
         )
         dkl = tl.zeros([BLOCK_N, BLOCK_P], ACC)
-    if TABLE_GRAD:
+    if TABLE_GRAD or LAG_SCALE_GRAD:
         # diagonal t of a tile holds lag offset i - j = t - (BLOCK_N - 1); gathered along the queries
         tl.static_assert(BLOCK_M == BLOCK_N, "a lag table's gradient takes square tiles")
         WIDTH: tl.constexpr = 2 * BLOCK_N
@@ -161,10 +183,16 @@ def key_block_kernel(
                 SLOPE,
                 TABLE,
                 st_h,
+                LAG_SCALE,
+                ROW_SCALE,
+                GRID,
+                sg_h,
                 HAS_KEY_BIAS,
                 HAS_LO,
                 HAS_SLOPE,
                 HAS_TABLE,
+                HAS_GRID,
+                GRID_CELLS,
                 ACC,
             )
             if HAS_ROW_FACTOR:
@@ -213,10 +241,29 @@ def key_block_kernel(
             if SLOPE_GRAD:  # d/dm of -m (DELTA + i - j)
                 dslope -= tl.sum(dsT * (DELTA + offs_m[None, :] - offs_n[:, None]).to(ACC), 1)
             if TABLE_GRAD:
-                sums = tl.sum(tl.where(on_tile, tl.gather(dsT, gather_at, 1), 0.0), 0)  # (WIDTH,)
-                col = m0 - n0 + diag - (BLOCK_N - 1) + Lk - 1
-                live = (diag < BLOCK_M + BLOCK_N - 1) & (col >= 0) & (col < Lq + Lk - 1)
-                tl.atomic_add(DTABLE + h * dt_h + col, sums, mask=live)
+                add_diagonal_sums(
+                    dsT, on_tile, gather_at, diag, m0, n0, DTABLE + h * dt_h, Lq, Lk, BLOCK_M, BLOCK_N
+                )
+            if GRID_GRAD or LAG_SCALE_GRAD:
+                _value, slope, _a, r, cell, t = scaled_lag_term(
+                    offs_m[None, :],
+                    offs_n[:, None],
+                    h,
+                    Lq,
+                    Lk,
+                    LAG_SCALE,
+                    ROW_SCALE,
+                    GRID,
+                    sg_h,
+                    GRID_CELLS,
+                    ACC,
+                )
+                if GRID_GRAD:
+                    add_to_grid(dsT, cell, t, DGRID + h * (GRID_CELLS + 1), GRID_CELLS)
+                if LAG_SCALE_GRAD:  # dx / da = r
+                    dx = dsT * slope * r
+                    base = DLAG_SCALE + h * (Lq + Lk - 1)
+                    add_diagonal_sums(dx, on_tile, gather_at, diag, m0, n0, base, Lq, Lk, BLOCK_M, BLOCK_N)
         if KEY_BIAS_GRAD:
             tl.store(DU + bh * Lk + offs_n, du, mask=offs_n < Lk)
         if SLOPE_GRAD:
@@ -240,6 +287,39 @@ def key_block_kernel(
 
 
 @triton.jit
+def add_diagonal_sums(
+    tileT, on_tile, gather_at, diag, m0, n0, OUT, Lq, Lk, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """Add the sums along the diagonals of a (keys x queries) tile to ``OUT`` at their lag index
+    ``i - j + Lk - 1``: one atomic add per lag of the tile."""
+    sums = tl.sum(tl.where(on_tile, tl.gather(tileT, gather_at, 1), 0.0), 0)  # (2 BLOCK_N,)
+    col = m0 - n0 + diag - (BLOCK_N - 1) + Lk - 1
+    live = (diag < BLOCK_M + BLOCK_N - 1) & (col >= 0) & (col < Lq + Lk - 1)
+    tl.atomic_add(OUT + col, sums, mask=live)
+
+
+@triton.jit
+def add_to_grid(dsT, cell, t, OUT, GRID_CELLS: tl.constexpr):
+    """Add a tile's gradient of the grid's points to ``OUT``: each cell's ``dS`` splits between the
+    two ends of its grid cell as the interpolation weights them, ``1 - t`` and ``t``. A tile within
+    :data:`GRID_WINDOW` cells adds one sum per grid point; a wider one (near the diagonal, where
+    every lag has its own cell) adds per cell."""
+    live = dsT != 0.0
+    first = tl.min(tl.min(tl.where(live, cell, GRID_CELLS), 1), 0)
+    last = tl.max(tl.max(tl.where(live, cell, 0), 1), 0)
+    upper = dsT * t
+    lower = dsT - upper
+    if last - first < GRID_WINDOW:
+        for o in tl.static_range(GRID_WINDOW + 1):
+            point = first + o
+            both = tl.where(cell == point, lower, 0.0) + tl.where(cell == point - 1, upper, 0.0)
+            tl.atomic_add(OUT + point, tl.sum(tl.sum(both, 1), 0), mask=point <= GRID_CELLS)
+    else:
+        tl.atomic_add(OUT + cell, lower, mask=live)
+        tl.atomic_add(OUT + cell + 1, upper, mask=live)
+
+
+@triton.jit
 def query_block_kernel(
     Q,
     K,
@@ -253,6 +333,7 @@ def query_block_kernel(
     DQL,
     DF,
     ROW_SUMS,
+    DROW_SCALE,
     U,
     U_LO,
     su_b,
@@ -263,6 +344,10 @@ def query_block_kernel(
     F,
     sf_b,
     sf_h,
+    LAG_SCALE,
+    ROW_SCALE,
+    GRID,
+    sg_h,
     Q_DOC,
     K_DOC,
     sqd_b,
@@ -289,6 +374,8 @@ def query_block_kernel(
     HAS_SLOPE: tl.constexpr,
     HAS_TABLE: tl.constexpr,
     HAS_ROW_FACTOR: tl.constexpr,
+    HAS_GRID: tl.constexpr,
+    GRID_CELLS: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_DOCS: tl.constexpr,
@@ -296,6 +383,7 @@ def query_block_kernel(
     ALWAYS_MASK: tl.constexpr,
     ROW_FACTOR_GRAD: tl.constexpr,
     KEY_BIAS_GRAD: tl.constexpr,
+    ROW_SCALE_GRAD: tl.constexpr,
     ACC: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
@@ -334,6 +422,7 @@ def query_block_kernel(
         f = tl.load(F + b * sf_b + h * sf_h + offs_m, mask=offs_m < Lq, other=0.0).to(ACC)
         df = tl.zeros([BLOCK_M], ACC)
     row_sums = tl.zeros([BLOCK_M], ACC)
+    d_row_scale = tl.zeros([BLOCK_M], ACC)
     lo, hi = key_range(m0, BLOCK_M, BLOCK_N, Lk, DELTA, WINDOW, CAUSAL, HAS_WINDOW)
     full_end = uncut_keys_end(m0, Lk, DELTA, CAUSAL, ALWAYS_MASK)
     for n0 in range(lo, hi, BLOCK_N):
@@ -367,10 +456,16 @@ def query_block_kernel(
             SLOPE,
             TABLE,
             st_h,
+            LAG_SCALE,
+            ROW_SCALE,
+            GRID,
+            sg_h,
             HAS_KEY_BIAS,
             HAS_LO,
             HAS_SLOPE,
             HAS_TABLE,
+            HAS_GRID,
+            GRID_CELLS,
             ACC,
         )
         # rows past Lq read lse = inf: weight 0 without a mask
@@ -413,6 +508,14 @@ def query_block_kernel(
             df += tl.sum(ds * bias, 1)
         if KEY_BIAS_GRAD:
             row_sums += tl.sum(ds, 1)
+        if ROW_SCALE_GRAD:  # dx / dr = a
+            _value, slope, a, _r, _cell, _t = scaled_lag_term(
+                offs_m[:, None], offs_n[None, :], h, Lq, Lk, LAG_SCALE, ROW_SCALE, GRID, sg_h, GRID_CELLS, ACC
+            )
+            if HAS_ROW_FACTOR:
+                d_row_scale += tl.sum(ds * f[:, None] * slope * a, 1)
+            else:
+                d_row_scale += tl.sum(ds * slope * a, 1)
     tl.store(
         DQ + (bh * Lq + offs_m[:, None]) * D + offs_d[None, :],
         dq.to(DQ.dtype.element_ty),
@@ -428,3 +531,5 @@ def query_block_kernel(
         tl.store(DF + bh * Lq + offs_m, df, mask=offs_m < Lq)
     if KEY_BIAS_GRAD:
         tl.store(ROW_SUMS + bh * Lq + offs_m, row_sums, mask=offs_m < Lq)
+    if ROW_SCALE_GRAD:
+        tl.store(DROW_SCALE + bh * Lq + offs_m, d_row_scale, mask=offs_m < Lq)

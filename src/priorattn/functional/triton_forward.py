@@ -155,10 +155,16 @@ def prior_bias(
     SLOPE,
     TABLE,
     st_h,
+    LAG_SCALE,
+    ROW_SCALE,
+    GRID,
+    sg_h,
     HAS_KEY_BIAS: tl.constexpr,
     HAS_LO: tl.constexpr,
     HAS_SLOPE: tl.constexpr,
     HAS_TABLE: tl.constexpr,
+    HAS_GRID: tl.constexpr,
+    GRID_CELLS: tl.constexpr,
     ACC: tl.constexpr,
 ):
     """The prior's terms before the row factor on a tile of query indices ``i`` and key indices
@@ -177,7 +183,30 @@ def prior_bias(
     if HAS_TABLE:
         inside = (i < Lq) & (j < Lk)
         bias += tl.load(TABLE + h * st_h + (i - j + Lk - 1), mask=inside, other=0.0).to(ACC)
+    if HAS_GRID:
+        value, _slope, _a, _r, _cell, _t = scaled_lag_term(
+            i, j, h, Lq, Lk, LAG_SCALE, ROW_SCALE, GRID, sg_h, GRID_CELLS, ACC
+        )
+        bias += value
     return bias
+
+
+@triton.jit
+def scaled_lag_term(
+    i, j, h, Lq, Lk, LAG_SCALE, ROW_SCALE, GRID, sg_h, GRID_CELLS: tl.constexpr, ACC: tl.constexpr
+):
+    """A prior of the scaled lag ``x = a[i - j + Lk - 1] r[i]`` in ``[0, 1]`` (FIRE), linear between
+    the points ``m / GRID_CELLS`` of its grid: the value, the slope ``dg/dx`` of the cell, ``a``,
+    ``r``, the cell ``m`` and ``x``'s place ``t`` in it, in ``[0, 1)``."""
+    inside = (i < Lq) & (j < Lk)
+    a = tl.load(LAG_SCALE + (i - j + Lk - 1), mask=inside, other=0.0).to(ACC)
+    r = tl.load(ROW_SCALE + i, mask=i < Lq, other=0.0).to(ACC)
+    u = tl.minimum(tl.maximum(a * r, 0.0), 1.0) * GRID_CELLS  # masked cells (keys after i) clamp to 0
+    cell = tl.minimum(u.to(tl.int32), GRID_CELLS - 1)
+    t = u - cell.to(ACC)
+    g0 = tl.load(GRID + h * sg_h + cell).to(ACC)
+    g1 = tl.load(GRID + h * sg_h + cell + 1).to(ACC)
+    return g0 + t * (g1 - g0), (g1 - g0) * GRID_CELLS, a, r, cell, t
 
 
 @triton.jit
@@ -199,6 +228,10 @@ def forward_kernel(
     F,
     sf_b,
     sf_h,
+    LAG_SCALE,
+    ROW_SCALE,
+    GRID,
+    sg_h,
     Q_DOC,
     K_DOC,
     sqd_b,
@@ -225,6 +258,8 @@ def forward_kernel(
     HAS_SLOPE: tl.constexpr,
     HAS_TABLE: tl.constexpr,
     HAS_ROW_FACTOR: tl.constexpr,
+    HAS_GRID: tl.constexpr,
+    GRID_CELLS: tl.constexpr,
     CAUSAL: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
     HAS_DOCS: tl.constexpr,
@@ -292,10 +327,16 @@ def forward_kernel(
             SLOPE,
             TABLE,
             st_h,
+            LAG_SCALE,
+            ROW_SCALE,
+            GRID,
+            sg_h,
             HAS_KEY_BIAS,
             HAS_LO,
             HAS_SLOPE,
             HAS_TABLE,
+            HAS_GRID,
+            GRID_CELLS,
             ACC,
         )
         if HAS_ROW_FACTOR:

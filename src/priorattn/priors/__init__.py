@@ -5,7 +5,7 @@ as plain data (:mod:`.spec`): ``build_prior("goat(num_freqs=4)+alibi", num_heads
 """
 
 from .alibi import ALiBi
-from .base import FoldLanes, Prior, alibi_slopes
+from .base import FoldLanes, Prior, ScaledLag, alibi_slopes
 from .fire import FIRE
 from .ggd import GGD
 from .goat import GOAT, GOATSink
@@ -31,6 +31,7 @@ __all__ = [
     "Option",
     "Prior",
     "Sandwich",
+    "ScaledLag",
     "Sum",
     "T5Bias",
     "Uniform",

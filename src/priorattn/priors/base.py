@@ -11,6 +11,8 @@ Attention routes ask it for what they need:
   ``can_fold(causal)`` true implement it.
 - ``is_relative``: whether the log-prior depends on ``q_pos - k_pos`` only, so a route may evaluate
   it once per lag.
+- ``scaled_lag(...)``: a log-prior of ``a(i - j) r(i)`` (FIRE), sampled on a grid that routes
+  interpolate; None for the others.
 - ``spec()``: the prior as plain data (its registered name and options), from which
   :func:`~priorattn.priors.build_prior` builds it again (:mod:`priorattn.priors.registry`).
 
@@ -54,6 +56,21 @@ class FoldLanes(NamedTuple):
     def width(self) -> int:
         """Lanes this fold adds to a q/k head in SDPA form (one each for key bias and slope)."""
         return self.q.shape[-1] + (self.key_bias is not None) + (self.slope is not None)
+
+
+class ScaledLag(NamedTuple):
+    """A log-prior of a scaled lag, ``K_h(i, j) = g_h(a(i - j) r(i))``, causal on positions >= 0,
+    where the argument ``x = a(i - j) r(i)`` lies in ``[0, 1]`` (FIRE's normalised lag), with ``g_h``
+    sampled on a uniform grid of ``[0, 1]``; routes interpolate between the grid's points:
+
+    - ``lag_scale``: ``a`` at the call's lags ``(n,)``;
+    - ``row_scale``: ``r`` at the query positions ``(Lq,)``;
+    - ``grid``: ``g_h(m / cells)`` for ``m = 0 .. cells``, ``(H, cells + 1)``.
+    """
+
+    lag_scale: Tensor
+    row_scale: Tensor
+    grid: Tensor
 
 
 class Prior(nn.Module):
@@ -156,6 +173,17 @@ class Prior(nn.Module):
         each lag (a lag table)."""
         origin = torch.zeros(1, dtype=lags.dtype, device=lags.device)
         return self.log_prior(lags, origin).reshape(-1, lags.shape[0])
+
+    @property
+    def is_scaled_lag(self) -> bool:
+        """Whether the log-prior is a function of a scaled lag (:meth:`scaled_lag`)."""
+        return False
+
+    def scaled_lag(self, lags: Tensor, q_pos: Tensor, cells: int) -> ScaledLag:
+        """This log-prior as a function of a scaled lag (:class:`ScaledLag`) at ``lags`` ``(n,)`` and
+        query positions ``q_pos`` ``(Lq,)``, sampled at ``cells + 1`` points; only priors with
+        :attr:`is_scaled_lag` true implement it."""
+        raise TypeError(f"{type(self).__name__} is not a function of a scaled lag")
 
     def score_terms(self, q_pos: Tensor, k_pos: Tensor, lags: Tensor) -> ScoreTerms:
         """This log-prior split as a FlexAttention ``score_mod`` reads it (:class:`ScoreTerms`), at

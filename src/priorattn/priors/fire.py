@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_int
-from .base import Prior, in_own_dtype
+from .base import Prior, ScaledLag, in_own_dtype
 from .kerple import inverse_softplus
 from .registry import register
 
@@ -31,8 +31,9 @@ class FIRE(Prior):
 
     It depends on the query's position ``i``, not only on ``i - j``: no lag table and no fold. The
     ``reference`` route evaluates it densely, ``memeff`` on each block of queries and keys (the MLP
-    at ``rows x Lk`` points of a block, O(L) memory), a decode step on its tile; ``auto`` takes
-    ``memeff`` (or the decode route), and ``sdpa`` and ``flex`` refuse it.
+    at ``rows x Lk`` points of a block, O(L) memory), a decode step on its tile, and ``triton``
+    (causal, positions >= 0) interpolates the MLP on a grid of ``x`` in the kernel
+    (:meth:`scaled_lag`, within :meth:`grid_error_bound`); ``sdpa`` and ``flex`` refuse it.
     """
 
     def __init__(self, num_heads: int, hidden: int = 32, threshold: float = 512.0):
@@ -65,6 +66,35 @@ class FIRE(Prior):
             scale = self.psi(torch.maximum(F.softplus(self.theta_L), q_pos.to(dtype)))[..., :, None]
             K = self.mlp((self.psi(lag) / scale)[..., None])  # (..., Lq, Lk, H)
         return K.movedim(-1, -3)  # (..., H, Lq, Lk)
+
+    @property
+    def is_scaled_lag(self) -> bool:
+        return True
+
+    def scaled_lag(self, lags: Tensor, q_pos: Tensor, cells: int) -> ScaledLag:
+        """``x = psi(i - j) / psi(max(L, i))``, in ``[0, 1]`` for causal attention on positions >= 0,
+        and the MLP on a grid of it: ``a = psi(lags)``, ``r = 1 / psi(max(L, q_pos))``, ``g_h(m /
+        cells)``. The MLP is piecewise linear in ``x`` (one ReLU layer), so interpolating its grid
+        is exact on every cell without a kink, and off by at most :meth:`grid_error_bound` inside one."""
+        dtype = self.theta_c.dtype
+        with in_own_dtype(lags.device):
+            lag_scale = self.psi(lags.to(dtype))
+            row_scale = 1.0 / self.psi(torch.maximum(F.softplus(self.theta_L), q_pos.to(dtype)))
+            points = torch.linspace(0.0, 1.0, cells + 1, dtype=dtype, device=lags.device)
+            grid = self.mlp(points[:, None]).T  # (H, cells + 1)
+        return ScaledLag(lag_scale, row_scale, grid)
+
+    def grid_error_bound(self, cells: int) -> Tensor:
+        """``(H,)``: how far linear interpolation on ``cells`` uniform cells of ``[0, 1]`` can be from
+        the MLP. Hidden unit k bends ``g_h`` by ``|W2[h, k] W1[k]|`` at its kink ``x = -b1[k] / W1[k]``,
+        and linear interpolation across a kink of bend ``b`` in a cell of width ``1 / cells`` is off
+        by at most ``b / (4 cells)``; summed over the kinks inside ``[0, 1]``, as if they shared one
+        cell."""
+        w1, b1 = self.mlp[0].weight[:, 0].detach(), self.mlp[0].bias.detach()
+        kink = -b1 / torch.where(w1 == 0, torch.ones_like(w1), w1)
+        inside = (w1 != 0) & (kink >= 0) & (kink <= 1)
+        bends = (self.mlp[2].weight.detach() * w1).abs() * inside  # (H, hidden)
+        return bends.sum(-1) / (4 * cells)
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, hidden={self.mlp[0].out_features}"
