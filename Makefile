@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip install --quiet --disable-pip-version-check
 # The torch requirement, as pip arguments: the default resolves to the local CPU wheel on this
 # machine; elsewhere choose the build with an index, e.g.
-# TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" (README, Set-up).
+# TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" (docs/guide.md, Set-up).
 TORCH ?= torch==2.13.0
 OUT ?= $(HOME)/.cache/priorattn/compare
 PRIORS ?=
