@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from factories import exit_code
@@ -55,6 +58,19 @@ def test_version_is_printed(capsys):
 
     assert exit_code(["--version"]) == 0
     assert capsys.readouterr().out == f"priorattn {__version__}\n"
+
+
+def test_the_version_is_the_packages_and_the_changelog_has_it():
+    import tomllib
+
+    from priorattn import __version__
+
+    root = Path(__file__).resolve().parents[1]
+    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+    assert __version__ == declared
+    assert f"\n## {declared}\n" in (root / "CHANGELOG.md").read_text()
+    done = subprocess.run([sys.executable, "-m", "priorattn", "--version"], capture_output=True, text=True)
+    assert done.stdout == f"priorattn {declared}\n"
 
 
 def test_plot_priors_into_a_file_is_a_one_line_error(tmp_path, capsys):
