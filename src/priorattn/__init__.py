@@ -2,6 +2,12 @@
 
 Attention logits = content score + a learnable log-prior over positions:
 ``softmax_j(scale <q_i, k_j> + K_h(i, j))``. See ``priorattn.attention`` and ``priorattn.priors``.
+
+Docstrings cite the source papers by number: seed 000 is GOAT (Litman and Guo, *You Need Better
+Attention Priors*), seed 002 *Scalar Sort Attention* (a gist by antimatter15), seed 003 BAM
+(Bianchessi, Aguirre, Barros and Kupssinskü, *Bayesian Attention Mechanism: A Probabilistic Framework
+for Positional Encoding and Context Length Extrapolation*), seed 004 Litman, *Scaled-Dot-Product
+Attention as One-Sided Entropic Optimal Transport*.
 """
 
 from importlib import metadata

@@ -312,7 +312,7 @@ def _load_prior_tensors(model: nn.Module, path: Path) -> None:
     saved = {}
     for file in sorted(path.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as f:
-            # GOAT's slope m_h, saved as "slope" before issue 28, loads into "slope_raw"
+            # GOAT's slope m_h, saved as "slope" by earlier versions, loads into "slope_raw"
             saved |= {key: f.get_tensor(key) for key in f.keys() if key in wanted or key + "_raw" in wanted}
     missing = sorted(wanted - set(saved) - {key + "_raw" for key in saved})
     if missing:

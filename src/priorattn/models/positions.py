@@ -20,7 +20,7 @@ POSITIONS: dict[str, tuple[str, dict]] = {
     "alibi": ("ALiBi", dict(prior="alibi")),
     "bam": ("BAM", dict(prior="ggd")),  # GGD; seed 003's full BAM is "bam+ssmax"
     "goat": ("GOAT", dict(prior="goat")),
-    # GOAT's ablations (issue 28): each is a spec of GOAT's options (priors/goat.py)
+    # GOAT's ablations: each is a spec of GOAT's options (priors/goat.py)
     "goat_noslope": ("GOAT no slope", dict(prior="goat(slope=none)")),
     "goat_nosink": ("GOAT no sink", dict(prior="goat(sink=none)")),
     "goat_spectral": ("GOAT spectral", dict(prior="goat(sink=none, slope=none)")),
