@@ -7,7 +7,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .parsing import add_experiment_options, fail, int_at_least, int_list, name_list, seed_list
+from .parsing import (
+    add_experiment_options,
+    fail,
+    int_at_least,
+    int_list,
+    mechanism_list,
+    name_list,
+    seed_list,
+)
 
 
 def evaluate(args: argparse.Namespace) -> int:
@@ -152,15 +160,16 @@ def add_compare_parser(commands) -> None:
     )
     p.add_argument(
         "--priors",
-        type=name_list(list(mechanisms()), "prior"),
-        help=f"comma-separated mechanisms, e.g. {','.join(DEFAULT_MODELS)} (the default)",
+        type=mechanism_list(list(mechanisms())),
+        help=f"comma-separated mechanisms, e.g. {','.join(DEFAULT_MODELS)} (the default), or prior specs "
+        "that are one of them, as train --prior writes them: goat(slope=none) is goat_noslope",
     )
     p.add_argument("--data", help="text file, folder, glob or hf:PATH to train on (the embedded Shakespeare)")
     p.add_argument("--text-encoding", default="utf-8", help="how --data's text files are decoded (utf-8)")
     study = p.add_mutually_exclusive_group()
     study.add_argument(
         "--retrieval-mechanisms",
-        type=name_list(list(all_mechanisms()), "mechanism"),
+        type=mechanism_list(list(all_mechanisms())),
         help=f"mechanisms of the synthetic retrieval study ({','.join(DEFAULT_MECHANISMS)})",
     )
     study.add_argument("--no-retrieval", action="store_true", help="skip the synthetic retrieval study")
@@ -186,7 +195,7 @@ def add_retrieval_parser(commands) -> None:
     )
     p.add_argument(
         "--mechanisms",
-        type=name_list(list(all_mechanisms()), "mechanism"),
+        type=mechanism_list(list(all_mechanisms())),
         help=f"comma-separated positions, each optionally +ssmax ({','.join(DEFAULT_MECHANISMS)})",
     )
     p.add_argument(
