@@ -171,7 +171,7 @@ def train(args: argparse.Namespace) -> int:
         model_config, config = train_configs(args)
         result = run(model_config, config, args.out, resume=args.resume, progress=not args.quiet)
     except (ValueError, FileNotFoundError, FileExistsError) as e:  # bad flags, data, run dir or checkpoint
-        fail(args, with_mechanism_hint(e, args.prior))
+        fail(args, with_mechanism_hint(e, getattr(args, "prior", None)))  # a flag not given is absent
     if os.environ.get("RANK", "0") != "0":  # under torchrun, one report
         return 0
     print(
