@@ -35,11 +35,33 @@ def evaluate(args: argparse.Namespace) -> int:
         job, options = evaluations.niah_job, options | dict(depths=args.depths, trials=args.trials)
         options["variants"] = args.variants
     try:
-        job(args.run, out, **options)
+        result = job(args.run, out, **options)
     except (ValueError, FileNotFoundError, FileExistsError) as e:  # no run, bad data, lengths, out
         fail(args, e)
+    if args.task == "ppl":
+        print(ppl_summary(result, args.windows))
     print(f"{args.task}: results in {out}")
     return 0
+
+
+def ppl_summary(result: dict, asked: int) -> str:
+    """The console's lines for ``eval ppl``: perplexity and the paired delta per length, and a note
+    for each length where the text held fewer windows than ``asked`` (results.json records how many
+    were scored, but an interval from 4 windows is not one from 8)."""
+    lines = ["length  windows  ppl      paired delta"]
+    for length, windows, ppl, delta in zip(
+        result["lengths"], result["windows"], result["ppl"], result["paired_delta"]
+    ):
+        shown = "" if delta is None else f"{delta:+.3f}"
+        lines.append(f"{length:>6}  {windows:>7}  {ppl:<7.2f}  {shown}")
+    short = [(length, n) for length, n in zip(result["lengths"], result["windows"]) if n < asked]
+    if short:
+        where = ", ".join(f"{n} at {length}" for length, n in short)
+        lines.append(
+            f"note: the text holds fewer windows than --windows {asked} at some lengths; scored {where} "
+            "(give --data a longer text for more)"
+        )
+    return "\n".join(lines)
 
 
 def compare(args: argparse.Namespace) -> int:
