@@ -10,7 +10,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip install --quiet --disable-pip-version-check
 # The torch requirement, as pip arguments: the default resolves to the local CPU wheel on this
 # machine; elsewhere choose the build with an index, e.g.
-# TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" (README, Set-up).
+# TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" (docs/guide.md, Set-up).
 TORCH ?= torch==2.13.0
 OUT ?= $(HOME)/.cache/priorattn/compare
 PRIORS ?=
@@ -19,7 +19,7 @@ DATA ?= $(HOME)/.cache/priorattn/fashion-mnist
 
 GENOMES ?= $(HOME)/.cache/priorattn/genomes
 
-.PHONY: demo test lint bench device-check genomes fashion-mnist
+.PHONY: demo test docs lint bench device-check genomes fashion-mnist
 
 $(VENV)/.demo-installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,12 @@ demo: $(VENV)/.demo-installed
 test: $(VENV)/.test-installed
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The API reference from the docstrings into docs/api/ (ignored by git): every public name of the
+# namespaces and every command's --help; fails naming any public name without a docstring.
+# The test environment, because priorattn.hf needs transformers.
+docs: $(VENV)/.test-installed
+	$(PY) tools/api_reference.py --out docs/api
 
 lint: $(VENV)/.test-installed
 	$(VENV)/bin/ruff check src tests benchmarks

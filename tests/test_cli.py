@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from factories import exit_code
@@ -55,6 +58,19 @@ def test_version_is_printed(capsys):
 
     assert exit_code(["--version"]) == 0
     assert capsys.readouterr().out == f"priorattn {__version__}\n"
+
+
+def test_the_version_is_the_packages_and_the_changelog_has_it():
+    import tomllib
+
+    from priorattn import __version__
+
+    root = Path(__file__).resolve().parents[1]
+    declared = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+    assert __version__ == declared
+    assert f"\n## {declared}\n" in (root / "CHANGELOG.md").read_text()
+    done = subprocess.run([sys.executable, "-m", "priorattn", "--version"], capture_output=True, text=True)
+    assert done.stdout == f"priorattn {declared}\n"
 
 
 def test_plot_priors_into_a_file_is_a_one_line_error(tmp_path, capsys):
@@ -124,3 +140,37 @@ def test_an_error_is_one_line_and_a_pointer_to_help_not_the_whole_usage(tmp_path
     error, pointer = err.splitlines()
     assert "usage:" not in err and error.startswith(f"{prog}: error: ")
     assert pointer == f"For more information, try '{prog} --help'."
+
+
+@pytest.mark.parametrize("prior, flags", [("fox", "--attention fox"), ("rope", "--encoding rope")])
+def test_train_given_a_mechanism_as_a_prior_names_the_flag_that_gives_it(tmp_path, capsys, prior, flags):
+    assert exit_code(["train", "--prior", prior, "--out", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err
+    assert f"unknown prior {prior!r}" in error and f"give {flags}" in error
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_given_a_misspelt_prior_gets_no_mechanism_hint(tmp_path, capsys):
+    assert exit_code(["train", "--prior", "gaot", "--out", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err
+    assert "unknown prior 'gaot'" in error and "give --" not in error
+
+
+@pytest.mark.parametrize(
+    "given, named",
+    [
+        ("goat(slope=none)", ["goat_noslope"]),
+        ("nope,goat(slope=none, sink=none),rope", ["nope", "goat_spectral", "rope"]),
+        ("goat(sink=none)+ssmax,fox", ["goat_nosink+ssmax", "fox"]),
+        ("ggd+ssmax", ["ggd+ssmax"]),
+    ],
+)
+def test_compare_takes_prior_specs_that_name_its_mechanisms(given, named, tmp_path):
+    args = cli.build_parser().parse_args(["compare", "--out", str(tmp_path), "--priors", given])
+    assert args.priors == named
+
+
+def test_compare_given_a_spec_no_mechanism_names_says_how_to_train_it(tmp_path, capsys):
+    assert exit_code(["compare", "--out", str(tmp_path / "c"), "--priors", "goat(num_freqs=3)"]) == 2
+    error = capsys.readouterr().err
+    assert "unknown mechanism 'goat(num_freqs=3)'" in error and "priorattn train --prior SPEC" in error

@@ -88,7 +88,7 @@ def test_eval_reads_other_text_with_its_encoding(run_dir, tmp_path):
             ["eval", "niah", "--run", "{run}", "--variants", "single_bogus"],
             "unknown NIAH variant 'single_bogus'",
         ),
-        (["compare", "--out", "{tmp}", "--priors", "nope,xpos"], "unknown prior 'xpos'"),
+        (["compare", "--out", "{tmp}", "--priors", "nope,xpos"], "unknown mechanism 'xpos'"),
         (["compare", "--out", "{tmp}", "--budget", "0"], "argument --budget: must be a positive number"),
         (["compare", "--out", "{file}", "--budget", "0.1"], "is a file"),
         (
@@ -183,3 +183,26 @@ def test_a_truncated_checkpoint_is_named_in_one_line_with_the_one_used_instead(t
     assert scored == dict(step=1, sha256=index["sha256"])
     assert cli.main(["train", "--out", str(run), "--resume", "--quiet"]) == 0
     assert line in capsys.readouterr().err.splitlines()
+
+
+def test_eval_ppl_prints_each_length_and_says_where_it_scored_fewer_windows_than_asked(
+    run_dir, tmp_path, capsys
+):
+    text = tmp_path / "short.txt"
+    text.write_text("Double, double toil and trouble; fire burn and cauldron bubble. " * 30)  # ~1.9k bytes
+    out = tmp_path / "ppl"
+    assert cli.main(["eval", "ppl", "--run", str(run_dir), "--data", str(text), "--lengths", "128,1024",
+                     "--windows", "4", "--out", str(out), "--quiet"]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    result = json.loads((out / "results.json").read_text())
+    assert result["windows"][0] == 4 and result["windows"][1] < 4  # one window of 1025 bytes fits
+    note = "note: the text holds fewer windows than --windows 4 at some lengths; scored"
+    assert f"{note} {result['windows'][1]} at 1024" in printed
+    assert f"{128:>6}  {4:>7}  {result['ppl'][0]:<7.2f}" in printed
+    assert f"{result['paired_delta'][1]:+.3f}" in printed
+
+
+def test_eval_ppl_with_every_window_it_asked_for_has_no_note(run_dir, tmp_path, capsys):
+    assert cli.main(["eval", "ppl", "--run", str(run_dir), "--lengths", "128", "--windows", "2",
+                     "--out", str(tmp_path / "ppl"), "--quiet"]) == 0  # fmt: skip
+    assert "note:" not in capsys.readouterr().out

@@ -2,7 +2,7 @@
 
 The reference and every route build visibility with the same ``Masking`` helper, so comparing
 routes with the reference cannot catch a mistake in it. Here the visible keys come from plain
-Python loops over the README's definitions and the output from a float64 softmax written below;
+Python loops over the mask rules of docs/library.md and the output from a float64 softmax written below;
 every route is compared with that, forward and backward (q, k, v, the prior's parameters and the
 SSMax scales), at lengths where the routes split their work into many chunks.
 """
@@ -27,7 +27,7 @@ ROUTES = ("reference", "sdpa", "memeff")
 
 
 def expected_visibility(q_pos, k_pos, causal, window, q_doc, k_doc, padding) -> torch.Tensor:
-    """``(B, Lq, Lk)`` bool from the README's rules, one (query, key) pair at a time.
+    """``(B, Lq, Lk)`` bool from docs/library.md's mask rules, one (query, key) pair at a time.
 
     Causal keeps ``k_pos <= q_pos``; ``window=w`` keeps ``0 <= q_pos - k_pos < w`` (``|q_pos - k_pos|
     < w`` when not causal); documents keep equal ids; padding keys are never seen.

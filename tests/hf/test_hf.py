@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import warnings
 
 import pytest
+import safetensors.torch
 import torch
 from factories import make_prior
 from transformers import (
@@ -17,6 +19,7 @@ from transformers import (
     GPT2Config,
     GPTNeoXConfig,
     LlamaConfig,
+    LlamaForCausalLM,
     MistralConfig,
     PhiConfig,
     Qwen2Config,
@@ -27,6 +30,7 @@ from transformers.modeling_utils import AttentionInterface
 
 import priorattn
 import priorattn.hf as phf
+from priorattn.hf.model import FrozenSlopeWarning
 
 SIZES = dict(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
 CONFIGS = {
@@ -339,3 +343,51 @@ def test_unsupported_inputs_get_clear_errors():
     plain.set_attn_implementation("priorattn")
     with pytest.raises(ValueError, match="call priorattn.hf.add_prior"):
         plain(tokens)
+
+
+def test_a_correct_reload_prints_no_load_report_of_the_prior_tensors(tmp_path, capfd):
+    model = build("llama")
+    phf.add_prior(model, "ggd", prior_init="alibi")
+    model.save_pretrained(tmp_path)
+    capfd.readouterr()
+    phf.from_pretrained(tmp_path)
+    shown = capfd.readouterr()
+    assert "UNEXPECTED" not in shown.err + shown.out and "LOAD REPORT" not in shown.err + shown.out
+    # the patterns are lent to the class only while loading: a plain load keeps its own report
+    assert ".prior." not in str(LlamaForCausalLM._keys_to_ignore_on_load_unexpected)
+
+
+def test_a_reload_missing_a_prior_tensor_is_still_an_error(tmp_path):
+    model = build("llama")
+    phf.add_prior(model, "ggd", prior_init="alibi")
+    model.save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    tensors = safetensors.torch.load_file(weights)
+    del tensors["model.layers.0.self_attn.prior.theta_beta"]
+    safetensors.torch.save_file(tensors, weights, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="theta_beta"):
+        phf.from_pretrained(tmp_path)
+
+
+def test_goat_started_uniform_warns_that_its_slope_cannot_train():
+    with pytest.warns(FrozenSlopeWarning, match="prior_init='alibi'"):
+        phf.add_prior(build("llama"), "goat")  # prior_init's default, "uniform"
+
+
+@pytest.mark.parametrize(
+    "spec, init", [("goat", "alibi"), ("goat(init=seeded)", None), ("goat(slope=none)", None), ("ggd", None)]
+)
+def test_a_goat_whose_slope_trains_or_is_absent_does_not_warn(spec, init):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FrozenSlopeWarning)
+        phf.add_prior(build("llama"), spec, prior_init=init)
+
+
+def test_reloading_a_uniform_goat_does_not_warn_again(tmp_path):
+    model = build("llama")
+    with pytest.warns(FrozenSlopeWarning):
+        phf.add_prior(model, "goat")
+    model.save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FrozenSlopeWarning)
+        phf.from_pretrained(tmp_path)

@@ -11,8 +11,10 @@ from priorattn.models.positions import (
     POSITIONS,
     mechanism_fields,
     mechanism_label,
+    mechanism_of_spec,
     mechanism_style,
     mechanisms,
+    not_a_prior,
     positions,
     split_mechanism,
 )
@@ -59,3 +61,23 @@ def test_fox_is_a_position_whose_model_has_a_forget_gate_in_every_block():
     config = GPTConfig(vocab_size=16, seq_len=8, d_model=16, n_layers=2, n_heads=2, **mechanism_fields("fox"))
     assert (config.prior, config.encoding) == ("uniform", "none")  # the paper's FoX: no positional encoding
     assert all(isinstance(block.attn.forget_gate, ForgetGate) for block in GPT(config).blocks)
+
+
+@pytest.mark.parametrize(
+    "spec, mechanism",
+    [
+        ("goat(slope=none)", "goat_noslope"),
+        ("goat(slope=none, sink=none)", "goat_spectral"),
+        ("goat(sink=none, slope=none)+ssmax", "goat_spectral+ssmax"),
+        ("goat(num_freqs=3)", None),
+        ("not a spec((", None),
+    ],
+)
+def test_a_prior_spec_names_the_mechanism_that_is_that_prior(spec, mechanism):
+    assert mechanism_of_spec(spec) == mechanism
+
+
+@pytest.mark.parametrize("name, fields", [("fox", {"attention": "fox"}), ("rope", {"encoding": "rope"})])
+def test_a_mechanism_that_is_no_prior_gives_its_fields(name, fields):
+    assert not_a_prior(name) == fields
+    assert not_a_prior("goat") is None and not_a_prior("goat_noslope") is None and not_a_prior("xyz") is None

@@ -296,3 +296,22 @@ def test_a_refused_input_leaves_no_run_directory_behind_but_keeps_one_that_was_t
         == 2
     )
     assert (kept / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('{"model": 3}', "holds a JSON int under 'model': a run's config.json is {\"model\": {GPTConfig"),
+        ("[1, 2]", "holds a JSON list, not a run's configs"),
+        ('{"model": {}}', "holds nothing under 'train'"),
+        ('{"model": {}, "train": {}}', "holds no valid run configs: GPTConfig.__init__() missing"),
+    ],
+)
+def test_a_config_json_of_the_wrong_structure_is_a_one_line_error(tmp_path, capsys, text, message):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(text)
+    for argv in (["sample", "--run", str(run)], ["eval", "ppl", "--run", str(run)]):
+        assert exit_code(argv) == 2
+        err = capsys.readouterr().err
+        assert f"error: {run / 'config.json'} {message}" in err and "Traceback" not in err

@@ -7,7 +7,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .parsing import add_experiment_options, fail, int_at_least, int_list, name_list, seed_list
+from .parsing import (
+    add_experiment_options,
+    fail,
+    int_at_least,
+    int_list,
+    mechanism_list,
+    name_list,
+    seed_list,
+)
 
 
 def evaluate(args: argparse.Namespace) -> int:
@@ -27,11 +35,33 @@ def evaluate(args: argparse.Namespace) -> int:
         job, options = evaluations.niah_job, options | dict(depths=args.depths, trials=args.trials)
         options["variants"] = args.variants
     try:
-        job(args.run, out, **options)
+        result = job(args.run, out, **options)
     except (ValueError, FileNotFoundError, FileExistsError) as e:  # no run, bad data, lengths, out
         fail(args, e)
+    if args.task == "ppl":
+        print(ppl_summary(result, args.windows))
     print(f"{args.task}: results in {out}")
     return 0
+
+
+def ppl_summary(result: dict, asked: int) -> str:
+    """The console's lines for ``eval ppl``: perplexity and the paired delta per length, and a note
+    for each length where the text held fewer windows than ``asked`` (results.json records how many
+    were scored, but an interval from 4 windows is not one from 8)."""
+    lines = ["length  windows  ppl      paired delta"]
+    for length, windows, ppl, delta in zip(
+        result["lengths"], result["windows"], result["ppl"], result["paired_delta"]
+    ):
+        shown = "" if delta is None else f"{delta:+.3f}"
+        lines.append(f"{length:>6}  {windows:>7}  {ppl:<7.2f}  {shown}")
+    short = [(length, n) for length, n in zip(result["lengths"], result["windows"]) if n < asked]
+    if short:
+        where = ", ".join(f"{n} at {length}" for length, n in short)
+        lines.append(
+            f"note: the text holds fewer windows than --windows {asked} at some lengths; scored {where} "
+            "(give --data a longer text for more)"
+        )
+    return "\n".join(lines)
 
 
 def compare(args: argparse.Namespace) -> int:
@@ -152,15 +182,16 @@ def add_compare_parser(commands) -> None:
     )
     p.add_argument(
         "--priors",
-        type=name_list(list(mechanisms()), "prior"),
-        help=f"comma-separated mechanisms, e.g. {','.join(DEFAULT_MODELS)} (the default)",
+        type=mechanism_list(list(mechanisms())),
+        help=f"comma-separated mechanisms, e.g. {','.join(DEFAULT_MODELS)} (the default), or prior specs "
+        "that are one of them, as train --prior writes them: goat(slope=none) is goat_noslope",
     )
     p.add_argument("--data", help="text file, folder, glob or hf:PATH to train on (the embedded Shakespeare)")
     p.add_argument("--text-encoding", default="utf-8", help="how --data's text files are decoded (utf-8)")
     study = p.add_mutually_exclusive_group()
     study.add_argument(
         "--retrieval-mechanisms",
-        type=name_list(list(all_mechanisms()), "mechanism"),
+        type=mechanism_list(list(all_mechanisms())),
         help=f"mechanisms of the synthetic retrieval study ({','.join(DEFAULT_MECHANISMS)})",
     )
     study.add_argument("--no-retrieval", action="store_true", help="skip the synthetic retrieval study")
@@ -186,7 +217,7 @@ def add_retrieval_parser(commands) -> None:
     )
     p.add_argument(
         "--mechanisms",
-        type=name_list(list(all_mechanisms()), "mechanism"),
+        type=mechanism_list(list(all_mechanisms())),
         help=f"comma-separated positions, each optionally +ssmax ({','.join(DEFAULT_MECHANISMS)})",
     )
     p.add_argument(

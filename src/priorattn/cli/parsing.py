@@ -110,6 +110,27 @@ def name_list(choices, kind: str) -> Callable[[str], list[str]]:
     return parse
 
 
+def mechanism_list(choices) -> Callable[[str], list[str]]:
+    """An argparse ``type`` for comma-separated mechanisms, each one of ``choices`` or a prior spec
+    that is one of them (``goat(slope=none)`` names ``goat_noslope``: the spec ``train --prior``
+    takes). Commas inside a spec's parentheses do not split it."""
+    from ..models.positions import mechanism_of_spec
+
+    def parse(text: str) -> list[str]:
+        parts = [part.strip() for part in re.split(r",(?![^()]*\))", text)]
+        named = [part if part in choices else mechanism_of_spec(part) for part in parts]
+        unknown = [part for part, name in zip(parts, named) if name not in choices]
+        if unknown:
+            raise argparse.ArgumentTypeError(
+                f"unknown mechanism {unknown[0]!r}: use a prior spec that is one of them (as "
+                f"goat(slope=none), bam+ssmax) or one of {','.join(choices)}; a prior no mechanism "
+                "names trains with priorattn train --prior SPEC and scores with priorattn eval"
+            )
+        return named
+
+    return parse
+
+
 def prior_specs() -> str:
     """The registered priors and how a spec writes them, for a ``--prior`` help."""
     from ..priors import names

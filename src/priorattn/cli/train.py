@@ -93,7 +93,7 @@ def model_flags() -> dict[str, Flag]:
     """:data:`MODEL_FLAGS` and the flags whose help or choices come from a registry, read when the
     parser is built (so a prior or mechanism registered by then is named)."""
     return MODEL_FLAGS | {
-        "prior": Flag(help=f"{prior_specs()} (the preset's)"),
+        "prior": Flag(help=f"{prior_specs()}; FoX is --attention fox, RoPE --encoding rope (the preset's)"),
         "attention": Flag(group=SCALAR, choices=mechanism_names(), help="head kind (standard)"),
     }
 
@@ -171,7 +171,7 @@ def train(args: argparse.Namespace) -> int:
         model_config, config = train_configs(args)
         result = run(model_config, config, args.out, resume=args.resume, progress=not args.quiet)
     except (ValueError, FileNotFoundError, FileExistsError) as e:  # bad flags, data, run dir or checkpoint
-        fail(args, e)
+        fail(args, with_mechanism_hint(e, getattr(args, "prior", None)))  # a flag not given is absent
     if os.environ.get("RANK", "0") != "0":  # under torchrun, one report
         return 0
     print(
@@ -180,6 +180,18 @@ def train(args: argparse.Namespace) -> int:
         f"run in {result.run_dir}"
     )
     return 0
+
+
+def with_mechanism_hint(error: Exception, prior: str | None) -> Exception:
+    """``error``, where ``--prior`` named a mechanism that is not a prior (``fox``, ``rope``), with the
+    flags that give it: ``compare --priors`` takes every mechanism, ``train --prior`` only priors."""
+    from ..models.positions import not_a_prior
+
+    fields = not_a_prior(prior) if isinstance(prior, str) else None
+    if fields is None or "unknown prior" not in str(error):
+        return error
+    flags = " ".join(f"--{key.replace('_', '-')} {value}" for key, value in fields.items())
+    return ValueError(f"{error}. {prior!r} is not a prior but a mechanism of its own: give {flags}")
 
 
 def train_configs(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig]:

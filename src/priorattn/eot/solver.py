@@ -34,6 +34,9 @@ class NotConverged(RuntimeError):
 
 
 class Solution(NamedTuple):
+    """What :func:`solve` returns: the attention weights, a bound on their objective's distance to the
+    optimum, and the iterations it took."""
+
     p: Tensor  # (..., Lk) float64, on the simplex of the visible keys
     gap: Tensor  # (...,) Frank-Wolfe duality gap: J(p) - J(p*) <= gap
     iterations: int

@@ -25,6 +25,8 @@ from ..checks import describe
 from ..functional import attention
 from ..functional.masks import values_are_free
 
+#: The name priorattn's attention is registered under in ``transformers.AttentionInterface``: the
+#: ``attn_implementation`` of a model after :func:`~priorattn.hf.add_prior`.
 NAME = "priorattn"
 
 

@@ -11,18 +11,22 @@ implementation that does not exist, :data:`PLAIN_LOAD_REFUSAL`, which makes that
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import warnings
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from torch import Tensor, nn
+from torch.nn import functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from ..functional.api import check_options
 from ..models.gpt import PRIOR_INITS
 from ..models.legacy import LEGACY_PRIOR_FIELDS, legacy_spec
-from ..priors import Prior, Uniform, build_prior
+from ..priors import GOAT, Prior, Uniform, build_prior
 from ..priors.registry import UnregisteredPrior
 from .attention import NAME
 
@@ -32,6 +36,16 @@ CONFIG_KEY = "priorattn"  # where config.json records what add_prior did
 #: directory by itself, whether ``priorattn.hf`` is imported or not, with an error quoting this
 #: string: ``Specified `attn_implementation="priorattn (load ...)"` is not supported``.
 PLAIN_LOAD_REFUSAL = "priorattn (load this model with priorattn.hf.from_pretrained)"
+#: The priors' tensors in a saved model's weights: ``transformers`` builds the model without priors
+#: and would list these as unexpected; :func:`from_pretrained` loads them itself afterwards.
+PRIOR_TENSORS = r"\.prior\."
+#: A learned GOAT slope below this cannot train: its gradient is ``sigmoid(raw)`` times the loss's,
+#: under AdamW's ``eps`` (docs/priors.md, GOAT's starts).
+UNTRAINABLE_SLOPE = 1e-8
+
+
+class FrozenSlopeWarning(UserWarning):
+    """A GOAT prior's learned slope starts too small to train (GOAT started ``"uniform"``)."""
 
 
 class WithoutRotation(nn.Module):
@@ -116,6 +130,7 @@ def add_prior(
         priors = _layer_priors(
             lambda: build_prior(prior, heads, train_len=seq_len, init=init), len(layers), shared_prior
         )
+    _warn_of_frozen_slopes(priors[0])
     heads_are = f"the model has {heads} query heads per layer"
     check_options(priors[0], heads, None, backend, heads=heads_are)
     record = dict(prior=None, shared_prior=bool(shared_prior), remove_rope=remove_rope, seq_len=seq_len)
@@ -225,10 +240,59 @@ def from_pretrained(path: str | Path, prior: Prior | None = None, **kwargs) -> P
             f"{path} was saved with a {module} module given to add_prior, which cannot describe itself: "
             f"pass prior= a {module} built the same way (its parameters are loaded from the checkpoint)"
         )
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, local_files_only=True, **kwargs)
-    add_prior(model, spec if prior is None else prior, **record)
+    with _prior_tensors_expected(config):
+        model = AutoModelForCausalLM.from_pretrained(path, config=config, local_files_only=True, **kwargs)
+    with warnings.catch_warnings():  # the saved slope is loaded below: what it started at is moot
+        warnings.simplefilter("ignore", FrozenSlopeWarning)
+        add_prior(model, spec if prior is None else prior, **record)
     _load_prior_tensors(model, path)
     return model
+
+
+@contextlib.contextmanager
+def _prior_tensors_expected(config):
+    """While ``transformers`` loads a saved model with priors: its load report leaves out the priors'
+    tensors, which it would list as UNEXPECTED on every correct reload (they are loaded afterwards,
+    and a missing one is an error there). The patterns are a class attribute, which the model copies
+    when it is built; the class's own are restored afterwards."""
+    model_class = MODEL_FOR_CAUSAL_LM_MAPPING.get(type(config), None)
+    if model_class is None:  # a class outside the mapping (remote code): its report stays as it is
+        yield
+        return
+    own = model_class.__dict__.get("_keys_to_ignore_on_load_unexpected", _ABSENT)
+    model_class._keys_to_ignore_on_load_unexpected = [
+        *(model_class._keys_to_ignore_on_load_unexpected or []),
+        PRIOR_TENSORS,
+    ]
+    try:
+        yield
+    finally:
+        if own is _ABSENT:
+            del model_class._keys_to_ignore_on_load_unexpected
+        else:
+            model_class._keys_to_ignore_on_load_unexpected = own
+
+
+_ABSENT = object()
+
+
+def _warn_of_frozen_slopes(prior: Prior | None) -> None:
+    """Warn where a GOAT's learned slope starts where it cannot train (``init="uniform"``, the start a
+    spec's GOAT takes from ``prior_init="uniform"``): it would stay a constant 0 however long the
+    model is tuned."""
+    goats = [m for m in prior.modules() if isinstance(m, GOAT)] if prior is not None else []
+    if any(
+        g.slope_raw is not None and bool(F.softplus(g.slope_raw.detach()).max() < UNTRAINABLE_SLOPE)
+        for g in goats
+    ):
+        warnings.warn(
+            "GOAT's learned recency slope starts at softplus(-30) = 1e-13 (GOAT started 'uniform', as "
+            "prior_init='uniform' starts a spec's GOAT) and never trains from there: give "
+            "prior_init='alibi' or the spec 'goat(init=seeded)' for a slope that learns, or "
+            "'goat(slope=none)' for none (docs/priors.md)",
+            FrozenSlopeWarning,
+            stacklevel=3,
+        )
 
 
 def model_dir(path: str | Path) -> Path:
@@ -248,7 +312,7 @@ def _load_prior_tensors(model: nn.Module, path: Path) -> None:
     saved = {}
     for file in sorted(path.glob("*.safetensors")):
         with safe_open(str(file), framework="pt") as f:
-            # GOAT's slope m_h, saved as "slope" before issue 28, loads into "slope_raw"
+            # GOAT's slope m_h, saved as "slope" by earlier versions, loads into "slope_raw"
             saved |= {key: f.get_tensor(key) for key in f.keys() if key in wanted or key + "_raw" in wanted}
     missing = sorted(wanted - set(saved) - {key + "_raw" for key in saved})
     if missing:

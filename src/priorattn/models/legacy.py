@@ -1,6 +1,6 @@
 """Configs saved before the prior registry, read today.
 
-Up to commit a7edaba a ``GPTConfig`` (and what ``priorattn.hf.add_prior`` recorded) named its prior
+Before the prior registry a ``GPTConfig`` (and what ``priorattn.hf.add_prior`` recorded) named its prior
 (``"goat"``, ``"alibi+ggd"``) and held GOAT's and GGD's options as flattened fields of its own
 (:data:`LEGACY_PRIOR_FIELDS`). They are now options of the prior spec; :func:`legacy_spec` moves
 them there, so such a config builds the same model (same parameter names, same outputs:
@@ -24,7 +24,7 @@ LEGACY_PRIOR_FIELDS = {
 
 #: Flattened field -> what its true and false read as today: GOAT's sink then was the per-head one
 #: with a linear decay, its slope the learned one (a run's saved slope loads as ``softplus`` of a raw
-#: parameter, issue 28).
+#: parameter).
 LEGACY_VALUES = {
     "goat_sink": {True: "per_head", False: "none"},
     "goat_slope": {True: "learned", False: "none"},

@@ -10,7 +10,7 @@ turns a name into the :class:`~priorattn.models.GPTConfig` fields that differ fr
 
 from __future__ import annotations
 
-from ..priors import names, registered
+from ..priors import canonical_spec, names, registered
 
 #: name -> (label, GPTConfig fields): the positional mechanisms of seed 003 Fig. 2 / App. F.4 and
 #: seed 000 Fig. 3, and FoX. ``local_rope`` needs a ``window``, which each study sets.
@@ -20,7 +20,7 @@ POSITIONS: dict[str, tuple[str, dict]] = {
     "alibi": ("ALiBi", dict(prior="alibi")),
     "bam": ("BAM", dict(prior="ggd")),  # GGD; seed 003's full BAM is "bam+ssmax"
     "goat": ("GOAT", dict(prior="goat")),
-    # GOAT's ablations (issue 28): each is a spec of GOAT's options (priors/goat.py)
+    # GOAT's ablations: each is a spec of GOAT's options (priors/goat.py)
     "goat_noslope": ("GOAT no slope", dict(prior="goat(slope=none)")),
     "goat_nosink": ("GOAT no sink", dict(prior="goat(sink=none)")),
     "goat_spectral": ("GOAT spectral", dict(prior="goat(sink=none, slope=none)")),
@@ -74,6 +74,32 @@ def positions() -> dict[str, tuple[str, dict]]:
     name, labelled by its class (``"GGD"``), as ``prior=name``."""
     registry = {name: (registered(name).cls.__name__, dict(prior=name)) for name in names()}
     return POSITIONS | {name: entry for name, entry in registry.items() if name not in POSITIONS}
+
+
+def not_a_prior(name: str) -> dict | None:
+    """The :class:`~priorattn.models.GPTConfig` fields of the position ``name`` where it is a
+    mechanism but no prior (``"fox"``: ``{"attention": "fox"}``, ``"rope"``: ``{"encoding":
+    "rope"}``), so a command given it as a prior can say what to give instead; ``None`` else."""
+    if name not in POSITIONS or name in names():
+        return None
+    fields = POSITIONS[name][1]
+    return None if "prior" in fields else dict(fields)
+
+
+def mechanism_of_spec(spec: str) -> str | None:
+    """The mechanism whose model is the prior ``spec`` (optionally ``+ssmax``), named as the studies
+    name it: ``"goat(slope=none)"`` is ``"goat_noslope"``, ``"ggd+ssmax"`` is ``"bam+ssmax"``;
+    ``None`` where no position is that prior alone or ``spec`` is no valid spec. Specs are compared
+    in their canonical form, so option order and defaults do not matter."""
+    prior, ssmax = (spec[: -len(SSMAX)], SSMAX) if spec.endswith(SSMAX) else (spec, "")
+    try:
+        wanted = canonical_spec(prior)
+    except ValueError:
+        return None
+    for name, (_, fields) in positions().items():
+        if set(fields) == {"prior"} and canonical_spec(fields["prior"]) == wanted:
+            return name + ssmax
+    return None
 
 
 def mechanisms() -> tuple[str, ...]:

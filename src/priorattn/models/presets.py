@@ -43,6 +43,8 @@ from .gpt import GPTConfig
 # and the GGD prior started uniform, training alpha and beta (GGD's default trainable).
 _BAM = dict(vocab_size=32768, seq_len=512, tie_embeddings=False, prior="ggd", prior_init="uniform")
 
+#: The model sizes by name (``preset(name)``, ``train --preset``): ``GPTConfig`` fields each, the
+#: papers' configurations as data.
 PRESETS: dict[str, dict] = {
     # Byte-level, trains in minutes on 2 CPU cores. GOAT's 3 frequencies fold into 8 of 32 lanes.
     "tiny": dict(vocab_size=256, seq_len=256, d_model=128, n_layers=4, n_heads=4),

@@ -264,8 +264,8 @@ def in_own_dtype(device: torch.device) -> contextlib.AbstractContextManager:
 
     A prior evaluates O(L) terms per head, a small share of a step, so full precision costs little,
     while autocast would round them to bfloat16 before the route rounds its lanes again; and on the
-    CPU bfloat16 products of such small odd shapes are slower (GOAT's sink MLP, 256 positions,
-    forward and backward: 334 us under bf16 autocast, 123 us in float32; issue 13).
+    CPU bfloat16 products of such small odd shapes are slower (GOAT's sink MLP took nearly three times
+    as long under bf16 autocast as in float32, forward and backward: docs/performance_log.md).
     """
     # "meta" has no autocast to turn off. A compiled graph runs on a real device, and dynamo before
     # torch 2.13 cannot trace the availability check (a graph break on CUDA, torch 2.11).
@@ -437,7 +437,7 @@ class PositionTable:
 
 def module_tensors(module: nn.Module) -> list[Tensor]:
     """Every parameter and buffer of ``module`` and its submodules, read from their own dicts: a
-    third to a sixth of the time of ``parameters()`` and ``buffers()`` (GOAT's 4.5 µs against 14.6),
+    third to a sixth of the time of ``parameters()`` and ``buffers()``,
     which a decode step pays per table read."""
     modules, tensors = [module], []
     for m in modules:

@@ -114,13 +114,13 @@ class SharedSink(KeySink):
 
 
 class GOATSink(KeySink):
-    """The per-head sink of priorattn before issue 28, ``GOAT(sink="per_head")``: a learnable linear
+    """The per-head sink of earlier priorattn versions, ``GOAT(sink="per_head")``: a learnable linear
     decay plus an MLP with one output per head (seed 000 Eq. 19: "a learnable linear decay plus an MLP
     over sinusoidal and length-normalized scalar inputs"):
 
     ``u_h(j) = -decay_h * j / train_len + MLP_h(inputs of KeySink)``
 
-    The decay is a second unbounded learned trend beside GOAT's slope (in the models of issue 28 it
+    The decay is a second unbounded learned trend beside GOAT's slope (in models trained with both it
     cancelled the slope); runs saved with it load with this sink. The MLP's output layer and ``decay``
     start at zero (``u = 0``).
     """
@@ -149,7 +149,7 @@ SINKS = {"shared": SharedSink, "per_head": GOATSink}
 SLOPES = ("learned", "fixed", "none")
 #: GOAT's starts, ``GOAT(init=...)``.
 INITS = ("seeded", "uniform", "recency")
-#: What ``sink`` and ``slope`` given as True or False (as before issue 28, when they were booleans)
+#: What ``sink`` and ``slope`` given as True or False (as in earlier versions, when they were booleans)
 #: read as: the arguments, a spec's ``true``/``false`` and a JSON spec's booleans alike.
 SINK_OF_BOOL = {True: "shared", False: "none"}
 SLOPE_OF_BOOL = {True: "learned", False: "none"}
@@ -171,7 +171,7 @@ class GOAT(Prior):
     - Relative part (seed 000 Eq. 12): ``num_freqs`` fixed geometric frequencies in buffer ``freqs``
       (a parameter with ``learnable_freqs=True``, the paper's open question 2).
     - ``sink``: the key-only ``u_h(j)`` (Eq. 19): ``"shared"`` (:class:`SharedSink`, the authors'
-      package's), ``"per_head"`` (:class:`GOATSink`, priorattn's before issue 28) or ``"none"``.
+      package's), ``"per_head"`` (:class:`GOATSink`, earlier priorattn versions') or ``"none"``.
     - ``slope``: the recency term ``-m_h |i - j|`` with ``m_h >= 0`` (App. F.3, Theorem 3 and Prop.
       F.6: the least-committal recency prior is exponential in the lag, so ``m`` cannot turn into an
       anti-recency): ``"learned"`` (``m_h = softplus(slope_raw_h)``, parameter ``slope_raw``),
@@ -196,7 +196,7 @@ class GOAT(Prior):
     - ``"seeded"`` (the default, goat-attention's ``prior_init="seeded"``): a learned slope starts at
       the ALiBi slopes, every other term at 0. A softplus slope cannot start at 0 and learn: from
       ``softplus(-30)`` its gradient is ``sigmoid(-30)`` ~ 1e-13 of the loss's, below AdamW's ``eps``,
-      and it stays there (measured in issue 28).
+      and it stays there (measured: docs/priors.md).
     - ``"uniform"``: standard attention, every term 0, a learned slope at ``softplus(-30)`` = 1e-13
       (goat-attention's ``prior_init="uniform"``; in practice a constant 0, as above).
     - ``"recency"``: ALiBi. A learned slope takes the ALiBi slopes (as ``"seeded"``); with
@@ -317,20 +317,20 @@ class GOAT(Prior):
             and isinstance(self.sink, SharedSink)
         ):
             raise ValueError(
-                f"{prefix or 'the state'} holds GOAT's per-head sink of priorattn before issue 28 "
+                f"{prefix or 'the state'} holds GOAT's per-head sink of an earlier priorattn version "
                 "(sink.decay, one MLP output per head), which the shared sink cannot represent: build "
                 "the prior with goat(sink=per_head) to load it"
             )
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
 
     def raw_of_saved_slope(self, old: Tensor) -> Tensor:
-        """``slope_raw`` of a run saved before issue 28, whose ``m_h`` was its parameter ``slope``
+        """``slope_raw`` of a run saved by an earlier version, whose ``m_h`` was its parameter ``slope``
         clamped to ``[-max_slope, max_slope]``; a ValueError where a head's ``m_h`` is negative."""
         m = old.clamp(-self.max_slope, self.max_slope)
         if (m < 0).any():
             raise ValueError(
                 f"this GOAT was saved with recency slopes {[round(x, 4) for x in m.tolist()]}: a negative "
-                "one rewards distance (anti-recency, issue 28), which GOAT's slope, softplus(slope_raw) "
+                "one rewards distance (anti-recency), which GOAT's slope, softplus(slope_raw) "
                 ">= 0, cannot represent; load it into goat(slope=none) after dropping 'slope' to run "
                 "without it, or with the priorattn version that saved it"
             )
@@ -425,7 +425,7 @@ register(
     num_freqs="R, the relative part's geometric frequencies (2 lanes each when folded; 0: none)",
     sink=Choice(
         "the key-only sink u_h(j): shared (goat-attention's: shared MLP x per-head gain + BOS bump), "
-        "per_head (priorattn's before issue 28: per-head MLP + linear decay) or none (1 lane)",
+        "per_head (earlier priorattn versions': per-head MLP + linear decay) or none (1 lane)",
         (*SINKS, "none"),
         SINK_OF_BOOL,
     ),

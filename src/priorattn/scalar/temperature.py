@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+#: How a scalar head's temperature is shared: one for every head, one per head, or one per token.
 TAU_KINDS = ("global", "head", "token")
 #: The smallest bandwidth (see the module docstring).
 TAU_FLOOR = 1e-4

@@ -50,8 +50,8 @@ class TrainConfig:
       estimates (AdamW and RAdam alike).
     - ``warmup_steps``, ``min_lr_ratio``: the schedule, a linear warmup over ``warmup_steps``, then
       a cosine decay to ``min_lr_ratio * lr`` at ``steps`` (seed 003 App. C: cosine to 0.1x).
-    - ``bf16``: autocast matrix products to bfloat16 (about 3x faster on this CPU); master weights
-      and the loss stay float32.
+    - ``bf16``: autocast matrix products to bfloat16 (faster where the hardware has bfloat16 units);
+      master weights and the loss stay float32.
     - ``compile``: train through ``torch.compile`` of the model's forward and loss (its backward
       too), one graph per step's shapes; the first step compiles. Losses match an eager run's to
       float rounding, not bit for bit; evaluation stays eager.

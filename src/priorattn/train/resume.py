@@ -7,11 +7,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..data import vocab_size_of
-from ..files import read_json
 from ..models import GPTConfig
 from ..models import preset as preset_config
 from .config import TrainConfig
-from .runs import CONFIG_JSON
+from .runs import CONFIG_JSON, read_run_configs
 
 #: The fields a context extension takes from the earlier run unless given: it trains on the
 #: same data, split and tokenized the same way.
@@ -45,7 +44,7 @@ def resolve_configs(
     model, train = dict(model or {}), dict(train or {})
     saved_path = Path(run_dir) / CONFIG_JSON
     if resume and saved_path.is_file():  # what is not given is the run's
-        saved = read_json(saved_path)
+        saved = read_run_configs(saved_path)
         config = TrainConfig.from_dict(saved["train"] | train)
         if preset is None:
             return GPTConfig.from_dict(saved["model"] | model), config
@@ -71,7 +70,7 @@ def extension_configs(
         raise ValueError(
             f"{names} cannot be combined with init_from= (the model is that run's; only {allowed} may change)"
         )
-    earlier = read_json(earlier_dir / CONFIG_JSON)
+    earlier = read_run_configs(earlier_dir / CONFIG_JSON)
     # RoPE extended to the longer context
     earlier["model"].update({name: value for name, value in extension.items() if value is not None})
     earlier_config = TrainConfig.from_dict(earlier["train"])

@@ -35,15 +35,39 @@ class TrainedRun:
     step: int
 
 
+def read_run_configs(path: Path) -> dict:
+    """A run's ``config.json``: ``{"model": {GPTConfig fields}, "train": {TrainConfig fields}}``; a
+    file of another structure is a ValueError naming it and what it should hold, where a reader
+    would fail on it with a bare TypeError or KeyError."""
+    configs = read_json(path)
+    shape = '{"model": {GPTConfig fields}, "train": {TrainConfig fields}}'
+    if not isinstance(configs, dict):
+        raise ValueError(
+            f"{path} holds a JSON {type(configs).__name__}, not a run's configs: it should be {shape}"
+        )
+    for part in ("model", "train"):
+        if not isinstance(configs.get(part), dict):
+            found = "nothing" if part not in configs else f"a JSON {type(configs[part]).__name__}"
+            raise ValueError(f"{path} holds {found} under {part!r}: a run's config.json is {shape}")
+    return configs
+
+
+def configs_of(configs: dict, path: Path) -> tuple[GPTConfig, TrainConfig]:
+    """The configs ``path`` held (:func:`read_run_configs`); a required field missing or a value of the
+    wrong type is a ValueError naming the file."""
+    try:
+        return GPTConfig.from_dict(configs["model"]), TrainConfig.from_dict(configs["train"])
+    except TypeError as error:  # a field missing, or a value its config cannot compare or size
+        raise ValueError(f"{path} holds no valid run configs: {error}") from None
+
+
 def load_run(run_dir: str | Path) -> TrainedRun:
     """The trained model of ``run_dir`` with its tokenizer, ready for ``model.generate``."""
     run_dir = Path(run_dir)
     path = run_dir / CONFIG_JSON
     if not path.exists():
         raise FileNotFoundError(f"{run_dir} holds no run ({CONFIG_JSON} is missing)")
-    configs = read_json(path)
-    model_config = GPTConfig.from_dict(configs["model"])
-    train_config = TrainConfig.from_dict(configs["train"])
+    model_config, train_config = configs_of(read_run_configs(path), path)
     step, tensors, state = ckpt.load_checkpoint(run_dir)
     model = GPT(model_config)
     ckpt.load_module(model, tensors, state["model_aliases"], "model.")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import html
 import math
-import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from ...eval.verdicts import Estimate, Winner, compare_to, normal_interval, wils
 from ...figures import RunScale
 from ...files import write_atomic, write_json_atomic
 from ...models.positions import mechanism_style
+from ...provenance import environment
 from ..retrieval.report import study_html
 
 # The paired delta (nats per byte) at the longest length is "flat" when its whole 95% interval lies
@@ -279,9 +279,7 @@ def write_report(config, results: dict, out: Path, retrieval: dict | None = None
         created=created,
         config=asdict(config),
         scale=config.scale.record(),
-        environment=dict(
-            torch=torch.__version__, python=platform.python_version(), threads=torch.get_num_threads()
-        ),
+        environment=environment(threads=torch.get_num_threads()),
         summary={name: {key: plain(v) for key, v in row.items()} for name, row in rows.items()},
         winners=[
             dict(

@@ -13,17 +13,16 @@ is judged per task, and only on a task where it retrieves at ``T`` (pooled accur
 from __future__ import annotations
 
 import html
-import platform
 import time
 from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from ...eval.pages import STYLE, image, table
 from ...eval.verdicts import Estimate, compare_to, seed_interval, winner
 from ...files import prepare_out, write_atomic, write_json_atomic
+from ...provenance import environment
 from .study import (
     RETRIEVES_AT_T,
     SSMAX,
@@ -274,9 +273,7 @@ def write_study(
         config=asdict(config),
         smoke=config.smoke,
         scale=config.scale.record(),
-        environment=dict(
-            torch=torch.__version__, python=platform.python_version(), workers=workers, threads_per_worker=1
-        ),
+        environment=environment(workers=workers, threads_per_worker=1),
         interval=INTERVAL,
         summary=summary,
         seed_claims=seed_claims(config, summary),
