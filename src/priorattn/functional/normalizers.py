@@ -26,6 +26,8 @@ import math
 import torch
 from torch import Tensor
 
+#: The normalizers known by name (``normalizer=`` of :func:`priorattn.attention`); an entmax ``alpha``
+#: may also be given as a number.
 NAMES = ("softmax", "sparsemax", "entmax15")
 
 
