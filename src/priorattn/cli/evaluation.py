@@ -68,6 +68,7 @@ def compare(args: argparse.Namespace) -> int:
     """Train every positional mechanism alike, evaluate them all, write DIR/report.html."""
     from dataclasses import replace
 
+    from ..studies.compare.report import summary_lines
     from ..studies.compare.study import CompareConfig
     from ..studies.compare.study import compare as run
 
@@ -76,9 +77,11 @@ def compare(args: argparse.Namespace) -> int:
         if args.no_retrieval:
             config = replace(config, retrieval=None)
         config = replace(config, data=args.data, text_encoding=args.text_encoding)
-        run(config, args.out, progress=not args.quiet)
+        data = run(config, args.out, progress=not args.quiet)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         fail(args, e)
+    for line in summary_lines(data):
+        print(line)
     print(f"report: {args.out / 'report.html'}")
     return 0
 

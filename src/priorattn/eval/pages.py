@@ -18,6 +18,20 @@ def number(value, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+#: The source papers the reports' "seed 00N" citations mean.
+SOURCE_PAPERS = {
+    "seed 000": "GOAT: Litman and Guo, <i>You Need Better Attention Priors</i>",
+    "seed 003": "BAM: Bianchessi, Aguirre, Barros and Kupssinskü, <i>Bayesian Attention Mechanism: A "
+    "Probabilistic Framework for Positional Encoding and Context Length Extrapolation</i>",
+}
+
+
+def papers_note() -> str:
+    """A paragraph naming the papers behind the seed citations of a report."""
+    cited = "; ".join(f"{seed} is {paper}" for seed, paper in SOURCE_PAPERS.items())
+    return f"<p>The claims cite the source papers by number: {cited}.</p>"
+
+
 def image(path: Path, alt: str) -> str:
     data = base64.b64encode(path.read_bytes()).decode("ascii")
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
@@ -27,6 +41,7 @@ STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 1200px; margin: 2em auto; padding: 0 1em; color: #222; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: right; }
+td { white-space: nowrap; }
 th:first-child, td:first-child { text-align: left; }
 caption { caption-side: top; text-align: left; font-style: italic; padding-bottom: 0.3em; }
 img { max-width: 100%; }

@@ -16,6 +16,8 @@ from priorattn.studies.compare.report import (
     WITHIN_NOISE,
     context_effect,
     seed_claims,
+    summary_html,
+    summary_lines,
     winner_text,
     winners,
 )
@@ -70,6 +72,12 @@ def test_compare_runs_the_retrieval_study_and_its_report_answers_the_retrieval_c
     )
     for text in study_texts:
         assert text in report
+    # what a reader needs first: the title of both parts, the winners, and which papers "seed 00N" are
+    assert "<title>priorattn: Positional mechanisms beyond the training length</title>" in report
+    assert report.index("<h2>Summary</h2>") < report.index("Retrieval beyond the training length")
+    assert "Retrieval (synthetic): no mechanism retrieves at T" in report  # 4 steps: none does
+    assert "Language models (1), " in report
+    assert "seed 003 is BAM: Bianchessi" in report and "seed 000 is GOAT: Litman and Guo" in report
     assert (tmp_path / "out" / "retrieval" / "results.json").exists()
     assert data["retrieval"]["seed_claims"][0]["claim"].startswith("BAM + SSMax keeps")
     assert data["config"]["retrieval"]["mechanisms"] == ["alibi", "bam+ssmax"]
@@ -343,3 +351,30 @@ def test_a_damaged_checkpoint_is_named_and_the_run_continues_from_the_older(corp
         data = compare(small(corpus, models=["alibi"], steps=4), tmp_path / "out", progress=False, log=print)
     index = json.loads((run / "checkpoint-00000004.json").read_text())
     assert data["models"]["alibi"]["ppl"]["checkpoint"] == dict(step=4, sha256=index["sha256"])
+
+
+def test_the_summary_names_each_tasks_best_or_its_tie_first():
+    retrieval = {
+        "winners": [
+            {"task": "passkey", "winner": "BAM + SSMax", "tied": []},
+            {"task": "niah", "winner": None, "tied": ["NoPE", "BAM"]},
+        ]
+    }
+    text = summary_html([], retrieval, 3)
+    assert text.startswith("<h2>Summary</h2>")
+    assert "passkey: <b>BAM + SSMax</b>" in text
+    assert "multi-key NIAH: <b>a tie within noise between NoPE, BAM</b>" in text
+    assert summary_html([], None, 3) == ""
+
+
+def test_the_console_ends_with_the_same_summary_as_the_page():
+    data = {
+        "winners": [{"metric": "ppl at 4096", "winner": None, "tied": ["NoPE", "GOAT"]}],
+        "retrieval": {"winners": [{"task": "passkey", "winner": "BAM", "tied": []}]},
+    }
+    assert summary_lines(data) == [
+        "retrieval (synthetic), passkey: BAM",
+        "language models, ppl at 4096: a tie within noise between NoPE, GOAT",
+    ]
+    data["retrieval"]["winners"] = []
+    assert summary_lines(data)[0].startswith("retrieval (synthetic): no mechanism retrieves at T")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from ...eval.pages import STYLE, image, number, table
+from ...eval.pages import STYLE, image, number, papers_note, table
 from ...eval.plots import TASK_TITLES, plot_accuracy_vs_length, plot_ppl, plot_retrieval_heatmaps
 from ...eval.retrieval import RETRIEVES
 from ...eval.verdicts import Estimate, Winner, compare_to, normal_interval, wilson_interval, winner
@@ -19,7 +19,7 @@ from ...figures import RunScale
 from ...files import write_atomic, write_json_atomic
 from ...models.positions import mechanism_style
 from ...provenance import environment
-from ..retrieval.report import study_html
+from ..retrieval.report import TASK_NAMES, study_html
 
 # The paired delta (nats per byte) at the longest length is "flat" when its whole 95% interval lies
 # at or below this: the extra context then costs at most ~2% perplexity, against the ~0.15 nats that
@@ -305,13 +305,14 @@ def write_report(config, results: dict, out: Path, retrieval: dict | None = None
         if config.data is None
         else f"<code>{html.escape(config.data)}</code>"
     )
-    parts = [f"<h1>priorattn compare: {len(results)} positional mechanisms</h1>"]
+    title = "Positional mechanisms beyond the training length"
+    parts = [f"<h1>priorattn: {title.lower()}</h1>"]
     if config.scale.smoke:
         parts.append(
             f"<p class='differ'>{html.escape(config.scale.title())} (the language models): run with "
             "the default budget for the study.</p>"
         )
-    parts.append(
+    setup = (
         f"<p>Created {created} by <code>python -m priorattn compare</code>. Every model is the "
         f"<code>{config.preset}</code> preset trained for {config.steps} steps of {config.batch_size} x "
         f"{T} bytes of {corpus} ({config.retrieval_mix:.0%} of the sequences replaced by synthetic "
@@ -322,9 +323,12 @@ def write_report(config, results: dict, out: Path, retrieval: dict | None = None
         "tokens. Intervals are 95%: normal over windows for perplexity and the paired delta, Wilson "
         "over prompts for accuracies.</p>"
     )
+    parts.append(summary_html(found, retrieval, len(results)))
+    parts.append(papers_note())
     if retrieval is not None:
         parts.append(study_html(retrieval, out / "retrieval", level=2))
         parts.append("<h2>Language modelling on text</h2>")
+    parts.append(setup)
     parts.append("<h2>Winners</h2><ul>")
     for metric, w, estimates in found:
         parts.append(f"<li>{html.escape(metric)}: {winner_text(w, estimates)}</li>")
@@ -374,7 +378,8 @@ def write_report(config, results: dict, out: Path, retrieval: dict | None = None
             ],  # fmt: skip
             "Summary, with 95% intervals. Losses in nats per byte; paired delta at the longest length "
             "(negative: the long context helps); accuracies are exact-match shares over depths and "
-            "trials; — where not evaluated.",
+            f"trials; — where not evaluated: passkeys beyond T and the NIAH run only for models that "
+            f"retrieve at T (passkey accuracy at least {RETRIEVES}).",
         )
     )
     parts.append("<h2>Configurations</h2>")
@@ -438,10 +443,44 @@ def write_report(config, results: dict, out: Path, retrieval: dict | None = None
         "<p>Every number on this page is in <code>results.json</code> beside it; each model's run "
         "directory holds its training log, checkpoint and per-evaluation results.</p>"
     )
-    page = "<!doctype html><html><head><meta charset='utf-8'><title>priorattn compare</title>"
+    page = f"<!doctype html><html><head><meta charset='utf-8'><title>priorattn: {title}</title>"
     page += f"<style>{STYLE}</style></head><body>{''.join(parts)}</body></html>\n"
     write_atomic(out / "report.html", lambda tmp: tmp.write_text(page, encoding="utf-8"))
     return data
+
+
+def summary_html(found: list, retrieval: dict | None, models: int) -> str:
+    """The page's first section: the best mechanism of each retrieval task and language-model
+    metric, where the sections below give the evidence."""
+    items = []
+    if retrieval is not None and not retrieval["winners"]:
+        items.append("Retrieval (synthetic): no mechanism retrieves at T, so none is judged beyond it")
+    if retrieval is not None:
+        for w in retrieval["winners"]:
+            best = w["winner"] or "a tie within noise between " + ", ".join(w["tied"])
+            task = html.escape(TASK_NAMES[w["task"]])
+            items.append(f"Retrieval (synthetic, at its longest length), {task}: <b>{html.escape(best)}</b>")
+    for metric, w, estimates in found:
+        items.append(f"Language models ({models}), {html.escape(metric)}: {winner_text(w, estimates)}")
+    if not items:
+        return ""
+    body = "".join(f"<li>{item}</li>" for item in items)
+    return f"<h2>Summary</h2><ul>{body}</ul>"
+
+
+def summary_lines(data: dict) -> list[str]:
+    """The page's summary as console lines, from what :func:`write_report` returned."""
+    lines = []
+    retrieval = data.get("retrieval")
+    if retrieval is not None and not retrieval["winners"]:
+        lines.append("retrieval (synthetic): no mechanism retrieves at T, so none is judged beyond it")
+    for w in [] if retrieval is None else retrieval["winners"]:
+        best = w["winner"] or "a tie within noise between " + ", ".join(w["tied"])
+        lines.append(f"retrieval (synthetic), {TASK_NAMES[w['task']]}: {best}")
+    for w in data["winners"]:
+        best = w["winner"] or "a tie within noise between " + ", ".join(w["tied"])
+        lines.append(f"language models, {w['metric']}: {best}")
+    return lines
 
 
 def config_cells(config, name: str) -> list[str]:
