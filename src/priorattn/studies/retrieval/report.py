@@ -60,7 +60,8 @@ def summarize(config: RetrievalStudyConfig, runs: dict[str, list[dict]]) -> dict
     ``heatmap`` ``[length][depth]``, ``at_train_len``, every seed's accuracies ``per_seed``
     ``[seed][length]``, and which seeds were pooled (``seeds_used``) or left out
     (``seeds_left_out``); per mechanism, ``seeds_at_criterion``, how many seeds' training stopped at
-    the criterion (every check sequence right at ``T``) rather than at the step cap.
+    the criterion (every check sequence right at ``T``) rather than at the step cap (with a fixed
+    step count, how many answered every check sequence at the last check).
 
     The question beyond ``T`` is whether a model that retrieves at ``T`` still does, so a task's
     numbers pool the seeds that retrieve at ``T`` (accuracy at least :data:`RETRIEVES_AT_T`); a seed
