@@ -14,6 +14,8 @@ from .parsing import (
     int_list,
     mechanism_list,
     name_list,
+    positive_number,
+    positive_numbers,
     seed_list,
 )
 
@@ -99,6 +101,11 @@ def retrieval(args: argparse.Namespace) -> int:
         tasks=args.tasks,
         train_len=args.train_len,
         token_shift=args.token_shift,
+        steps=args.steps,
+        stop_at_criterion=False if args.fixed_steps else None,
+        curriculum_steps=args.curriculum_steps,
+        prior_lr=args.prior_lr,
+        task_weights=args.task_weights,
     )
     try:
         if args.sweep and args.train_len is not None:
@@ -242,6 +249,37 @@ def add_retrieval_parser(commands) -> None:
     )
     shift.add_argument(
         "--no-token-shift", dest="token_shift", action="store_false", help="train without the token shift"
+    )
+    p.add_argument(
+        "--task-weights",
+        type=positive_numbers,
+        help="comma-separated shares of the training sequences, one per task of --tasks, e.g. 3,1 "
+        "(equal shares)",
+    )
+    protocol = p.add_argument_group(
+        "training protocol", "the settings the study fixes, as options to measure what each changes"
+    )
+    protocol.add_argument(
+        "--steps",
+        type=int_at_least(1),
+        help=f"training steps at budget 1, scaled by --budget: a cap, or with --fixed-steps the count "
+        f"({defaults.steps})",
+    )
+    protocol.add_argument(
+        "--fixed-steps",
+        action="store_true",
+        help="train every model all its steps rather than stopping when it answers every check sequence at T",
+    )
+    protocol.add_argument(
+        "--curriculum-steps",
+        type=int_at_least(0),
+        help=f"steps over which the longest training length rises to T, scaled by --budget below 1; "
+        f"0: no length curriculum ({defaults.curriculum_steps})",
+    )
+    protocol.add_argument(
+        "--prior-lr",
+        type=positive_number,
+        help=f"learning rate of the priors and SSMax ({defaults.prior_lr:g}; the rest {defaults.lr:g})",
     )
     p.add_argument(
         "--workers",

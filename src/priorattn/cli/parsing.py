@@ -169,3 +169,8 @@ def add_experiment_options(p: argparse.ArgumentParser, steps: int, seed_help: st
     if seed_help is not None:
         p.add_argument("--seed", type=int_at_least(0), default=0, help=seed_help)
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def positive_numbers(text: str) -> list[float]:
+    """An argparse ``type`` for comma-separated finite numbers ``> 0``: ``"1,1,3"``."""
+    return [positive_number(part.strip()) for part in text.split(",")]

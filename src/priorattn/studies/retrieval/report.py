@@ -59,7 +59,8 @@ def summarize(config: RetrievalStudyConfig, runs: dict[str, list[dict]]) -> dict
     ``heatmap`` ``[length][depth]``, ``at_train_len``, every seed's accuracies ``per_seed``
     ``[seed][length]``, and which seeds were pooled (``seeds_used``) or left out
     (``seeds_left_out``); per mechanism, ``seeds_at_criterion``, how many seeds' training stopped at
-    the criterion (every check sequence right at ``T``) rather than at the step cap.
+    the criterion (every check sequence right at ``T``) rather than at the step cap (with a fixed
+    step count, how many answered every check sequence at the last check).
 
     The question beyond ``T`` is whether a model that retrieves at ``T`` still does, so a task's
     numbers pool the seeds that retrieve at ``T`` (accuracy at least :data:`RETRIEVES_AT_T`); a seed
@@ -304,7 +305,11 @@ def study_html(data: dict, out: Path, level: int = 2) -> str:
     sub = f"h{level + 1}"
     summary = data["summary"]
     lengths = config.lengths()
-    tasks = ", ".join(TASK_NAMES[t] for t in config.tasks)
+    shares = config.task_shares()
+    tasks = ", ".join(
+        TASK_NAMES[t] + ("" if shares is None else f" ({shares[i]:.0%} of the sequences)")
+        for i, t in enumerate(config.tasks)
+    )
     parts = [f"<{h}>Retrieval beyond the training length (synthetic tasks)</{h}>"]
     if data["smoke"]:
         parts.append(
@@ -318,8 +323,13 @@ def study_html(data: dict, out: Path, level: int = 2) -> str:
     parts.append(
         f"<p>{len(summary)} mechanisms x {len(config.seeds)} seeds, each a {config.n_layers}-layer model of "
         f"width {config.d_model} ({config.n_heads} heads){shift}, trained on {config.batch_size} sequences "
-        f"a step of {tasks} ({loss}) at lengths up to T = {config.train_len} until it "
-        f"answered every check sequence at T exactly (at most {config.steps} steps), then scored on the "
+        f"a step of {tasks} ({loss}) at lengths up to T = {config.train_len} "
+        + (
+            f"until it answered every check sequence at T exactly (at most {config.steps} steps)"
+            if config.stop_at_criterion
+            else f"for a fixed {config.steps} steps (its checks at T logged, not a reason to stop)"
+        )
+        + ", then scored on the "
         f"same sequences at {lengths[0]} to {lengths[-1]} tokens ({config.depths} needle depths x "
         f"{config.prompts} sequences per seed). Exact match: every answer token is the model's argmax "
         "(teacher-forced, the same as greedy decoding). A task's numbers pool the seeds that retrieve "

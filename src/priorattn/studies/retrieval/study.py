@@ -100,6 +100,12 @@ class RetrievalStudyConfig:
     answers every one of ``check_prompts`` check sequences per task at ``T`` exactly (checked every
     ``check_every`` steps, at most ``steps``), then scored at ``T .. 64 T`` on 5 needle depths x 8
     sequences per cell and seed (:func:`train_synthetic`).
+
+    The protocol's settings, each an option so that its effect can be measured: ``steps`` (the cap),
+    ``stop_at_criterion`` (False: every model trains all ``steps``, its checks only logged),
+    ``curriculum_steps`` (0: no length curriculum), ``prior_lr`` (the priors' and SSMax's learning
+    rate) and ``task_weights`` (each task's share of the training sequences, in ``tasks``' order;
+    None: equal shares).
     """
 
     mechanisms: list[str] = field(default_factory=lambda: list(DEFAULT_MECHANISMS))
@@ -112,6 +118,8 @@ class RetrievalStudyConfig:
     n_heads: int = 2
     goat_freqs: int = 3
     steps: int = STEPS
+    stop_at_criterion: bool = True
+    task_weights: list[float] | None = None
     batch_size: int = 32
     lr: float = 3e-3
     prior_lr: float = 1e-3
@@ -158,8 +166,10 @@ class RetrievalStudyConfig:
         check_int("check_prompts", self.check_prompts, low=1)
         check_int("warmup_steps", self.warmup_steps, low=0)
         check_int("eval_seed", self.eval_seed, low=0)
-        if not isinstance(self.token_shift, bool):
-            raise ValueError(f"token_shift must be True or False, got {self.token_shift!r}")
+        for name in ("token_shift", "stop_at_criterion"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        self.task_shares()  # checks task_weights
         for name in ("lr", "prior_lr"):
             value = getattr(self, name)
             if isinstance(value, bool) or not (isinstance(value, int | float) and 0 < value < math.inf):
@@ -192,12 +202,30 @@ class RetrievalStudyConfig:
     @property
     def scale(self) -> RunScale:
         """The budget and step cap that ``results.json`` and every figure state."""
-        return RunScale(self.steps, STEPS, self.budget, up_to=True)
+        return RunScale(self.steps, STEPS, self.budget, up_to=self.stop_at_criterion)
 
     @property
     def smoke(self) -> bool:
         """Whether this is a run below the default budget or steps, whose numbers judge nothing."""
         return self.scale.smoke
+
+    def task_shares(self) -> list[float] | None:
+        """Each task's share of the training sequences (``task_weights`` normalised to sum to 1), or
+        None for equal shares; a ValueError for weights that do not fit ``tasks``."""
+        weights = self.task_weights
+        if weights is None:
+            return None
+        if (
+            isinstance(weights, str | bytes)
+            or not isinstance(weights, Sequence)
+            or len(weights) != len(self.tasks)
+        ):
+            raise ValueError(f"task_weights must give one weight per task of {self.tasks}, got {weights!r}")
+        for weight in weights:
+            if isinstance(weight, bool) or not (isinstance(weight, int | float) and 0 < weight < math.inf):
+                raise ValueError(f"task_weights must be positive numbers, got {weights!r}")
+        total = math.fsum(weights)
+        return [weight / total for weight in weights]
 
     def min_train_len(self) -> int:
         return max(SyntheticTask(name).min_length() for name in self.tasks)
@@ -232,9 +260,17 @@ class RetrievalStudyConfig:
         )
 
     def training_settings(self, mechanism: str, seed: int) -> dict:
-        """Everything the trained model depends on: a model is reused only when these match."""
+        """Everything the trained model depends on: a model is reused only when these match.
+
+        ``stop_at_criterion`` and ``task_weights`` appear only where they differ from their
+        defaults, so that models trained before these options existed are still reused."""
         train = self.train_config()
-        return dict(
+        optional = {}
+        if not self.stop_at_criterion:
+            optional["stop_at_criterion"] = False
+        if self.task_weights is not None:
+            optional["task_shares"] = self.task_shares()
+        return optional | dict(
             model=self.model_config(mechanism).to_dict(),
             tasks=list(self.tasks),
             seed=seed,
@@ -260,14 +296,25 @@ class RetrievalStudyConfig:
         )
 
 
-def training_batch(tasks: Sequence[SyntheticTask], batch_size: int, length: int, rng: np.random.Generator):
+def training_batch(
+    tasks: Sequence[SyntheticTask],
+    batch_size: int,
+    length: int,
+    rng: np.random.Generator,
+    shares: Sequence[float] | None = None,
+):
     """``(inputs, targets)`` of ``batch_size`` sequences of ``length`` tokens, each row's task and
     needle depth drawn from ``rng``: ``(B, length - 1)`` each, targets ``IGNORE_INDEX`` outside each
-    sample's ``loss_mask`` (the answers; every token of ``text_passkey``)."""
-    samples = [
-        tasks[int(rng.integers(len(tasks)))].sample(length, float(rng.random()), rng)
-        for _ in range(batch_size)
-    ]
+    sample's ``loss_mask`` (the answers; every token of ``text_passkey``). A row's task is drawn with
+    probability ``shares[i]`` for ``tasks[i]`` (None: uniformly, the draw of studies run before
+    shares existed, so that their data streams are unchanged)."""
+
+    def task() -> SyntheticTask:
+        if shares is None:
+            return tasks[int(rng.integers(len(tasks)))]
+        return tasks[int(rng.choice(len(tasks), p=shares))]
+
+    samples = [task().sample(length, float(rng.random()), rng) for _ in range(batch_size)]
     return targets_of(samples, "loss_mask")
 
 
@@ -284,11 +331,13 @@ def train_synthetic(config: RetrievalStudyConfig, mechanism: str, seed: int, pro
     Training stops at the first check (every ``check_every`` steps past the curriculum) where the
     model answers every one of the :func:`check_set`'s sequences of each task exactly, or at
     ``steps``: every model is trained to the same criterion at ``T``, so what the study compares
-    beyond ``T`` is not how fast each learned. AdamW with the library's parameter groups (priors and
-    SSMax without weight decay, at ``prior_lr``) and schedule (warmup, cosine to 0.1x over
-    ``steps``). ``prior_lr`` is below ``lr`` because at ``lr`` GOAT's sink MLP grows a sink on the
-    first token early on (seed 0 stayed at 0.7 passkey accuracy at T after 1000 steps; 1.0 with
-    ``prior_lr = 1e-3``).
+    beyond ``T`` is not how fast each learned. With ``stop_at_criterion=False`` every model trains
+    all ``steps`` (a fixed step count, the protocol the study replaced) and the checks are only
+    logged. ``task_weights`` sets each task's share of the sequences. AdamW with the library's
+    parameter groups (priors and SSMax without weight decay, at ``prior_lr``) and schedule (warmup,
+    cosine to 0.1x over ``steps``). ``prior_lr`` is below ``lr`` because at ``lr`` GOAT's sink MLP
+    grows a sink on the first token early on (seed 0 stayed at 0.7 passkey accuracy at T after 1000
+    steps; 1.0 with ``prior_lr = 1e-3``).
     """
     train = config.train_config()
     torch.manual_seed(seed)
@@ -296,6 +345,7 @@ def train_synthetic(config: RetrievalStudyConfig, mechanism: str, seed: int, pro
     optimizer = build_optimizer(model, train)
     scheduler = build_scheduler(optimizer, train)
     tasks = [SyntheticTask(name) for name in config.tasks]
+    shares = config.task_shares()
     checks = check_set(config)
     rng = np.random.default_rng([seed, 1])
     shortest = config.min_train_len()
@@ -303,7 +353,7 @@ def train_synthetic(config: RetrievalStudyConfig, mechanism: str, seed: int, pro
     bar = tqdm(range(config.steps), desc=label_of(trained_as(mechanism)), unit="step", disable=not progress)
     for step in bar:
         length = int(rng.integers(shortest, curriculum_length(config, shortest, step) + 1))
-        inputs, targets = training_batch(tasks, config.batch_size, length, rng)
+        inputs, targets = training_batch(tasks, config.batch_size, length, rng, shares)
         _, loss, _ = model(inputs, targets=targets)
         loss.backward()
         clip_gradients(model, train.grad_clip)
@@ -320,7 +370,7 @@ def train_synthetic(config: RetrievalStudyConfig, mechanism: str, seed: int, pro
             model.train()
             checked.append(dict(step=done, accuracy=right))
             bar.set_postfix(loss=f"{losses[-1]:.3f}", check=" ".join(f"{a:.2f}" for a in right))
-            if min(right) == 1.0:
+            if config.stop_at_criterion and min(right) == 1.0:
                 break
     bar.close()
     model.eval()
