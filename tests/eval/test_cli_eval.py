@@ -123,7 +123,9 @@ def test_compare_trains_on_the_data_given(tmp_path, monkeypatch):
     from priorattn.studies.compare import study as compare_module
 
     given = []
-    monkeypatch.setattr(compare_module, "compare", lambda config, out, progress: given.append(config))
+    monkeypatch.setattr(
+        compare_module, "compare", lambda config, out, progress: given.append(config) or {"winners": []}
+    )
     argv = [
         "compare",
         "--out",

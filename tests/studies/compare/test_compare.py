@@ -239,7 +239,9 @@ def test_fox_and_the_registered_priors_are_models_of_compare_and_its_retrieval_s
     from priorattn.studies.compare import study as compare_module
 
     given = []
-    monkeypatch.setattr(compare_module, "compare", lambda config, out, progress: given.append(config))
+    monkeypatch.setattr(
+        compare_module, "compare", lambda config, out, progress: given.append(config) or {"winners": []}
+    )
     argv = ["compare", "--out", str(tmp_path), "--priors", "fox,fox+ssmax,t5", "--retrieval-mechanisms"]
     assert cli.main(argv + ["fox,kerple+ssmax", "--quiet"]) == 0
     config = given[0]
