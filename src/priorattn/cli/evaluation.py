@@ -91,7 +91,7 @@ def compare(args: argparse.Namespace) -> int:
 def retrieval(args: argparse.Namespace) -> int:
     """Train tiny models on synthetic retrieval per mechanism and seed; score them far beyond T (with
     ``--sweep``, at two model sizes and two training lengths)."""
-    from ..studies.retrieval.report import run_retrieval_study
+    from ..studies.retrieval.report import run_retrieval_study, summary_lines
     from ..studies.retrieval.study import RetrievalStudyConfig
     from ..studies.retrieval.sweep import run_retrieval_sweep
 
@@ -113,8 +113,12 @@ def retrieval(args: argparse.Namespace) -> int:
         config = RetrievalStudyConfig.for_budget(
             args.budget, **{k: v for k, v in fields.items() if v is not None}
         )
-        run = run_retrieval_sweep if args.sweep else run_retrieval_study
-        run(config, args.out, workers=args.workers, progress=not args.quiet)
+        if args.sweep:
+            run_retrieval_sweep(config, args.out, workers=args.workers, progress=not args.quiet)
+        else:
+            data = run_retrieval_study(config, args.out, workers=args.workers, progress=not args.quiet)
+            for line in summary_lines(data):
+                print(line)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         fail(args, e)
     print(f"report: {args.out / 'report.html'}")

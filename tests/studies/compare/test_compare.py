@@ -374,7 +374,7 @@ def test_the_console_ends_with_the_same_summary_as_the_page():
         "winners": [{"metric": "ppl at 4096", "winner": None, "tied": ["NoPE", "GOAT"]}],
         "retrieval": {"winners": [{"task": "passkey", "winner": "BAM", "tied": []}]},
     }
-    assert summary_lines(data) == [
+    assert summary_lines(data) == [  # the retrieval study's own lines first
         "retrieval (synthetic), passkey: BAM",
         "language models, ppl at 4096: a tie within noise between NoPE, GOAT",
     ]

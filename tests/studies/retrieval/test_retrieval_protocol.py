@@ -157,7 +157,9 @@ def test_the_retrieval_command_passes_the_protocol_options(tmp_path, monkeypatch
 
     given = []
     monkeypatch.setattr(
-        retrieval_report, "run_retrieval_study", lambda config, out, **options: given.append(config)
+        retrieval_report,
+        "run_retrieval_study",
+        lambda config, out, **options: given.append(config) or {"winners": []},
     )
     argv = ["retrieval", "--out", str(tmp_path), "--quiet", "--tasks", "latest,offset,text_passkey"]
     argv += ["--task-weights", "3,3,2", "--steps", "600", "--fixed-steps", "--curriculum-steps", "0"]

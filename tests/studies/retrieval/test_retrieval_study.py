@@ -437,7 +437,7 @@ def test_fox_and_every_registered_prior_are_mechanisms_of_the_study():
     assert label_of("fox+ssmax") == "FoX + SSMax"
 
 
-def test_the_retrieval_command_runs_the_study(tmp_path, monkeypatch):
+def test_the_retrieval_command_runs_the_study(tmp_path, monkeypatch, capsys):
     from priorattn import cli
     from priorattn.studies.retrieval import report as retrieval_report
 
@@ -445,10 +445,18 @@ def test_the_retrieval_command_runs_the_study(tmp_path, monkeypatch):
     monkeypatch.setattr(
         retrieval_report,
         "run_retrieval_study",
-        lambda config, out, **options: given.append((config, options)),
+        lambda config, out, **options: (
+            given.append((config, options))
+            or {"winners": [{"task": "passkey", "winner": None, "tied": ["BAM + SSMax", "RoPE-PI"]}]}
+        ),
     )
     argv = ["retrieval", "--out", str(tmp_path), "--mechanisms", "bam+ssmax,rope_pi", "--seeds", "0,3"]
     assert cli.main(argv + ["--no-token-shift", "--budget", "2", "--workers", "1", "--quiet"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[-2:] == [  # the console ends with the study's summary, then the report
+        "retrieval (synthetic), passkey: a tie within noise between BAM + SSMax, RoPE-PI",
+        f"report: {tmp_path / 'report.html'}",
+    ]
     config, options = given[0]
     assert config.mechanisms == ["bam+ssmax", "rope_pi"] and config.seeds == [0, 3]
     assert not config.token_shift and config.factors[-1] == 512 and options["workers"] == 1

@@ -20,6 +20,7 @@ from ...files import write_atomic, write_json_atomic
 from ...models.positions import mechanism_style
 from ...provenance import environment
 from ..retrieval.report import TASK_NAMES, study_html
+from ..retrieval.report import summary_lines as retrieval_summary_lines
 
 # The paired delta (nats per byte) at the longest length is "flat" when its whole 95% interval lies
 # at or below this: the extra context then costs at most ~2% perplexity, against the ~0.15 nats that
@@ -470,13 +471,8 @@ def summary_html(found: list, retrieval: dict | None, models: int) -> str:
 
 def summary_lines(data: dict) -> list[str]:
     """The page's summary as console lines, from what :func:`write_report` returned."""
-    lines = []
     retrieval = data.get("retrieval")
-    if retrieval is not None and not retrieval["winners"]:
-        lines.append("retrieval (synthetic): no mechanism retrieves at T, so none is judged beyond it")
-    for w in [] if retrieval is None else retrieval["winners"]:
-        best = w["winner"] or "a tie within noise between " + ", ".join(w["tied"])
-        lines.append(f"retrieval (synthetic), {TASK_NAMES[w['task']]}: {best}")
+    lines = [] if retrieval is None else retrieval_summary_lines(retrieval)
     for w in data["winners"]:
         best = w["winner"] or "a tie within noise between " + ", ".join(w["tied"])
         lines.append(f"language models, {w['metric']}: {best}")

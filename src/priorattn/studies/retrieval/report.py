@@ -242,6 +242,18 @@ def winners(config: RetrievalStudyConfig, summary: dict) -> list[dict]:
     return found
 
 
+def summary_lines(data: dict) -> list[str]:
+    """The study's best mechanism per task at its longest length (or the tie, or why none), as
+    console lines, from what :func:`run_retrieval_study` returned."""
+    if not data["winners"]:
+        return ["retrieval (synthetic): no mechanism retrieves at T, so none is judged beyond it"]
+    return [
+        f"retrieval (synthetic), {TASK_NAMES[w['task']]}: "
+        + (w["winner"] or "a tie within noise between " + ", ".join(w["tied"]))
+        for w in data["winners"]
+    ]
+
+
 def run_retrieval_study(
     config: RetrievalStudyConfig,
     out: str | Path,
