@@ -212,10 +212,15 @@ def lag_table(prior: Prior, masking: Masking) -> Tensor | None:
     """
     if not tabulates(prior, masking):
         return None
+    return prior.lag_values(call_lags(masking)).contiguous()
+
+
+def call_lags(masking: Masking) -> Tensor:
+    """Every lag of a call on position runs, ``(Lq + Lk - 1,)``: index ``i - j + Lk - 1`` holds the
+    lag of query i and key j."""
     q0, k0 = masking.starts
     Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
-    lags = q0 - (k0 + Lk - 1) + torch.arange(Lq + Lk - 1, device=masking.q_pos.device)
-    return prior.lag_values(lags).contiguous()
+    return q0 - (k0 + Lk - 1) + torch.arange(Lq + Lk - 1, device=masking.q_pos.device)
 
 
 def interpolates(prior: Prior, masking: Masking) -> bool:
@@ -229,11 +234,8 @@ def scaled_lag(prior: Prior, masking: Masking, cells: int) -> ScaledLag:
     """The prior as a function of a scaled lag (:meth:`~priorattn.priors.Prior.scaled_lag`) for this
     call, sampled at ``cells + 1`` points, its lag scale indexed as :func:`lag_table`'s (``i - j +
     Lk - 1``); only where :func:`interpolates`."""
-    q0, k0 = masking.starts
-    Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
-    device = masking.q_pos.device
-    lags = q0 - (k0 + Lk - 1) + torch.arange(Lq + Lk - 1, device=device)
-    return prior.scaled_lag(lags, q0 + torch.arange(Lq, device=device), cells)
+    q_pos = masking.starts[0] + torch.arange(masking.q_pos.shape[-1], device=masking.q_pos.device)
+    return prior.scaled_lag(call_lags(masking), q_pos, cells)
 
 
 @dataclass

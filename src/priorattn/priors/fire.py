@@ -58,13 +58,18 @@ class FIRE(Prior):
         """``log(c x + 1)``, continued as an odd function below 0."""
         return x.sign() * torch.log1p(F.softplus(self.theta_c) * x.abs())
 
+    def normaliser(self, q_pos: Tensor) -> Tensor:
+        """``psi(max(L, i))`` at query positions ``i``: progressive interpolation, the scale that maps
+        each query's lags into ``[0, 1]``."""
+        return self.psi(torch.maximum(F.softplus(self.theta_L), q_pos.to(self.theta_c.dtype)))
+
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         dtype = self.theta_c.dtype
         lag = (q_pos[..., :, None] - k_pos[..., None, :]).to(dtype)  # (..., Lq, Lk), exact integers
         with in_own_dtype(lag.device):
-            # progressive interpolation: psi(max(L, i)) normalises each query's lags
-            scale = self.psi(torch.maximum(F.softplus(self.theta_L), q_pos.to(dtype)))[..., :, None]
-            K = self.mlp((self.psi(lag) / scale)[..., None])  # (..., Lq, Lk, H)
+            K = self.mlp(
+                (self.psi(lag) / self.normaliser(q_pos)[..., :, None])[..., None]
+            )  # (..., Lq, Lk, H)
         return K.movedim(-1, -3)  # (..., H, Lq, Lk)
 
     @property
@@ -79,7 +84,7 @@ class FIRE(Prior):
         dtype = self.theta_c.dtype
         with in_own_dtype(lags.device):
             lag_scale = self.psi(lags.to(dtype))
-            row_scale = 1.0 / self.psi(torch.maximum(F.softplus(self.theta_L), q_pos.to(dtype)))
+            row_scale = 1.0 / self.normaliser(q_pos)
             points = torch.linspace(0.0, 1.0, cells + 1, dtype=dtype, device=lags.device)
             grid = self.mlp(points[:, None]).T  # (H, cells + 1)
         return ScaledLag(lag_scale, row_scale, grid)

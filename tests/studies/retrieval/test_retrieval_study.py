@@ -412,6 +412,12 @@ def test_a_seed_that_does_not_retrieve_at_the_training_length_is_left_out_of_the
         (["--budget", "0"], "must be a positive number"),
         (["--seeds", "1,1"], "seeds must be distinct"),
         (["--workers", "0"], "must be an integer >= 1"),
+        (["--task-weights", "1,0"], "must be a positive number, got 0"),
+        (["--task-weights", "1"], "--task-weights must give one weight per task"),
+        (["--task-weights", "1,x"], "expected a number"),
+        (["--steps", "0"], "must be an integer >= 1"),
+        (["--curriculum-steps", "-1"], "must be an integer >= 0"),
+        (["--prior-lr", "0"], "must be a positive number"),
     ],
 )
 def test_bad_input_to_the_retrieval_command_is_one_line_and_leaves_no_directory(

@@ -19,7 +19,7 @@ from ...figures import RunScale
 from ...files import write_atomic, write_json_atomic
 from ...models.positions import mechanism_style
 from ...provenance import environment
-from ..retrieval.report import TASK_NAMES, study_html
+from ..retrieval.report import TASK_NAMES, best_of, study_html
 from ..retrieval.report import summary_lines as retrieval_summary_lines
 
 # The paired delta (nats per byte) at the longest length is "flat" when its whole 95% interval lies
@@ -458,9 +458,10 @@ def summary_html(found: list, retrieval: dict | None, models: int) -> str:
         items.append("Retrieval (synthetic): no mechanism retrieves at T, so none is judged beyond it")
     if retrieval is not None:
         for w in retrieval["winners"]:
-            best = w["winner"] or "a tie within noise between " + ", ".join(w["tied"])
             task = html.escape(TASK_NAMES[w["task"]])
-            items.append(f"Retrieval (synthetic, at its longest length), {task}: <b>{html.escape(best)}</b>")
+            items.append(
+                f"Retrieval (synthetic, at its longest length), {task}: <b>{html.escape(best_of(w))}</b>"
+            )
     for metric, w, estimates in found:
         items.append(f"Language models ({models}), {html.escape(metric)}: {winner_text(w, estimates)}")
     if not items:
@@ -474,8 +475,7 @@ def summary_lines(data: dict) -> list[str]:
     retrieval = data.get("retrieval")
     lines = [] if retrieval is None else retrieval_summary_lines(retrieval)
     for w in data["winners"]:
-        best = w["winner"] or "a tie within noise between " + ", ".join(w["tied"])
-        lines.append(f"language models, {w['metric']}: {best}")
+        lines.append(f"language models, {w['metric']}: {best_of(w)}")
     return lines
 
 

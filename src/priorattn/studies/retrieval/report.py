@@ -242,16 +242,17 @@ def winners(config: RetrievalStudyConfig, summary: dict) -> list[dict]:
     return found
 
 
+def best_of(found: dict) -> str:
+    """A task's or metric's winner from :func:`winners`, or the tie of those not separated."""
+    return found["winner"] or "a tie within noise between " + ", ".join(found["tied"])
+
+
 def summary_lines(data: dict) -> list[str]:
     """The study's best mechanism per task at its longest length (or the tie, or why none), as
     console lines, from what :func:`run_retrieval_study` returned."""
     if not data["winners"]:
         return ["retrieval (synthetic): no mechanism retrieves at T, so none is judged beyond it"]
-    return [
-        f"retrieval (synthetic), {TASK_NAMES[w['task']]}: "
-        + (w["winner"] or "a tie within noise between " + ", ".join(w["tied"]))
-        for w in data["winners"]
-    ]
+    return [f"retrieval (synthetic), {TASK_NAMES[w['task']]}: {best_of(w)}" for w in data["winners"]]
 
 
 def run_retrieval_study(
@@ -391,7 +392,7 @@ def study_html(data: dict, out: Path, level: int = 2) -> str:
         parts.append("</ul>")
     parts.append(f"<{sub}>Best at {lengths[-1]} tokens</{sub}><ul>")
     for w in data["winners"]:
-        text = w["winner"] or "a tie within noise between " + ", ".join(w["tied"])
+        text = best_of(w)
         parts.append(f"<li>{TASK_NAMES[w['task']]}: <b>{html.escape(text)}</b></li>")
     parts.append("</ul>")
     figures = {k: Path(p) for k, p in data["figures"].items()}
