@@ -21,8 +21,9 @@ side by side in one process. The layers (4 heads of 64 lanes, causal self-attent
 
 Cases: ``uniform`` (the package's ``prior_init="uniform"``, priorattn's ``init="uniform"``: a flat
 slope of 1e-13), ``seeded`` (the package's default and priorattn's: the ALiBi slopes; the package also
-draws its spectral weights from N(0, 1e-2)), each without and with the query-norm gate. Timing: ``torch.utils.benchmark.Timer`` runs ``--number``
-steps per sample; each round times every layer once, the order rotating each round; medians over
+draws its spectral weights from N(0, 1e-2)), each without and with the query-norm gate. Timing:
+``torch.utils.benchmark.Timer`` runs ``--number`` steps per sample; each round times every layer
+once, the order rotating each round; medians over
 ``--rounds`` rounds, and each layer's ratio to the package's and to plain SDPA. The clock is the
 process's CPU time (``time.process_time``; one thread by default), not the wall clock: on a machine
 shared with other jobs the wall clock counts the time others hold the core.

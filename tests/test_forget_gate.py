@@ -87,7 +87,26 @@ def test_cached_decoding_equals_full_pass(backend, documents):
     with torch.no_grad():
         cached, cache = decode(module, x, [3, 1, 1, 4, 1, 1], **per_token)
     torch.testing.assert_close(cached, full.detach(), rtol=0, atol=1e-12)
-    torch.testing.assert_close(cache.forget, full_cache.forget.detach(), rtol=0, atol=1e-12)
+    torch.testing.assert_close(cache.key_state, full_cache.key_state.detach(), rtol=0, atol=1e-12)
+
+
+def test_the_layer_takes_the_gate_as_a_part_whose_key_bias_it_asks_for():
+    """The layer holds no FoX formula: a gate whose ``key_bias`` is zero makes it the plain layer,
+    while the cache still keeps the gate's state of every key."""
+
+    class SilentGate(ForgetGate):
+        @staticmethod
+        def key_bias(state):
+            return torch.zeros_like(state)
+
+    torch.manual_seed(0)
+    plain = layer()
+    gated = layer(forget_gate=SilentGate(D_MODEL, H))
+    gated.load_state_dict(plain.state_dict(), strict=False)  # the same projections
+    x = inputs(2, 7)
+    y, cache = gated(x)
+    torch.testing.assert_close(y, plain(x)[0], rtol=0, atol=0)
+    assert cache.key_state.shape == (2, H, 7) and cache.key_state.dtype == torch.float64
 
 
 def test_forget_gate_options_are_checked():
@@ -97,7 +116,7 @@ def test_forget_gate_options_are_checked():
         PriorMultiheadAttention(D_MODEL, H, forget_gate=ForgetGate(D_MODEL, 2))
     plain = layer()
     _, cache = plain(inputs(1, 3))
-    with pytest.raises(ValueError, match="disagree on a forget gate"):
+    with pytest.raises(ValueError, match="disagree on a key-bias part"):
         fox_layer()(inputs(1, 2), cache=cache)
 
 

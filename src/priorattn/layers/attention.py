@@ -1,7 +1,6 @@
-"""``PriorMultiheadAttention``: drop-in self-attention with a prior, RoPE, SSMax, FoX's forget gate
-and a KV cache.
-
-Registers the ``"standard"`` and ``"fox"`` attention mechanisms of a GPT (:mod:`priorattn.mechanisms`).
+"""``PriorMultiheadAttention``: drop-in self-attention with injected parts (a prior, RoPE, SSMax,
+FoX's forget gate) and a KV cache; and the ``"standard"`` and ``"fox"`` attention mechanisms of a GPT
+(:mod:`priorattn.mechanisms`), built from a ``GPTConfig``.
 """
 
 from __future__ import annotations
@@ -9,229 +8,21 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checks import check_doc_ids, check_key_padding_mask, check_positions, describe
-from .encodings import RoPE, Sinusoidal, scaled_rope
-from .functional import attention
-from .functional.api import check_normalizer, check_options
-from .functional.sdpa import is_decode_step, to_width
-from .mechanisms import register_mechanism
-from .priors import Prior
-from .ssmax import SSMax
-
-
-@dataclass
-class _Buffers:
-    """Storage that caches share: a cache of length ``n`` reads entries ``[0, n)``. Entries
-    ``[0, filled)`` hold data; the rest, up to the capacity ``C``, is room to grow into."""
-
-    k: Tensor  # (B, Hkv, C, max(Dq, D)), zero lanes past Dq once moved (see KVCache.padded_keys)
-    v: Tensor  # (B, Hkv, C, D)
-    positions: Tensor  # (B or 1, C)
-    doc_ids: Tensor | None  # (B, C)
-    key_padding_mask: Tensor | None  # (B, C)
-    forget: Tensor | None  # (B, H, C) float64: FoX's F_j (ForgetGate)
-    filled: int
-    key_width: int  # Dq
-
-
-class KVCache:
-    """Keys and values seen so far, with what attention needs to mask and place them.
-
-    Keys are stored after RoPE (a rotation depends only on the key's own position), so a decode step
-    rotates only its new tokens. ``positions`` is ``(1, Lc)`` when every sequence shares them.
-    ``key_padding_mask`` is kept so padding (e.g. left padding of a batched prompt) stays invisible
-    to every later query; ``None`` means no key is padding. ``forget`` ``(B, H, Lc)`` float64 holds
-    each key's cumulative log forget gate ``F_j`` of a FoX layer (:class:`ForgetGate`); its last
-    entry is the running ``F`` the next tokens continue from.
-
-    The tensors are views of buffers with room to grow: :meth:`extend` writes a decode step's
-    entries in place instead of copying the whole cache at every step (``torch.cat`` copies
-    ``O(L^2)`` entries over a generation of ``L`` tokens; this copies each ``O(1)`` times).
-    A cache never changes once made, so several continuations may branch from one prefix. Under
-    autograd (keys or values that require grad) every extension gets new buffers of exactly its
-    size, as concatenation did: a buffer autograd saved for the backward is never written again.
-
-    Keys narrower than the values (a head whose prior folds into q/k lanes keeps ``D`` lanes for
-    values and ``Dq < D`` for content) are kept with zero lanes up to ``D`` in the buffers that
-    :meth:`extend` makes, for :meth:`padded_keys`: the CPU flash kernel wants one width for q, k
-    and v, and padding every cached key at every decode step would copy the whole cache.
-    """
-
-    def __init__(
-        self,
-        k: Tensor,  # (B, Hkv, Lc, Dq), rotated
-        v: Tensor,  # (B, Hkv, Lc, D)
-        positions: Tensor,  # (B or 1, Lc) int64
-        doc_ids: Tensor | None = None,  # (B, Lc)
-        key_padding_mask: Tensor | None = None,  # (B, Lc) bool, True marks a padding key
-        forget: Tensor | None = None,  # (B, H, Lc) float64, F_j of a FoX layer
-    ):
-        buffers = _Buffers(
-            k, v, positions, doc_ids, key_padding_mask, forget, filled=k.shape[2], key_width=k.shape[-1]
-        )
-        self._view(buffers, k.shape[2])
-
-    def _view(self, buffers: _Buffers, length: int) -> KVCache:
-        self._buffers = buffers
-        self.k, self.v = buffers.k[:, :, :length, : buffers.key_width], buffers.v[:, :, :length]
-        self.positions = buffers.positions[:, :length]
-        self.doc_ids = None if buffers.doc_ids is None else buffers.doc_ids[:, :length]
-        padding = buffers.key_padding_mask
-        self.key_padding_mask = None if padding is None else padding[:, :length]
-        self.forget = None if buffers.forget is None else buffers.forget[..., :length]
-        return self
-
-    def __len__(self) -> int:
-        return self.k.shape[2]
-
-    def padded_keys(self) -> Tensor:
-        """The keys with zero lanes up to the values' width where they are narrower, ``(B, Hkv, Lc,
-        max(Dq, D))``: zero lanes add nothing to ``<q, k>``. A view of the buffers :meth:`extend`
-        made; a cache never extended (a prefill's) pads a copy."""
-        keys = self._buffers.k[:, :, : len(self)]
-        return keys if keys.shape[-1] >= self.v.shape[-1] else to_width(keys, self.v.shape[-1])
-
-    def extend(self, new: KVCache) -> KVCache:
-        """A cache holding these keys followed by ``new``'s; this cache stays as it is.
-
-        ``new``'s entries go in place into the room after this cache's entries when this cache is
-        the newest one on its buffers; otherwise (no room left, a branch from a cache that was
-        extended already, another layout) into new buffers with room for half as many entries
-        again, so the copies over a generation add up to a few times its length.
-        """
-        if (self.doc_ids is None) != (new.doc_ids is None):
-            if self.doc_ids is None:
-                state = "has no doc_ids but this call gives some"
-            else:
-                state = "has doc_ids but this call gives none"
-            raise ValueError(f"the cache {state}: pass doc_ids on every call or on none")
-        if (self.forget is None) != (new.forget is None):
-            raise ValueError(
-                "the cache and this call disagree on a forget gate: extend a cache of the same layer"
-            )
-        start, stop = len(self), len(self) + len(new)
-        buffers = self._buffers if self._has_room_for(new) else self._moved(new, stop)
-        buffers.k[:, :, start:stop, : buffers.key_width] = new.k
-        buffers.v[:, :, start:stop] = new.v
-        buffers.positions[:, start:stop] = new.positions
-        if buffers.doc_ids is not None:
-            buffers.doc_ids[:, start:stop] = new.doc_ids
-        if buffers.key_padding_mask is not None:
-            padding = new.key_padding_mask
-            buffers.key_padding_mask[:, start:stop] = False if padding is None else padding
-        if buffers.forget is not None:
-            buffers.forget[..., start:stop] = new.forget
-        buffers.filled = stop
-        return KVCache.__new__(KVCache)._view(buffers, stop)
-
-    def _has_room_for(self, new: KVCache) -> bool:
-        buffers = self._buffers
-        return (
-            buffers.filled == len(self)  # past it nothing is read: no other cache holds entries there
-            and len(self) + len(new) <= buffers.k.shape[2]
-            and not _autograd_records(self, new)
-            and (new.k.dtype, new.v.dtype) == (buffers.k.dtype, buffers.v.dtype)
-            and new.positions.shape[0] <= buffers.positions.shape[0]
-            and (new.key_padding_mask is None or buffers.key_padding_mask is not None)
-        )
-
-    def _moved(self, new: KVCache, stop: int) -> _Buffers:
-        """New buffers holding this cache's entries, with room for ``stop`` entries and more."""
-        # A buffer that autograd may have saved must not be written again: no room in it.
-        capacity = stop if _autograd_records(self, new) else stop + stop // 2
-        n = len(self)
-
-        def buffer(old: Tensor, other: Tensor, rows: int, dim: int) -> Tensor:
-            shape = [rows, *old.shape[1:]]
-            shape[dim] = capacity
-            dtype = torch.promote_types(old.dtype, other.dtype)
-            out = old.new_empty(shape, dtype=dtype)
-            out.narrow(dim, 0, n).copy_(old)
-            return out
-
-        B = self.k.shape[0]
-        keys = buffer(self.padded_keys(), new.k, B, 2)
-        keys[:, :, n:].zero_()  # the new entries' lanes past Dq stay zero: extend writes Dq lanes
-        padding = None
-        if self.key_padding_mask is not None or new.key_padding_mask is not None:
-            padding = torch.zeros(B, capacity, dtype=torch.bool, device=self.k.device)
-            if self.key_padding_mask is not None:
-                padding[:, :n] = self.key_padding_mask
-        rows = max(self.positions.shape[0], new.positions.shape[0])  # positions shared or per sequence
-        return _Buffers(
-            keys,
-            buffer(self.v, new.v, B, 2),
-            buffer(self.positions.expand(rows, -1), new.positions, rows, 1),
-            None if self.doc_ids is None else buffer(self.doc_ids, new.doc_ids, B, 1),
-            padding,
-            None if self.forget is None else buffer(self.forget, new.forget, B, 2),
-            filled=n,
-            key_width=self._buffers.key_width,
-        )
-
-
-def _autograd_records(*caches: KVCache) -> bool:
-    """Whether writing into these caches' buffers could change tensors autograd saved."""
-    tensors = [t for c in caches for t in (c.k, c.v, c.forget) if t is not None]
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
-
-
-class ForgetGate(nn.Module):
-    """FoX's forget gate (Lin et al., "Forgetting Transformer: Softmax Attention with a Forget Gate",
-    ICLR 2025, Sec. 2): ``f_t = sigmoid(w_f . x_t + b_f)`` per head, and the logits of query i and key
-    j gain ``D_ij = sum_{l=j+1..i} log f_l = F_i - F_j`` with ``F`` the cumulative sum of ``log f``.
-
-    Under the softmax over keys ``F_i`` is a per-query constant and cancels: what remains is the
-    per-key term ``-F_j``, which the layer hands to :func:`priorattn.attention` as ``key_bias`` (one
-    fold lane on the ``sdpa`` route, re-centred per run of queries). ``F`` is summed in float64:
-    it falls without bound (``log f < 0``), about ``1e4`` below zero after 16k tokens that forget
-    strongly, where float32 would keep only ~1e-3 of it. In a packed row ``F`` restarts at each
-    document's first token (so a row equals its documents run alone). The projection keeps
-    PyTorch's default initialisation (the GPT's initialisation is for q, k, v and out).
-    """
-
-    def __init__(self, d_model: int, num_heads: int):
-        super().__init__()
-        self.num_heads = num_heads
-        self.proj = nn.Linear(d_model, num_heads)  # w_f, b_f of every head
-
-    def log_forget(self, x: Tensor) -> Tensor:
-        """``log f_t`` ``(B, H, L)`` float64 of ``x: (B, L, d_model)``."""
-        gate = self.proj(x)  # (B, L, H)
-        return F.logsigmoid(gate.to(torch.promote_types(gate.dtype, torch.float32))).transpose(1, 2).double()
-
-    def cumulative(self, x: Tensor, starts: Tensor | None, previous: Tensor | None) -> Tensor:
-        """``F`` ``(B, H, L)`` float64 of the tokens ``x``: ``previous`` ``(B, H)`` (the running ``F``
-        of a cache, None: 0) plus the running sum of ``log f``, restarting from 0 before each token
-        where ``starts`` ``(B, L)`` is True (a document's first token)."""
-        log_f = self.log_forget(x)
-        total = log_f.cumsum(-1)  # (B, H, L)
-        if previous is not None:
-            total = total + previous[..., None]
-        if starts is None:
-            return total
-        L = log_f.shape[-1]
-        index = torch.arange(L, device=x.device)
-        latest = torch.where(starts, index, -1).cummax(-1).values  # (B, L): latest start, -1: none yet
-        before = (total - log_f).gather(-1, latest.clamp(min=0)[:, None].expand_as(total))  # F before it
-        return total - torch.where(latest[:, None] >= 0, before, 0.0)
-
-    def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}"
-
-
-def document_starts(doc_ids: Tensor, cached: Tensor | None) -> Tensor:
-    """``(B, L)`` bool: whether each new token begins a document, given the cached tokens' ids
-    (``cached`` ``(B, Lc)``; None or empty: the first new token begins one)."""
-    previous = doc_ids[:, :1] + 1 if cached is None or not cached.shape[1] else cached[:, -1:]
-    return doc_ids != torch.cat([previous, doc_ids[:, :-1]], dim=1)
+from ..checks import check_doc_ids, check_key_padding_mask, check_positions, describe
+from ..encodings import RoPE, Sinusoidal, scaled_rope
+from ..functional import attention
+from ..functional.api import check_normalizer, check_options
+from ..functional.sdpa import is_decode_step, to_width
+from ..mechanisms import register_mechanism
+from ..priors import Prior
+from ..ssmax import SSMax
+from .forget_gate import ForgetGate
+from .kv_cache import KVCache
 
 
 class PriorMultiheadAttention(nn.Module):
@@ -255,9 +46,9 @@ class PriorMultiheadAttention(nn.Module):
         backend: passed to :func:`priorattn.attention`.
         normalizer: ``"softmax"``, ``"sparsemax"``, ``"entmax15"`` or an entmax ``alpha > 1``, passed
             to :func:`priorattn.attention` (maps other than softmax run on the reference route).
-        forget_gate: ``None``, ``True`` (a new :class:`ForgetGate`) or a ``ForgetGate`` module: FoX,
-            whose ``-F_j`` joins the logits as :func:`priorattn.attention`'s ``key_bias``; the KV
-            cache keeps each key's ``F_j``, so cached decoding equals a full pass.
+        forget_gate: ``None``, ``True`` (a new :class:`ForgetGate`) or a ``ForgetGate`` module: FoX's
+            key-bias part, whose ``-F_j`` joins the logits as :func:`priorattn.attention`'s
+            ``key_bias``; the KV cache keeps each key's ``F_j``, so cached decoding equals a full pass.
 
     When the prior folds into q/k lanes (``prior.can_fold(causal)``) the head keeps its width
     (seed 000 Sec. 4, Algorithm 1): content lanes ``d_q = head_dim - prior.fold_width``, so
@@ -315,7 +106,7 @@ class PriorMultiheadAttention(nn.Module):
             if encoding is not None and content_dim % 2:
                 content_dim -= 1  # one padding lane so RoPE can rotate the content in pairs
             _check_content_lanes(prior, head_dim, content_dim)
-        self.rope = _rope(encoding, content_dim, rope_interpolation)
+        self.rope = layer_rope(encoding, content_dim, rope_interpolation)
         self.ssmax = _ssmax(ssmax, num_heads)
         self.forget_gate = _forget_gate(forget_gate, d_model, num_heads)
 
@@ -363,18 +154,9 @@ class PriorMultiheadAttention(nn.Module):
             else:
                 rotations = self.rope.rotations(positions, q.dtype)
             q, k = self.rope.rotate(q, rotations), self.rope.rotate(k, rotations)
-        forget = None
-        if self.forget_gate is not None:  # FoX: F_j of the new tokens, from the cache's running F
-            starts = (
-                None
-                if doc_ids is None
-                else document_starts(doc_ids, None if cache is None else cache.doc_ids)
-            )
-            previous = (
-                None if cache is None or cache.forget is None or not len(cache) else cache.forget[..., -1]
-            )
-            forget = self.forget_gate.cumulative(x, starts, previous)  # (B, H, L) float64
-        new = KVCache(k, v, positions, doc_ids, key_padding_mask, forget)
+        gate = self.forget_gate  # the key-bias part: its state of the new keys joins the cache
+        key_state = None if gate is None else gate.key_state(x, doc_ids, cache)  # (B, H, L)
+        new = KVCache(k, v, positions, doc_ids, key_padding_mask, key_state)
         cache = new if cache is None else cache.extend(new)
         keys = cache.k
         if self.backend == "auto" and is_decode_step(q, keys):
@@ -397,7 +179,7 @@ class PriorMultiheadAttention(nn.Module):
             ssmax=self.ssmax,
             backend=self.backend,
             normalizer=self.normalizer,
-            key_bias=None if cache.forget is None else -cache.forget,  # FoX: F_i - F_j, less F_i
+            key_bias=None if gate is None else gate.key_bias(cache.key_state),
         )  # (B, H, L, D)
         return self.out_proj(y.transpose(1, 2).reshape(B, L, H * D)), cache
 
@@ -454,9 +236,11 @@ def _check_content_lanes(prior: Prior, head_dim: int, content_dim: int) -> None:
         )
 
 
-def _rope(
+def layer_rope(
     encoding: RoPE | Callable[[int], RoPE] | str | None, content_dim: int, interpolation: float
 ) -> RoPE | None:
+    """The RoPE a layer's ``encoding`` argument names for its ``content_dim`` rotated lanes (see
+    :class:`PriorMultiheadAttention`), or ``None``; a one-line error for anything else."""
     if interpolation != 1.0 and encoding != "rope":
         raise ValueError(
             f"rope_interpolation={interpolation!r} goes with encoding='rope' (a RoPE module carries "
