@@ -167,7 +167,7 @@ def test_train_given_a_misspelt_prior_gets_no_mechanism_hint(tmp_path, capsys):
 )
 def test_compare_takes_prior_specs_that_name_its_mechanisms(given, named, tmp_path):
     args = cli.build_parser().parse_args(["compare", "--out", str(tmp_path), "--priors", given])
-    assert args.priors == named
+    assert args.models == named  # CompareConfig.models
 
 
 def test_compare_given_a_spec_no_mechanism_names_says_how_to_train_it(tmp_path, capsys):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from priorattn.cli import parsing
-from priorattn.cli.configs import Flag, add_config_flags, field_docs, given
+from priorattn.cli.configs import Flag, add_config_flags, field_docs, given, help_text
 from priorattn.cli.parsing import Parser, int_at_least, positive_number
 
 
@@ -44,7 +44,8 @@ def toy_parser(flags=None) -> Parser:
 
 
 def help_of(parser: Parser, dest: str) -> str:
-    return next(action.help for action in parser._actions if action.dest == dest)
+    """The help of ``dest``'s flag as ``--help`` shows it."""
+    return help_text(next(action for action in parser._actions if action.dest == dest))
 
 
 def test_every_field_is_a_flag_of_its_type():

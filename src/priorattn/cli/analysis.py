@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .parsing import fail, float_list, index_list, int_at_least
+from .configs import Flag, add_config_flags, given
+from .parsing import fail, float_list, index_list, int_at_least, positive_number
 
 
 def plot_priors(args: argparse.Namespace) -> int:
@@ -55,9 +56,8 @@ def analyze_copy_mixture(args: argparse.Namespace) -> int:
     """Train on seed 000's copy-mixture task, draw the learned GOAT prior, write DIR/results.json."""
     from ..studies.copy_mixture import FIGURE, RESULTS_JSON, CopyMixtureConfig, copy_mixture_job
 
-    options = ("vocab_size", "weights", "length", "model", "d_model", "heads", "steps", "batch_size", "seed")
     try:
-        config = CopyMixtureConfig(**{name: getattr(args, name) for name in options})
+        config = CopyMixtureConfig(**given(args, CopyMixtureConfig))
         result = copy_mixture_job(config, args.out, head=args.head, progress=not args.quiet)
     except (ValueError, FileExistsError) as e:
         fail(args, e)
@@ -137,10 +137,12 @@ def add_analyze_parser(commands) -> None:
     )
     t = run_analysis_parser(analyses, "identities", "the policy-gradient identities of seed 004", text)
     add_layer_and_head_lists(t)
-    t.add_argument("--rows", type=int_at_least(1), default=8, help="query rows per layer and head (8)")
-    t.add_argument("--sequences", type=int_at_least(1), default=2, help="validation windows (2)")
+    t.add_argument(
+        "--rows", type=int_at_least(1), default=8, help="query rows per layer and head (%(default)s)"
+    )
+    t.add_argument("--sequences", type=int_at_least(1), default=2, help="validation windows (%(default)s)")
     t.add_argument("--length", type=int_at_least(2), help="tokens per window (the training length)")
-    t.add_argument("--seed", type=int_at_least(0), default=0, help="(0)")
+    t.add_argument("--seed", type=int_at_least(0), default=0, help="(%(default)s)")
     t.set_defaults(func=analyze_identities, parser=t)
     add_copy_mixture_parser(analyses)
     add_analyze_priors_parser(analyses)
@@ -176,12 +178,14 @@ def add_analyze_priors_parser(analyses) -> None:
         "--extrapolate",
         type=int_at_least(1),
         default=16,
-        help="draw the sink to this many training lengths (16)",
+        help="draw the sink to this many training lengths (%(default)s)",
     )
     t.set_defaults(func=analyze_priors, parser=t)
 
 
 def add_analyze_sink_mass_parser(analyses) -> None:
+    from ..analysis.views import OMEGAS
+
     text = (
         "Attention mass on key 0 as the content's dynamic range omega grows (seed 000 Thm. 5.1, Fig. "
         "2c): random content scores of range omega on every query row plus the run's learned "
@@ -197,9 +201,14 @@ def add_analyze_sink_mass_parser(analyses) -> None:
     )
     t.add_argument("--out", type=Path, required=True, help="output directory")
     t.add_argument("--length", type=int_at_least(2), help="query positions (each run's training length)")
-    t.add_argument("--omegas", type=float_list, help="comma-separated dynamic ranges (0,0.25,...,64)")
-    t.add_argument("--samples", type=int_at_least(1), default=8, help="random draws of the content (8)")
-    t.add_argument("--seed", type=int_at_least(0), default=0, help="(0)")
+    omegas = t.add_argument(
+        "--omegas", type=float_list, help="comma-separated dynamic ranges (%(shown_default)s)"
+    )
+    omegas.shown_default = f"{OMEGAS[0]:g},{OMEGAS[1]:g},...,{OMEGAS[-1]:g}"
+    t.add_argument(
+        "--samples", type=int_at_least(1), default=8, help="random draws of the content (%(default)s)"
+    )
+    t.add_argument("--seed", type=int_at_least(0), default=0, help="(%(default)s)")
     t.set_defaults(func=analyze_sink_mass, parser=t)
 
 
@@ -218,7 +227,6 @@ def add_analyze_attention_parser(analyses) -> None:
 def add_copy_mixture_parser(analyses) -> None:
     from ..studies.copy_mixture import MODELS, CopyMixtureConfig
 
-    default = CopyMixtureConfig()
     text = (
         "Train a one-layer causal model with a GOAT prior on seed 000's copy-mixture task (each token "
         "copies the first token, copies the previous one, or is noise), draw the learned prior as "
@@ -229,36 +237,21 @@ def add_copy_mixture_parser(analyses) -> None:
         "copy-mixture", help="the learned GOAT prior of seed 000 Fig. 1", description=text
     )
     t.add_argument("--out", type=Path, required=True, help="output directory")
-    t.add_argument("--steps", type=int_at_least(1), default=default.steps, help=f"({default.steps})")
-    t.add_argument("--seed", type=int_at_least(0), default=default.seed, help=f"({default.seed})")
-    t.add_argument(
-        "--model",
-        choices=MODELS,
-        default=default.model,
-        help="probe: attention layer with a position-free query; gpt: the library's GPT, one block (probe)",
+    flags = {name: Flag(type=int_at_least(1)) for name in ("steps", "batch_size", "d_model", "heads")}
+    flags |= {name: Flag(type=int_at_least(1)) for name in ("eval_sequences", "goat_freqs")}
+    flags |= dict(
+        vocab_size=Flag(type=int_at_least(2)),
+        length=Flag(type=int_at_least(2)),
+        weights=Flag(type=float_list),
+        model=Flag(choices=MODELS),
+        lr=Flag(type=positive_number),
+        prior_lr=Flag(type=positive_number),
+        seed=Flag(type=int_at_least(0)),
     )
+    add_config_flags({"": t}, CopyMixtureConfig, "", flags)
     t.add_argument(
-        "--vocab-size", type=int_at_least(2), default=default.vocab_size, help=f"({default.vocab_size})"
+        "--head", type=int_at_least(0), default=0, help="head drawn and reported at the top (%(default)s)"
     )
-    weights = ",".join(f"{w:g}" for w in default.weights)
-    t.add_argument(
-        "--weights",
-        type=float_list,
-        default=default.weights,
-        help=f"probabilities of copying the first token, the previous token, noise ({weights})",
-    )
-    t.add_argument(
-        "--length",
-        type=int_at_least(2),
-        default=default.length,
-        help=f"tokens per sequence ({default.length})",
-    )
-    t.add_argument(
-        "--batch-size", type=int_at_least(1), default=default.batch_size, help=f"({default.batch_size})"
-    )
-    t.add_argument("--d-model", type=int_at_least(1), default=default.d_model, help=f"({default.d_model})")
-    t.add_argument("--heads", type=int_at_least(1), default=default.heads, help=f"({default.heads})")
-    t.add_argument("--head", type=int_at_least(0), default=0, help="head drawn and reported at the top (0)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=analyze_copy_mixture, parser=t)
 
@@ -270,7 +263,7 @@ def add_plot_priors_parser(commands) -> None:
         description="Draw prior_curves.png, goat_decomposition.png and heatmaps.png into --out.",
     )
     plot.add_argument("--out", type=Path, required=True, help="directory for the PNGs (created)")
-    plot.add_argument("--length", type=int_at_least(2), default=512, help="positions L (512)")
-    plot.add_argument("--heads", type=int_at_least(1), default=8, help="heads per prior (8)")
-    plot.add_argument("--head", type=int_at_least(0), default=0, help="head to draw (0)")
+    plot.add_argument("--length", type=int_at_least(2), default=512, help="positions L (%(default)s)")
+    plot.add_argument("--heads", type=int_at_least(1), default=8, help="heads per prior (%(default)s)")
+    plot.add_argument("--head", type=int_at_least(0), default=0, help="head to draw (%(default)s)")
     plot.set_defaults(func=plot_priors, parser=plot)

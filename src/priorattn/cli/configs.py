@@ -11,7 +11,12 @@ A flag given nowhere on the command line leaves no attribute in the parsed names
 (``argparse.SUPPRESS``), so :func:`given` returns exactly the fields the user wrote, with whatever
 value they wrote: what the library merges with a saved run's config. A field that may be ``None``
 reads ``none`` as ``None`` (but a text field, whose text may be ``none``); a ``bool`` field is a
-switch ``--name`` / ``--no-name``.
+switch ``--name`` / ``--no-name``; a ``list`` or ``tuple`` field reads comma-separated values.
+
+A help never writes a default as text: it names ``%(shown_default)s`` (a flag's default as
+:func:`shown` writes it, kept on the flag's action and filled in when the help is shown) or
+argparse's ``%(default)s``, so what ``--help`` shows is what the code holds
+(:func:`help_text`).
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ import types
 import typing
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
-from .parsing import integer, number
+from .parsing import integer, number, positive_number
 
 UNIONS = (typing.Union, types.UnionType)
 
@@ -42,7 +48,8 @@ class Flag:
     ``--warmup``, with ``--warmup-steps`` an alias; the dest stays the field's). ``help`` may name
     ``{default}`` (the field's default as the help shows it); ``type`` parses the text (and may
     return ``None``); ``choices`` are the values it accepts; ``group`` names the argument group
-    (one of the groups given to :func:`add_config_flags`)."""
+    (one of the groups given to :func:`add_config_flags`); ``required``: the command needs the flag
+    (its help then shows no default)."""
 
     name: str | None = None
     help: str | None = None
@@ -50,6 +57,7 @@ class Flag:
     choices: tuple | None = None
     metavar: str | None = None
     group: str | None = None
+    required: bool = False
 
 
 def add_config_flags(
@@ -60,11 +68,13 @@ def add_config_flags(
     *,
     skip: Collection[str] = (),
     default: str | None = None,
+    scaled: Collection[str] = (),
 ) -> None:
     """A flag for every field of dataclass ``config`` but those in ``skip``, each added to
     ``groups[flags[name].group]`` or else to ``groups[group]``; ``flags`` writes some fields' flags
     their own way. The help ends with the field's default in parentheses, or with ``default`` (as
-    ``"the preset's"``) when given."""
+    ``"the preset's"``) when given; a field in ``scaled`` says that ``--budget`` scales its default
+    (:func:`budget_scaled`)."""
     flags = flags or {}
     hints = typing.get_type_hints(config)
     docs = field_docs(config)
@@ -72,20 +82,74 @@ def add_config_flags(
         if field.name in skip or not field.init:
             continue
         flag = flags.get(field.name, Flag())
-        shown = default if default is not None else shown_default(field)
+        default_text = default if default is not None else shown_default(field)
+        if field.name in scaled:
+            default_text += "; --budget scales it"
         if flag.help is None:
-            help = f"{docs.get(field.name, '').replace('%', '%%')} ({shown})".lstrip()
+            doc = docs.get(field.name, "").replace("%", "%%")
+            help = doc if flag.required else f"{doc} (%(shown_default)s)".lstrip()
         else:
-            help = flag.help.replace("{default}", shown)
+            help = flag.help.replace("{default}", "%(shown_default)s")
         names = [f"--{name.replace('_', '-')}" for name in (flag.name, field.name) if name]
         metavar = flag.metavar or (flag.name.upper() if flag.name and not flag.choices else None)
-        options = dict(dest=field.name, default=argparse.SUPPRESS, help=help, metavar=metavar)
+        options = dict(dest=field.name, help=help, metavar=metavar, required=flag.required)
+        options["default"] = argparse.SUPPRESS
         target = groups[flag.group or group]
         if is_switch(hints[field.name]):
-            target.add_argument(*names, action=argparse.BooleanOptionalAction, **options)
+            action = target.add_argument(*names, action=argparse.BooleanOptionalAction, **options)
         else:
             parse = field_parser(hints[field.name], field.name, flag.type)
-            target.add_argument(*names, type=parse, choices=flag.choices, **options)
+            action = target.add_argument(*names, type=parse, choices=flag.choices, **options)
+        action.shown_default = default_text
+
+
+def budget_scaled(config: type, budgets: Collection[float] = (0.1, 1.0, 2.0, 4.0)) -> set[str]:
+    """The fields of dataclass ``config`` whose value its ``config.for_budget(budget)`` changes with
+    the budget, tried at ``budgets`` (the smoke run, the default and larger runs), but ``budget``."""
+    made = [config.for_budget(budget) for budget in budgets]
+    return {
+        field.name
+        for field in dataclasses.fields(config)
+        if field.name != "budget"
+        and any(getattr(m, field.name) != getattr(made[0], field.name) for m in made)
+    }
+
+
+def add_study_flags(
+    parser: argparse.ArgumentParser,
+    config: type,
+    flags: Mapping[str, Flag] | None = None,
+    *,
+    skip: Collection[str] = (),
+    groups: Mapping[str, argparse._ActionsContainer] | None = None,
+) -> None:
+    """What a study command takes: ``--out``; ``--budget``, the argument of ``config.for_budget``
+    (its default that method's); a flag for every field of ``config`` but ``budget`` and those in
+    ``skip`` (:func:`add_config_flags`, into ``groups[""]`` or the parser), each whose default the
+    budget changes saying so (:func:`budget_scaled`); ``--quiet``."""
+    parser.add_argument("--out", type=Path, required=True, help="output directory")
+    budget = inspect.signature(config.for_budget).parameters["budget"].default
+    steps = field_default(config, "steps")
+    parser.add_argument(
+        "--budget",
+        type=positive_number,
+        default=budget,
+        help=f"training budget scale: 0.1 a smoke run (%(default)s: {steps} steps)",
+    )
+    groups = {"": parser, **(groups or {})}
+    scaled = budget_scaled(config)
+    add_config_flags(groups, config, "", flags, skip={"budget", *skip}, scaled=scaled)
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def budget_config(args: argparse.Namespace, config: type, skip: Collection[str] = ()):
+    """``config.for_budget(args.budget)`` with every field the command line gave set as given."""
+    return dataclasses.replace(config.for_budget(args.budget), **given(args, config, {"budget", *skip}))
+
+
+def help_text(action: argparse.Action) -> str:
+    """``action``'s help as ``--help`` shows it: its ``%(default)s`` and ``%(shown_default)s`` filled."""
+    return argparse.HelpFormatter("priorattn")._expand_help(action) if action.help else ""
 
 
 def given(args: argparse.Namespace, config: type, skip: Collection[str] = ()) -> dict:
@@ -117,7 +181,7 @@ def field_parser(
 
 def value_parser(annotation: object, name: str) -> Callable[[str], object]:
     """An argparse ``type`` reading a value of ``annotation``: ``int``, ``float``, ``str``;
-    ``tuple[T, ...]`` and ``tuple[T, U]`` as comma-separated values; a union as its first member
+    ``tuple[T, ...]``, ``tuple[T, U]`` and ``list[T]`` as comma-separated values; a union as its first member
     that reads the text (``str`` last, so ``str | float`` reads ``1.5`` as a number, and
     ``str | dict`` any text as the ``str``), and ``none`` as ``None`` where the union allows it
     (but for a ``str``, whose text may be ``none``)."""
@@ -126,6 +190,9 @@ def value_parser(annotation: object, name: str) -> Callable[[str], object]:
     members = typing.get_args(annotation)
     if typing.get_origin(annotation) is tuple:
         return tuple_parser(members, name)
+    if typing.get_origin(annotation) is list:
+        parse_tuple = tuple_parser((members[0], Ellipsis), name)
+        return lambda text: list(parse_tuple(text))
     if typing.get_origin(annotation) in UNIONS:
         parsers = {}
         for member in sorted((m for m in members if m is not type(None)), key=lambda m: m is str):
@@ -173,18 +240,26 @@ def union_parser(parsers: list[Callable[[str], object]], none: bool) -> Callable
 
 
 def shown_default(field: dataclasses.Field) -> str:
-    """A field's default as the help shows it: ``none``, ``on``/``off``, ``0.9,0.95``, ``3``."""
+    """A field's default as the help shows it (:func:`shown`), or ``required``."""
     if field.default is not dataclasses.MISSING:
-        value = field.default
-    elif field.default_factory is not dataclasses.MISSING:
-        value = field.default_factory()
-    else:
-        return "required"
+        return shown(field.default)
+    if field.default_factory is not dataclasses.MISSING:
+        return shown(field.default_factory())
+    return "required"
+
+
+def field_default(config: type, name: str) -> str:
+    """The default of field ``name`` of dataclass ``config`` as the help shows it."""
+    return shown_default(next(field for field in dataclasses.fields(config) if field.name == name))
+
+
+def shown(value: object) -> str:
+    """A value as the help shows it: ``none``, ``on``/``off``, ``0.9,0.95`` (a tuple or list), ``3``."""
     if value is None:
         return "none"
     if isinstance(value, bool):
         return "on" if value else "off"
-    if isinstance(value, tuple):
+    if isinstance(value, tuple | list):
         return ",".join(map(str, value))
     return str(value)
 
@@ -192,15 +267,25 @@ def shown_default(field: dataclasses.Field) -> str:
 def field_docs(config: type) -> dict[str, str]:
     """Each field's text in ``config``'s docstring, as plain text: the body of the bullet
     ``- ``name``: text`` where one names it alone, else the whole bullet whose head names it among
-    others, as ``- ``log_every``, ``eval_every``: text`` or a pattern ``- ``goat_*``: text``."""
-    bullets = docstring_bullets(inspect.getdoc(config) or "")
+    others, as ``- ``log_every``, ``eval_every``: text``, else one whose head has a pattern that it
+    matches, as ``- ``goat_*``: text``. A subclass's bullets come first, then those of the
+    dataclasses it extends (a field it does not document keeps its base's text)."""
+    bases = [base for base in config.__mro__ if dataclasses.is_dataclass(base)]
+    bullets = [bullet for base in bases for bullet in docstring_bullets(own_doc(base))]
     docs = {}
     for field in dataclasses.fields(config):
         named = [(names, head, body) for names, head, body in bullets if names_field(names, field.name)]
-        alone = [body for names, head, body in named if names == [field.name]]
-        if alone or named:
-            docs[field.name] = plain(alone[0] if alone else f"{named[0][1]}: {named[0][2]}")
+        named.sort(key=lambda bullet: (bullet[0] != [field.name], field.name not in bullet[0]))
+        if named:
+            names, head, body = named[0]
+            docs[field.name] = plain(body if names == [field.name] else f"{head}: {body}")
     return docs
+
+
+def own_doc(config: type) -> str:
+    """``config``'s own docstring (not a base's, nor the ``Name(field, ...)`` a dataclass makes)."""
+    doc = inspect.cleandoc(config.__dict__.get("__doc__") or "")
+    return "" if doc.startswith(f"{config.__name__}(") else doc
 
 
 def docstring_bullets(doc: str) -> list[tuple[list[str], str, str]]:

@@ -1,14 +1,16 @@
 """``priorattn eval {ppl,passkey,niah}``, ``compare`` and ``retrieval``: score one run beyond its
 training length; train every positional mechanism alike and compare them; the synthetic retrieval
-study."""
+study. ``compare``'s and ``retrieval``'s flags are the fields of the studies' configs
+(:mod:`priorattn.cli.configs`)."""
 
 from __future__ import annotations
 
 import argparse
+import inspect
 from pathlib import Path
 
+from .configs import Flag, add_study_flags, budget_config, field_default, given
 from .parsing import (
-    add_experiment_options,
     fail,
     int_at_least,
     int_list,
@@ -73,12 +75,15 @@ def compare(args: argparse.Namespace) -> int:
     from ..studies.compare.report import summary_lines
     from ..studies.compare.study import CompareConfig
     from ..studies.compare.study import compare as run
+    from ..studies.retrieval.study import RetrievalStudyConfig
 
     try:
-        config = CompareConfig.for_budget(args.budget, args.priors, args.retrieval_mechanisms)
+        config = budget_config(args, CompareConfig)
         if args.no_retrieval:
             config = replace(config, retrieval=None)
-        config = replace(config, data=args.data, text_encoding=args.text_encoding)
+        elif args.retrieval_mechanisms is not None:
+            study = RetrievalStudyConfig.for_budget(args.budget, mechanisms=args.retrieval_mechanisms)
+            config = replace(config, retrieval=study)
         data = run(config, args.out, progress=not args.quiet)
     except (ValueError, FileNotFoundError, FileExistsError) as e:
         fail(args, e)
@@ -95,24 +100,13 @@ def retrieval(args: argparse.Namespace) -> int:
     from ..studies.retrieval.study import RetrievalStudyConfig
     from ..studies.retrieval.sweep import run_retrieval_sweep
 
-    fields = dict(
-        mechanisms=args.mechanisms,
-        seeds=args.seeds,
-        tasks=args.tasks,
-        train_len=args.train_len,
-        token_shift=args.token_shift,
-        steps=args.steps,
-        stop_at_criterion=False if args.fixed_steps else None,
-        curriculum_steps=args.curriculum_steps,
-        prior_lr=args.prior_lr,
-        task_weights=args.task_weights,
-    )
+    fields = given(args, RetrievalStudyConfig, skip={"budget"})
+    if args.fixed_steps:
+        fields["stop_at_criterion"] = False
     try:
-        if args.sweep and args.train_len is not None:
+        if args.sweep and "train_len" in fields:
             raise ValueError("--train-len with --sweep: the sweep trains at each of its lengths")
-        config = RetrievalStudyConfig.for_budget(
-            args.budget, **{k: v for k, v in fields.items() if v is not None}
-        )
+        config = RetrievalStudyConfig.for_budget(args.budget, **fields)  # scaling the steps given
         if args.sweep:
             run_retrieval_sweep(config, args.out, workers=args.workers, progress=not args.quiet)
         else:
@@ -126,6 +120,7 @@ def retrieval(args: argparse.Namespace) -> int:
 
 
 def add_eval_parser(commands) -> None:
+    from .. import eval as evaluations
     from ..data.retrieval import NIAH_VARIANTS
 
     p = commands.add_parser(
@@ -139,10 +134,13 @@ def add_eval_parser(commands) -> None:
     tasks = p.add_subparsers(title="evaluations", dest="task", required=True)
     helps = dict(
         ppl="perplexity per length, past the training length, by position, and paired with short context",
-        passkey="passkey retrieval at 20 depths (seed 003 Sec. 3.1)",
+        passkey="passkey retrieval at needle depths (seed 003 Sec. 3.1)",
         niah="RULER-style needle in a haystack, six variants",
     )
     for task, text in helps.items():
+        # each flag's default is the job's (eval.ppl_job, passkey_job, niah_job)
+        job = getattr(evaluations, f"{task}_job")
+        default = {name: p.default for name, p in inspect.signature(job).parameters.items()}
         t = tasks.add_parser(task, help=text, description=text)
         t.add_argument(
             "--run", type=Path, required=True, help="a run directory of priorattn train, or of hf-extend"
@@ -150,38 +148,54 @@ def add_eval_parser(commands) -> None:
         t.add_argument(
             "--data", help="text file, folder, glob or hf:PATH to score (the run's validation split)"
         )
-        t.add_argument("--text-encoding", default="utf-8", help="how --data's text files are decoded (utf-8)")
+        t.add_argument(
+            "--text-encoding",
+            default=default["text_encoding"],
+            help="how --data's text files are decoded (%(default)s)",
+        )
         t.add_argument("--lengths", type=int_list, help="comma-separated lengths in tokens (T, 2T, ..., 64T)")
         t.add_argument("--out", type=Path, help="output directory (RUN/eval/TASK)")
-        t.add_argument("--seed", type=int_at_least(0), default=0, help="(0)")
+        t.add_argument("--seed", type=int_at_least(0), default=default["seed"], help="(%(default)s)")
         t.add_argument("--quiet", action="store_true", help="no progress bar")
         if task == "ppl":
-            t.add_argument("--windows", type=int_at_least(1), default=8, help="windows per length (8)")
+            windows = default["windows"]
+            t.add_argument(
+                "--windows", type=int_at_least(1), default=windows, help="windows per length (%(default)s)"
+            )
             t.add_argument(
                 "--tau-length-scaling",
                 action="store_true",
                 help="scalar heads: a query seeing n > T keys uses tau (T / n)^2 (docs/scalar_decoding.md)",
             )
         else:
-            depths = 20 if task == "passkey" else 5
-            t.add_argument("--depths", type=int_at_least(1), default=depths, help=f"needle depths ({depths})")
-            t.add_argument("--trials", type=int_at_least(1), default=3, help="prompts per cell (3)")
+            depths, trials = default["depths"], default["trials"]
+            t.add_argument(
+                "--depths", type=int_at_least(1), default=depths, help="needle depths (%(default)s)"
+            )
+            t.add_argument(
+                "--trials", type=int_at_least(1), default=trials, help="prompts per cell (%(default)s)"
+            )
         if task == "passkey":
-            t.add_argument("--digits", type=int_at_least(1), default=5, help="passkey digits (5)")
+            digits = default["digits"]
+            t.add_argument(
+                "--digits", type=int_at_least(1), default=digits, help="passkey digits (%(default)s)"
+            )
         if task == "niah":
             t.add_argument(
                 "--variants",
                 type=name_list(NIAH_VARIANTS, "NIAH variant"),
-                default=list(NIAH_VARIANTS),
+                default=list(default["variants"]),
                 help="comma-separated (all)",
             )
         t.set_defaults(func=evaluate, parser=t)
 
 
 def add_compare_parser(commands) -> None:
+    from ..data.retrieval import NIAH_VARIANTS
     from ..models.positions import mechanisms
-    from ..studies.compare.study import DEFAULT_MODELS, CompareConfig
-    from ..studies.retrieval.study import DEFAULT_MECHANISMS, all_mechanisms
+    from ..models.presets import PRESETS
+    from ..studies.compare.study import CompareConfig
+    from ..studies.retrieval.study import RetrievalStudyConfig, all_mechanisms
 
     p = commands.add_parser(
         "compare",
@@ -194,30 +208,32 @@ def add_compare_parser(commands) -> None:
             "models, and evaluations with unchanged settings of an unchanged checkpoint."
         ),
     )
-    p.add_argument(
-        "--priors",
-        type=mechanism_list(list(mechanisms())),
-        help=f"comma-separated mechanisms, e.g. {','.join(DEFAULT_MODELS)} (the default), or prior specs "
-        "that are one of them, as train --prior writes them: goat(slope=none) is goat_noslope",
+    counts = ("seq_len", "window", "steps", "batch_size", "ppl_windows", "passkey_depths", "niah_depths")
+    flags = {name: Flag(type=int_at_least(1)) for name in (*counts, "trials")}
+    flags |= dict(
+        models=Flag(name="priors", type=mechanism_list(list(mechanisms()))),
+        preset=Flag(choices=tuple(sorted(PRESETS))),
+        seed=Flag(type=int_at_least(0)),
+        ppl_factors=Flag(type=int_list),
+        retrieval_factors=Flag(type=int_list),
+        niah_variants=Flag(type=name_list(NIAH_VARIANTS, "NIAH variant")),
     )
-    p.add_argument("--data", help="text file, folder, glob or hf:PATH to train on (the embedded Shakespeare)")
-    p.add_argument("--text-encoding", default="utf-8", help="how --data's text files are decoded (utf-8)")
+    add_study_flags(p, CompareConfig, flags, skip={"retrieval"})
     study = p.add_mutually_exclusive_group()
-    study.add_argument(
+    mechanisms_flag = study.add_argument(
         "--retrieval-mechanisms",
         type=mechanism_list(list(all_mechanisms())),
-        help=f"mechanisms of the synthetic retrieval study ({','.join(DEFAULT_MECHANISMS)})",
+        help="mechanisms of the synthetic retrieval study run first (%(shown_default)s)",
     )
+    mechanisms_flag.shown_default = field_default(RetrievalStudyConfig, "mechanisms")
     study.add_argument("--no-retrieval", action="store_true", help="skip the synthetic retrieval study")
-    add_experiment_options(p, CompareConfig().steps, seed_help=None)
     p.set_defaults(func=compare, parser=p)
 
 
 def add_retrieval_parser(commands) -> None:
     from ..data.synthetic import SYNTHETIC_TASKS
-    from ..studies.retrieval.study import DEFAULT_MECHANISMS, RetrievalStudyConfig, all_mechanisms
+    from ..studies.retrieval.study import RetrievalStudyConfig, all_mechanisms
 
-    defaults = RetrievalStudyConfig()
     p = commands.add_parser(
         "retrieval",
         help="synthetic retrieval far beyond the training length, per positional mechanism",
@@ -226,64 +242,32 @@ def add_retrieval_parser(commands) -> None:
             "the loss, lengths up to T), score exact match at T to 64 T (512 T from --budget 2) on the "
             "same sequences for every model, and write DIR/report.html and DIR/results.json with "
             "intervals, heatmaps, the learned priors and the seeds' claims judged. A re-run reuses "
-            "finished models and scores."
+            "finished models and scores. A field given is scaled by --budget as its default is."
         ),
-    )
-    p.add_argument(
-        "--mechanisms",
-        type=mechanism_list(list(all_mechanisms())),
-        help=f"comma-separated positions, each optionally +ssmax ({','.join(DEFAULT_MECHANISMS)})",
-    )
-    p.add_argument(
-        "--seeds", type=seed_list, help=f"comma-separated seeds ({','.join(map(str, defaults.seeds))})"
-    )
-    p.add_argument(
-        "--tasks",
-        type=name_list(list(SYNTHETIC_TASKS), "task"),
-        help=f"tasks trained together and scored apart ({','.join(defaults.tasks)})",
-    )
-    p.add_argument("--train-len", type=int_at_least(1), help=f"training length T ({defaults.train_len})")
-    shift = p.add_mutually_exclusive_group()
-    shift.add_argument(
-        "--token-shift",
-        dest="token_shift",
-        action="store_true",
-        default=None,
-        help="every position also sees its predecessor's embedding (the default)",
-    )
-    shift.add_argument(
-        "--no-token-shift", dest="token_shift", action="store_false", help="train without the token shift"
-    )
-    p.add_argument(
-        "--task-weights",
-        type=positive_numbers,
-        help="comma-separated shares of the training sequences, one per task of --tasks, e.g. 3,1 "
-        "(equal shares)",
     )
     protocol = p.add_argument_group(
         "training protocol", "the settings the study fixes, as options to measure what each changes"
     )
-    protocol.add_argument(
-        "--steps",
-        type=int_at_least(1),
-        help=f"training steps at budget 1, scaled by --budget: a cap, or with --fixed-steps the count "
-        f"({defaults.steps})",
+    sizes = ("train_len", "d_model", "n_layers", "n_heads", "batch_size", "check_every", "check_prompts")
+    flags = {name: Flag(type=int_at_least(1)) for name in (*sizes, "depths", "prompts")}
+    flags |= {name: Flag(type=int_at_least(0)) for name in ("goat_freqs", "warmup_steps", "eval_seed")}
+    flags |= dict(
+        mechanisms=Flag(type=mechanism_list(list(all_mechanisms()))),
+        seeds=Flag(type=seed_list),
+        tasks=Flag(type=name_list(list(SYNTHETIC_TASKS), "task")),
+        task_weights=Flag(type=positive_numbers, group="protocol"),
+        lr=Flag(type=positive_number),
+        factors=Flag(type=int_list),
+        steps=Flag(type=int_at_least(1), group="protocol"),
+        curriculum_steps=Flag(type=int_at_least(0), group="protocol"),
+        prior_lr=Flag(type=positive_number, group="protocol"),
     )
+    skip = {"stop_at_criterion"}  # --fixed-steps
+    add_study_flags(p, RetrievalStudyConfig, flags, skip=skip, groups={"protocol": protocol})
     protocol.add_argument(
         "--fixed-steps",
         action="store_true",
         help="train every model all its steps rather than stopping when it answers every check sequence at T",
-    )
-    protocol.add_argument(
-        "--curriculum-steps",
-        type=int_at_least(0),
-        help=f"steps over which the longest training length rises to T, scaled by --budget below 1; "
-        f"0: no length curriculum ({defaults.curriculum_steps})",
-    )
-    protocol.add_argument(
-        "--prior-lr",
-        type=positive_number,
-        help=f"learning rate of the priors and SSMax ({defaults.prior_lr:g}; the rest {defaults.lr:g})",
     )
     p.add_argument(
         "--workers",
@@ -296,5 +280,4 @@ def add_retrieval_parser(commands) -> None:
         help="run the study at 2 layers x width 64 and 4 x 128, each at T = 64 and 256, into DIR/cells/, "
         "and report which verdicts hold across them (hours at budget 1 on a CPU)",
     )
-    add_experiment_options(p, defaults.steps, seed_help=None)
     p.set_defaults(func=retrieval, parser=p)

@@ -1,12 +1,18 @@
 """``priorattn scalar-exp``, ``vision`` and ``dna``: the seeds' experiments that train a set of
-models and measure them (scalar sort attention, ViTs at unseen resolutions, genomes)."""
+models and measure them (scalar sort attention, ViTs at unseen resolutions, genomes). Their flags
+are the fields of the studies' configs (:mod:`priorattn.cli.configs`), a field given on the command
+line overriding what ``--budget`` makes of it."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
-from .parsing import add_experiment_options, fail, name_list
+from .configs import Flag, add_study_flags, budget_config, given
+from .parsing import fail, int_at_least, int_list, name_list, positive_number
+
+SEED = Flag(type=int_at_least(0))
 
 
 def dna(args: argparse.Namespace) -> int:
@@ -15,7 +21,7 @@ def dna(args: argparse.Namespace) -> int:
     from ..studies.dna import dna as run
 
     try:
-        config = DNAConfig.for_budget(args.budget, args.models, genome=args.genome, seed=args.seed)
+        config = budget_config(args, DNAConfig)
         results = run(config, args.out, progress=not args.quiet)
     except (ValueError, FileNotFoundError, FileExistsError) as e:  # no genome, bad FASTA, bad budget
         fail(args, e)
@@ -31,10 +37,11 @@ def dna(args: argparse.Namespace) -> int:
 
 def scalar_exp(args: argparse.Namespace) -> int:
     """Run one of seed 002's experiments; write DIR/results.json and its figures."""
-    from ..studies.scalar import run_experiment
+    from ..studies.scalar import Settings, run_experiment
 
+    options = given(args, Settings, skip={"budget"})
     try:
-        results = run_experiment(args.number, args.out, args.budget, seed=args.seed, progress=not args.quiet)
+        results = run_experiment(args.number, args.out, args.budget, progress=not args.quiet, **options)
     except (ValueError, FileNotFoundError, FileExistsError) as e:  # other settings, a file as --out
         fail(args, e)
     figures = ", ".join(results["figures"])
@@ -47,7 +54,7 @@ def vision(args: argparse.Namespace) -> int:
     from ..studies.vision.experiment import RESULTS_JSON, VisionConfig, run_vision
 
     try:
-        config = VisionConfig.for_budget(args.budget, args.models, seed=args.seed)
+        config = budget_config(args, VisionConfig)
         summary = run_vision(config, args.out, args.data, progress=not args.quiet)
     except (ValueError, FileNotFoundError, FileExistsError) as e:  # no data, corrupt IDX, out a file
         fail(args, e)
@@ -60,7 +67,8 @@ def vision(args: argparse.Namespace) -> int:
 
 def add_dna_parser(commands) -> None:
     from ..models.positions import mechanisms
-    from ..studies.dna.config import DEFAULT_GENOME, DEFAULT_MODELS, DNAConfig
+    from ..models.presets import PRESETS
+    from ..studies.dna.config import DNAConfig
 
     p = commands.add_parser(
         "dna",
@@ -73,13 +81,15 @@ def add_dna_parser(commands) -> None:
             "with their match rate and GC%% correlation. A re-run reuses finished models."
         ),
     )
-    p.add_argument("--genome", default=DEFAULT_GENOME, help=f"a FASTA file or directory ({DEFAULT_GENOME})")
-    p.add_argument(
-        "--models",
-        type=name_list(list(mechanisms()), "model"),
-        help=f"comma-separated mechanisms, e.g. {','.join(DEFAULT_MODELS)} (the default)",
+    counts = ("seq_len", "steps", "batch_size", "continuations", "prompt_bases", "new_bases", "gc_window")
+    flags = {name: Flag(type=int_at_least(1)) for name in counts}
+    flags |= dict(
+        models=Flag(type=name_list(list(mechanisms()), "model")),
+        preset=Flag(choices=tuple(sorted(PRESETS))),
+        temperature=Flag(type=positive_number),
+        seed=SEED,
     )
-    add_experiment_options(p, DNAConfig().steps)
+    add_study_flags(p, DNAConfig, flags)
     p.set_defaults(func=dna, parser=p)
 
 
@@ -97,13 +107,15 @@ def add_scalar_exp_parser(commands) -> None:
         ),
     )
     p.add_argument("number", type=int, choices=sorted(EXPERIMENTS), metavar="N", help="experiment number")
-    add_experiment_options(p, Settings().steps, seed_help="weights, batches, windows: a replicate (0)")
+    # run_experiment takes the budget and the seed; the other settings are each experiment's
+    fixed = {field.name for field in dataclasses.fields(Settings)} - {"seed"}
+    add_study_flags(p, Settings, dict(seed=SEED), skip=fixed)
     p.set_defaults(func=scalar_exp, parser=p)
 
 
 def add_vision_parser(commands) -> None:
     from ..studies.vision.data import DEFAULT_DATA
-    from ..studies.vision.experiment import DEFAULT_MODELS, MODELS, VisionConfig
+    from ..studies.vision.experiment import MODELS, VisionConfig
 
     p = commands.add_parser(
         "vision",
@@ -119,12 +131,16 @@ def add_vision_parser(commands) -> None:
         "--data",
         type=Path,
         default=DEFAULT_DATA,
-        help=f"directory of the Fashion-MNIST IDX files, from `make fashion-mnist DATA=DIR` ({DEFAULT_DATA})",
+        help="directory of the Fashion-MNIST IDX files, from `make fashion-mnist DATA=DIR` (%(default)s)",
     )
-    p.add_argument(
-        "--models",
-        type=name_list(list(MODELS), "model"),
-        help=f"comma-separated, of {','.join(MODELS)} ({','.join(DEFAULT_MODELS)})",
+    flags = {
+        name: Flag(type=int_at_least(1)) for name in ("train_images", "test_images", "steps", "batch_size")
+    }
+    flags |= dict(
+        models=Flag(type=name_list(list(MODELS), "model")),
+        lr=Flag(type=positive_number),
+        resolutions=Flag(type=int_list),
+        seed=SEED,
     )
-    add_experiment_options(p, VisionConfig().steps, seed_help="training and test subsets, init, batches (0)")
+    add_study_flags(p, VisionConfig, flags)
     p.set_defaults(func=vision, parser=p)

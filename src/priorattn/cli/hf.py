@@ -1,32 +1,27 @@
-"""``priorattn hf-extend``: extend a transformers model's context with a prior and fine-tuning."""
+"""``priorattn hf-extend``: extend a transformers model's context with a prior and fine-tuning. Its
+flags are the fields of :class:`~priorattn.hf.extend.AddedPrior` and those of
+:class:`~priorattn.hf.extend.ExtendConfig` that ``extend`` reads (:mod:`priorattn.cli.configs`),
+written as ``train`` writes the same fields."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
-from .parsing import fail, int_at_least, positive_number, prior_specs
+from .configs import Flag, add_config_flags, given
+from .parsing import fail, positive_number, prior_specs
+from .train import TRAIN_FLAGS
 
 
 def hf_extend(args: argparse.Namespace) -> int:
     """Fine-tune a local transformers model with a prior at a longer length; save_pretrained to --out."""
     try:
-        from ..hf.extend import extend
-        from ..train import TrainConfig
+        from ..hf.extend import AddedPrior, ExtendConfig, extend
 
-        options = dict(steps=args.steps, batch_size=args.batch_size, lr=args.lr, prior_lr=args.prior_lr)
-        options |= dict(warmup_steps=args.warmup, eval_sequences=args.eval_sequences, seed=args.seed)
-        config = TrainConfig(data=args.data, seq_len=args.seq_len, **options)
-        result = extend(
-            args.model,
-            args.out,
-            config,
-            prior=args.prior,
-            remove_rope=args.remove_rope,
-            progress=not args.quiet,
-            shared_prior=args.shared_prior,
-            prior_init=args.prior_init,
-        )
+        config = ExtendConfig(**given(args, ExtendConfig))
+        prior = AddedPrior(**given(args, AddedPrior))
+        result = extend(args.model, args.out, config, progress=not args.quiet, **dataclasses.asdict(prior))
     except (ValueError, FileNotFoundError, FileExistsError, ModuleNotFoundError) as e:
         fail(args, e)
     print(
@@ -39,10 +34,9 @@ def hf_extend(args: argparse.Namespace) -> int:
 
 
 def add_hf_extend_parser(commands) -> None:
+    from ..hf.extend import EXTEND_FIELDS, AddedPrior, ExtendConfig
     from ..models.gpt import PRIOR_INITS
-    from ..train.config import TrainConfig
 
-    defaults = TrainConfig()
     p = commands.add_parser(
         "hf-extend",
         help="extend a transformers model's context: add a prior and fine-tune at a longer length",
@@ -55,24 +49,17 @@ def add_hf_extend_parser(commands) -> None:
         ),
     )
     p.add_argument("--model", required=True, help="model directory or config.json (PATH_OR_CONFIG)")
-    p.add_argument("--prior", default="ggd", help=f"{prior_specs()} (ggd)")
-    p.add_argument("--prior-init", choices=PRIOR_INITS, default="uniform", help="(uniform)")
-    p.add_argument("--shared-prior", action="store_true", help="one prior for all layers (one per layer)")
-    p.add_argument("--remove-rope", action="store_true", help="drop the model's RoPE: NoPE + prior")
-    p.add_argument("--seq-len", type=int_at_least(1), required=True, help="the longer training length")
-    p.add_argument("--steps", type=int_at_least(1), default=100, help="optimizer steps (100)")
-    p.add_argument("--data", help="text folder, glob, file or hf:PATH[:COLUMN] (embedded Shakespeare)")
-    p.add_argument("--batch-size", type=int_at_least(1), default=4, help="sequences per step (4)")
-    p.add_argument("--lr", type=positive_number, default=1e-4, help="peak learning rate (1e-4)")
-    p.add_argument("--prior-lr", type=positive_number, default=1e-2, help="prior parameters' rate (1e-2)")
-    p.add_argument("--warmup", type=int_at_least(0), default=10, help="warmup steps (10)")
-    p.add_argument(
-        "--eval-sequences",
-        type=int_at_least(1),
-        default=defaults.eval_sequences,
-        help=f"validation windows before and after ({defaults.eval_sequences})",
+    prior_flags = dict(
+        prior=Flag(help=f"a prior spec: {prior_specs()} ({{default}})"),
+        prior_init=Flag(choices=PRIOR_INITS),
     )
-    p.add_argument("--seed", type=int_at_least(0), default=0, help="(0)")
+    add_config_flags({"": p}, AddedPrior, "", prior_flags)
+    # train's flags of the same fields, in one group, with the learning rates checked here
+    flags = {name: dataclasses.replace(TRAIN_FLAGS.get(name, Flag()), group=None) for name in EXTEND_FIELDS}
+    flags |= dict(lr=Flag(type=positive_number), prior_lr=Flag(type=positive_number))
+    flags["seq_len"] = dataclasses.replace(flags["seq_len"], required=True)
+    skip = {field.name for field in dataclasses.fields(ExtendConfig)} - set(EXTEND_FIELDS)
+    add_config_flags({"": p}, ExtendConfig, "", flags, skip=skip)
     p.add_argument("--out", type=Path, required=True, help="output model directory")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=hf_extend, parser=p)

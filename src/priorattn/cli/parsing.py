@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import NoReturn
 
 
@@ -158,17 +157,6 @@ index_list = ints_at_least(0)
 def float_list(text: str) -> list[float]:
     """An argparse ``type`` for comma-separated finite numbers ``>= 0``: ``"0,1,4"``."""
     return [non_negative_number(part.strip()) for part in text.split(",")]
-
-
-def add_experiment_options(p: argparse.ArgumentParser, steps: int, seed_help: str | None = "(0)") -> None:
-    """``--out``, ``--budget`` (scaling ``steps`` training steps), ``--seed`` (unless ``seed_help``
-    is None) and ``--quiet``: what every command that trains and measures models takes."""
-    p.add_argument("--out", type=Path, required=True, help="output directory")
-    budget_help = f"training budget scale: 0.1 smoke run (1: {steps} steps)"
-    p.add_argument("--budget", type=positive_number, default=1.0, help=budget_help)
-    if seed_help is not None:
-        p.add_argument("--seed", type=int_at_least(0), default=0, help=seed_help)
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def positive_numbers(text: str) -> list[float]:

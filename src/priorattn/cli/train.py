@@ -16,7 +16,7 @@ from ..mechanisms import mechanism_names
 from ..models.gpt import ENCODINGS, GPTConfig
 from ..models.presets import PRESETS
 from ..scalar.temperature import TAU_KINDS
-from ..train.config import OPTIMIZERS, PARALLEL, POSITIONS, TrainConfig
+from ..train.config import OPTIMIZERS, PARALLEL, POSITIONS, REG_TERMS, TrainConfig
 from .configs import Flag, add_config_flags, given
 from .parsing import fail, int_at_least, non_negative_number, positive_number, prior_specs
 
@@ -43,48 +43,18 @@ def grad_clip(text: str) -> float | None:
 
 
 MODEL_FLAGS = {
-    "encoding": Flag(choices=ENCODINGS, help="position encoding (the preset's: none)"),
-    "window": Flag(type=int_at_least(1), help="sliding window (required by local_rope)"),
-    "rope_interpolation": Flag(
-        type=positive_number,
-        help="RoPE's context-extension factor S, applied as --rope-scaling says; with --init-from, "
-        "new/old seq-len (1)",
-    ),
-    "rope_scaling": Flag(
-        choices=tuple(ROPE_SCALINGS),
-        help="how RoPE reaches S times its training length: pi (positions p -> p / S), ntk (base "
-        "* S^(D/(D-2))), yarn (NTK-by-parts over the model's training length, q and k times 0.1 ln S + 1) "
-        "({default})",
-    ),
-    "ssmax": Flag(help="Scalable-Softmax in every layer"),
-    "shared_prior": Flag(
-        help="one prior shared by all layers, as BAM's code (default: one per layer, seed 003 App. C)"
-    ),
-    "token_shift": Flag(
-        help="add W e_{t-1} to each token embedding e_t (RWKV's token shift; W starts at 0): "
-        "induction in one attention hop (off)"
-    ),
-    "backend": Flag(help="attention route (auto)"),
-    "normalizer": Flag(help="attention map: softmax, sparsemax, entmax15 or an entmax alpha > 1 (softmax)"),
-    "scalar_heads": Flag(group=SCALAR, type=int_at_least(1), help="scalar heads of mixed layers (half)"),
-    "scalar_groups": Flag(group=SCALAR, type=int_at_least(1), help="value groups of scalar heads (1 each)"),
-    "scalar_tau": Flag(
-        name="tau", group=SCALAR, choices=TAU_KINDS, help="bandwidth: one, one per head, or per token (head)"
-    ),
-    "scalar_tau_init": Flag(
-        name="tau_init", group=SCALAR, type=positive_number, help="starting bandwidth (0.1)"
-    ),
-    "scalar_tau_cap": Flag(
-        name="tau_cap", group=SCALAR, type=positive_number, help="largest bandwidth (none)"
-    ),
-    "scalar_sink": Flag(group=SCALAR, help="a sink key at 0 with a learned value"),
+    "encoding": Flag(choices=ENCODINGS),
+    "window": Flag(type=int_at_least(1)),
+    "rope_interpolation": Flag(type=positive_number),
+    "rope_scaling": Flag(choices=tuple(ROPE_SCALINGS)),
+    "scalar_heads": Flag(group=SCALAR, type=int_at_least(1)),
+    "scalar_groups": Flag(group=SCALAR, type=int_at_least(1)),
+    "scalar_tau": Flag(name="tau", group=SCALAR, choices=TAU_KINDS),
+    "scalar_tau_init": Flag(name="tau_init", group=SCALAR, type=positive_number),
+    "scalar_tau_cap": Flag(name="tau_cap", group=SCALAR, type=positive_number),
+    "scalar_sink": Flag(group=SCALAR),
     "scalar_tau_length_scaling": Flag(
-        name="tau_length_scaling",
-        group=SCALAR,
-        type=int_at_least(1),
-        metavar="T",
-        help="a query seeing n > T keys uses tau (T / n)^2, in training and after; with T below "
-        "--seq-len the model learns local attention (docs/scalar_experiments.md section 8) (none)",
+        name="tau_length_scaling", group=SCALAR, type=int_at_least(1), metavar="T"
     ),
 }
 
@@ -93,70 +63,42 @@ def model_flags() -> dict[str, Flag]:
     """:data:`MODEL_FLAGS` and the flags whose help or choices come from a registry, read when the
     parser is built (so a prior or mechanism registered by then is named)."""
     return MODEL_FLAGS | {
-        "prior": Flag(help=f"{prior_specs()}; FoX is --attention fox, RoPE --encoding rope (the preset's)"),
-        "attention": Flag(group=SCALAR, choices=mechanism_names(), help="head kind (standard)"),
+        "prior": Flag(
+            help=f"a prior spec: {prior_specs()}; FoX is --attention fox, RoPE --encoding rope ({{default}})"
+        ),
+        "attention": Flag(group=SCALAR, choices=mechanism_names()),
     }
 
 
 TRAIN_FLAGS = {
-    "data": Flag(group="data", help="text folder, glob, file or hf:PATH[:COLUMN] (embedded Shakespeare)"),
-    "text_encoding": Flag(group="data", help="how --data's text files are decoded ({default})"),
-    "tokenizer": Flag(group="data", choices=TOKENIZERS, help="({default})"),
-    "vocab_size": Flag(group="data", type=int_at_least(257), help="BPE vocabulary to train (8192)"),
-    "val_fraction": Flag(group="data", help="documents held out ({default})"),
-    "seq_len": Flag(group="data", type=int_at_least(1), help="training length (the preset's)"),
-    "retrieval_mix": Flag(
-        group="data", help="fraction of sequences replaced by synthetic passkey/needle samples (0)"
-    ),
-    "positions": Flag(
-        group="data",
-        choices=POSITIONS,
-        help="positions of packed windows: restart at each document, or count from the window's start "
-        "(runs saved before this option) ({default})",
-    ),
-    "steps": Flag(type=int_at_least(1), help="optimizer steps ({default})"),
-    "batch_size": Flag(type=int_at_least(1), help="sequences per step ({default})"),
-    "grad_accum": Flag(type=int_at_least(1), help="micro-steps per step (1)"),
-    "optimizer": Flag(choices=OPTIMIZERS, help="({default})"),
-    "lr": Flag(help="peak learning rate ({default})"),
-    "prior_lr": Flag(help="learning rate of prior/SSMax parameters (--lr)"),
-    "weight_decay": Flag(help="({default})"),
-    "warmup_steps": Flag(name="warmup", type=int_at_least(0), help="warmup steps ({default})"),
-    "grad_clip": Flag(type=grad_clip, help="max gradient norm, 0 for none ({default})"),
-    "bf16": Flag(help="bfloat16 autocast"),
-    "compile": Flag(help="train the model through torch.compile (first step compiles)"),
-    "seed": Flag(type=int_at_least(0), help="({default})"),
-    "init_from": Flag(help="start from this run's weights (context extension)"),
-    "parallel": Flag(
-        group="processes",
-        choices=PARALLEL,
-        help="under torchrun: replicate the model on every process (ddp) or shard it (fsdp: blocks, "
-        "gradients and optimizer state split over the processes, sharded checkpoints) ({default})",
-    ),
-    "mixed_precision": Flag(
-        group="processes", help="fsdp: gather parameters in bfloat16, reduce gradients in float32 (off)"
-    ),
-    "checkpoint_activations": Flag(
-        group="processes", help="recompute each block's activations in the backward pass (off)"
-    ),
-    "log_every": Flag(group="run", type=int_at_least(1), help="({default})"),
-    "eval_every": Flag(group="run", type=int_at_least(0), help="0: only at the end ({default})"),
-    "eval_sequences": Flag(group="run", type=int_at_least(1), help="({default})"),
-    "save_every": Flag(group="run", type=int_at_least(0), help="0: only at the end ({default})"),
-    "keep_checkpoints": Flag(
-        group="run",
-        type=int_at_least(1),
-        help="newest checkpoints kept; resume falls back to an older one ({default})",
-    ),
-    "reg_spread_range": Flag(
-        group=SCALAR, type=spread_range, help="L_spread targets: A,B or 'adaptive' (mean +- 3 std) (-3,3)"
-    ),
+    "data": Flag(group="data"),
+    "text_encoding": Flag(group="data"),
+    "tokenizer": Flag(group="data", choices=TOKENIZERS),
+    "vocab_size": Flag(group="data", type=int_at_least(257)),
+    "val_fraction": Flag(group="data"),
+    "seq_len": Flag(group="data", type=int_at_least(1)),
+    "retrieval_mix": Flag(group="data"),
+    "positions": Flag(group="data", choices=POSITIONS),
+    "steps": Flag(type=int_at_least(1)),
+    "batch_size": Flag(type=int_at_least(1)),
+    "grad_accum": Flag(type=int_at_least(1)),
+    "optimizer": Flag(choices=OPTIMIZERS),
+    "warmup_steps": Flag(name="warmup", type=int_at_least(0)),
+    "grad_clip": Flag(type=grad_clip),
+    "seed": Flag(type=int_at_least(0)),
+    "parallel": Flag(group="processes", choices=PARALLEL),
+    "mixed_precision": Flag(group="processes"),
+    "checkpoint_activations": Flag(group="processes"),
+    "log_every": Flag(group="run", type=int_at_least(1)),
+    "eval_every": Flag(group="run", type=int_at_least(0)),
+    "eval_sequences": Flag(group="run", type=int_at_least(1)),
+    "save_every": Flag(group="run", type=int_at_least(0)),
+    "keep_checkpoints": Flag(group="run", type=int_at_least(1)),
+    "reg_spread_range": Flag(group=SCALAR, type=spread_range),
 }
-for term in ("align", "spread", "tau"):
-    TRAIN_FLAGS[f"reg_{term}"] = Flag(group=SCALAR, metavar="W", help=f"weight of L_{term} (0)")
-    TRAIN_FLAGS[f"reg_{term}_start"] = Flag(
-        group=SCALAR, type=int_at_least(0), metavar="STEP", help="its first step (0)"
-    )
+for term in REG_TERMS:
+    TRAIN_FLAGS[f"reg_{term}"] = Flag(group=SCALAR, metavar="W")
+    TRAIN_FLAGS[f"reg_{term}_start"] = Flag(group=SCALAR, type=int_at_least(0), metavar="STEP")
 
 # Fields of both configs (the training length, the vocabulary): the flag sets the TrainConfig's,
 # and the model's follows from it.
@@ -287,12 +229,12 @@ def add_sample_parser(commands) -> None:
         description="Load RUN's checkpoint and tokenizer and continue --prompt (KV-cached decoding).",
     )
     gen.add_argument("--run", type=Path, required=True, help="a run directory of priorattn train")
-    gen.add_argument("--prompt", default="ROMEO.\n", help="text to continue (ROMEO.\\n)")
-    gen.add_argument("--tokens", type=int_at_least(0), default=200, help="new tokens (200)")
-    gen.add_argument("--temperature", type=float, default=0.8, help="(0.8)")
+    gen.add_argument("--prompt", default="ROMEO.\n", help="text to continue (%(default)r)")
+    gen.add_argument("--tokens", type=int_at_least(0), default=200, help="new tokens (%(default)s)")
+    gen.add_argument("--temperature", type=float, default=0.8, help="(%(default)s)")
     gen.add_argument("--top-k", type=int_at_least(1), help="sample among the k likeliest tokens")
     gen.add_argument("--greedy", action="store_true", help="always the likeliest token")
-    gen.add_argument("--seed", type=int, default=0, help="sampling seed (0)")
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed (%(default)s)")
     gen.add_argument(
         "--sorted-window",
         type=int_at_least(1),

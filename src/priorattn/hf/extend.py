@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,6 +31,65 @@ from .model import CONFIG_KEY, CachedLM, add_prior, from_pretrained, model_dir
 
 RESULTS_JSON = "results.json"
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+
+
+@dataclass
+class ExtendConfig(TrainConfig):
+    """How :func:`extend` fine-tunes: a :class:`~priorattn.train.TrainConfig` with the defaults of a
+    short fine-tune of a trained model (``hf-extend``'s); :data:`EXTEND_FIELDS` are the fields
+    :func:`extend` reads.
+
+    - ``seq_len``: the longer length the model is fine-tuned at (required).
+    - ``steps``: optimizer steps of the fine-tune.
+    - ``lr``: the peak learning rate of the model's own weights.
+    - ``prior_lr``: the learning rate of the prior's parameters, which start as standard attention.
+    """
+
+    steps: int = 100
+    batch_size: int = 4
+    lr: float = 1e-4
+    prior_lr: float | None = 1e-2
+    warmup_steps: int = 10
+
+
+#: The fields of :class:`ExtendConfig` that :func:`extend` reads (the rest are the LM loop's).
+EXTEND_FIELDS = (
+    "data",
+    "text_encoding",
+    "val_fraction",
+    "seq_len",
+    "steps",
+    "batch_size",
+    "optimizer",
+    "lr",
+    "prior_lr",
+    "betas",
+    "weight_decay",
+    "warmup_steps",
+    "min_lr_ratio",
+    "grad_clip",
+    "eval_sequences",
+    "seed",
+)
+
+
+@dataclass(frozen=True)
+class AddedPrior:
+    """The prior :func:`extend` adds (:func:`~priorattn.hf.add_prior`'s arguments), as ``hf-extend``
+    chooses it.
+
+    - ``prior``: a prior spec, as ``train --prior`` takes it.
+    - ``prior_init``: where the spec's learnable priors start: ``"uniform"`` (standard attention) or
+      ``"alibi"`` (``PRIOR_INITS``).
+    - ``shared_prior``: one prior (one set of parameters) for all layers; by default one per layer.
+    - ``remove_rope``: drop the model's RoPE (NoPE + prior); by default RoPE stays and the prior adds
+      to it.
+    """
+
+    prior: str = "ggd"
+    prior_init: str = "uniform"
+    shared_prior: bool = False
+    remove_rope: bool = False
 
 
 def load_model(source: str | Path) -> tuple[PreTrainedModel, Tokenizer]:

@@ -60,8 +60,10 @@ class GPTConfig:
       earlier versions (``goat_freqs``, ``goat_sink``, ``goat_slope``, ``goat_sink_freqs``,
       ``goat_sink_hidden``, ``ggd_trainable``) loads with them as the options of its GOAT and GGD
       (:meth:`from_dict`).
-    - ``encoding``: one of ``ENCODINGS``; ``"local_rope"`` is RoPE with a sliding ``window``
-      (required). ``window`` with another encoding is plain sliding-window attention.
+    - ``encoding``: the position encoding, one of ``ENCODINGS``; ``"local_rope"`` is RoPE with a
+      sliding ``window`` (required).
+    - ``window``: the sliding window in keys (required by ``encoding="local_rope"``); with another
+      encoding, plain sliding-window attention.
     - ``rope_interpolation``: RoPE's context-extension factor ``s`` (1: none), applied as
       ``rope_scaling`` says. A context extension from length ``L`` to ``L'`` sets it to ``L' / L``.
       Only with ``encoding="rope"`` or ``"local_rope"`` (the window still counts unscaled positions).
@@ -72,6 +74,7 @@ class GPTConfig:
       frequencies over the training length ``seq_len`` and q, k scaled by ``0.1 ln s + 1``. ``"ntk"``
       and ``"yarn"`` take ``s >= 1``; at ``s = 1`` each is plain RoPE. A config saved before the
       field existed loads as ``"pi"``.
+    - ``ssmax``: Scalable-Softmax in every layer (:mod:`priorattn.ssmax`).
     - ``shared_prior``: one prior module (one set of parameters) for every layer. ``None`` is the
       papers' choice, which for every prior here is one prior per layer: BAM has "three learnable
       parameters for each attention head in each layer" (seed 003 Sec. 3, 576 for the 120M model in
@@ -83,13 +86,25 @@ class GPTConfig:
       ALiBi and GOAT at its ALiBi-equivalent recency. The model's choice for every part of ``prior``
       (the ``init`` its priors take from the model, :class:`~priorattn.priors.FromModel`); a spec's
       own ``init=`` overrides it for that prior.
+    - ``backend``: the attention route of :func:`priorattn.attention` (``"auto"`` picks one per call).
     - ``normalizer``: the map from logits to attention weights in every layer: ``"softmax"``,
       ``"sparsemax"``, ``"entmax15"`` or an entmax ``alpha > 1`` (seed 004 Sec. 4; not softmax runs
       on the reference route).
     - ``attention``: the attention mechanism of every block, a name in the registry
       (:mod:`priorattn.mechanisms`): ``"standard"``, or ``"scalar"``, ``"hybrid"`` or ``"mixed"``
       heads (seed 002), with the ``scalar_*`` fields configuring the scalar heads
-      (:mod:`priorattn.scalar.model`).
+      (:mod:`priorattn.scalar.model`):
+    - ``scalar_heads``: the scalar heads of a ``"mixed"`` layer, beside its dot-product heads
+      (``None``: half of ``n_heads``).
+    - ``scalar_groups``: the value groups of the scalar heads (``None``: one per head).
+    - ``scalar_tau``: how the bandwidth tau is shared: one for every head, one per head, or one per
+      head and token (``TAU_KINDS``).
+    - ``scalar_tau_init``: the starting bandwidth.
+    - ``scalar_tau_cap``: the largest bandwidth (``None``: no cap).
+    - ``scalar_tau_length_scaling``: a length ``T``: a query seeing ``n > T`` keys uses tau
+      ``(T / n)^2``, in training and after; with ``T`` below ``seq_len`` the model learns local
+      attention (docs/scalar_experiments.md section 8). ``None``: no rule.
+    - ``scalar_sink``: a sink key at 0 with a learned value on the scalar heads.
     - ``token_shift``: each token embedding ``e_t`` becomes ``e_t + W e_{t-1}`` before anything else
       (sinusoids included), with ``W`` a learned ``d_model x d_model`` matrix starting at zero
       (:class:`~priorattn.token_shift.TokenShift`; RWKV's token shift, Olsson et al. 2022's smeared

@@ -68,8 +68,18 @@ class CopyMixtureConfig:
     """The task, the model and its training; the defaults train the probe in about half a minute on
     one CPU thread.
 
-    ``prior_lr`` is higher than ``lr``: the sink starts flat (GOAT's uniform init) and its MLP
-    learns a spike at ``j = 0`` slowly at the content's learning rate.
+    - ``vocab_size``, ``length``: the task's tokens, and tokens per sequence.
+    - ``weights``: the probabilities of copying the first token, copying the previous token, noise.
+    - ``model``: ``"probe"``, an attention layer with a position-free query, or ``"gpt"``, the
+      library's GPT with one block (``MODELS``).
+    - ``d_model``, ``heads``: the model's width and heads.
+    - ``goat_freqs``: the GOAT prior's frequencies.
+    - ``steps``, ``batch_size``: optimizer steps, and sequences per step.
+    - ``lr``: the learning rate of the content.
+    - ``prior_lr``: the learning rate of the prior, higher than ``lr``: the sink starts flat
+      (GOAT's uniform init) and its MLP learns a spike at ``j = 0`` slowly at the content's rate.
+    - ``eval_sequences``: the sequences of the evaluation loss.
+    - ``seed``: the seed of the weights and the sequences.
     """
 
     vocab_size: int = 16

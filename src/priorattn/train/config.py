@@ -26,15 +26,20 @@ class TrainConfig:
     The defaults train the ``tiny`` preset on the embedded corpus in about 6 minutes on 2 CPU cores
     (1200 steps of 16 x 256 bytes, peak lr 3e-3); larger models want a lower ``lr`` and more steps.
 
-    - ``data``: corpus source for :func:`priorattn.data.load_corpus` (``None``: the embedded
-      Shakespeare works), its text files decoded with ``text_encoding``; ``tokenizer`` one of
-      ``TOKENIZERS`` (``vocab_size`` sizes a trained BPE).
+    - ``data``: corpus source for :func:`priorattn.data.load_corpus`: a text folder, glob, file or
+      ``hf:PATH[:COLUMN]`` (``None``: the embedded Shakespeare works).
+    - ``text_encoding``: how ``data``'s text files are decoded.
+    - ``tokenizer``: one of ``TOKENIZERS``.
+    - ``vocab_size``: the size of a trained BPE (``None``: ``DEFAULT_BPE_VOCAB`` of
+      :mod:`priorattn.data.tokenizer`).
+    - ``val_fraction``: the fraction of documents held out for validation.
     - ``seq_len``: training sequence length, ``None`` for the model's ``seq_len``. Longer than the
       model's, from ``init_from``, is BAM's context extension (seed 003 App. F.5).
     - ``retrieval_mix``: the fraction of training sequences replaced by synthetic passkey and needle
       samples at the training length (:class:`priorattn.data.retrieval.RetrievalMix`, seed 000's
       retrieval experiments), so a small model learns the retrieval formats that evaluation then
       probes far beyond that length. 0 trains on the corpus alone.
+    - ``steps``: optimizer steps.
     - ``positions``: ``"document"`` restarts token positions at every document boundary of a packed
       window (:func:`priorattn.data.document_positions`), so absolute position terms (GOAT's sink,
       sinusoidal encodings) see each document as they would alone; ``"window"`` counts them from
@@ -43,18 +48,24 @@ class TrainConfig:
     - ``batch_size``: sequences per optimizer step over all processes and accumulation steps, so a
       run gives the same updates on one process or several (``batch_size`` must divide evenly by
       ``grad_accum * world_size``).
+    - ``grad_accum``: micro-steps (forward and backward passes) per optimizer step.
     - ``optimizer``: ``"adamw"`` or ``"radam"`` (RAdam with decoupled weight decay, as BAM, seed 003
-      App. C). ``prior_lr``: learning rate of the prior and SSMax parameters (own group, no weight
-      decay, as the BAM code), ``None`` for ``lr``.
+      App. C).
+    - ``lr``: the peak learning rate.
+    - ``prior_lr``: learning rate of the prior and SSMax parameters (own group, no weight decay, as
+      the BAM code), ``None`` for ``lr``.
+    - ``weight_decay``: decoupled weight decay of the matrices (not of norms, biases, priors).
     - ``betas``: ``(beta1, beta2)``, the decay rates of the optimizer's first and second moment
       estimates (AdamW and RAdam alike).
     - ``warmup_steps``, ``min_lr_ratio``: the schedule, a linear warmup over ``warmup_steps``, then
       a cosine decay to ``min_lr_ratio * lr`` at ``steps`` (seed 003 App. C: cosine to 0.1x).
+    - ``grad_clip``: the largest gradient norm; ``None`` (the flag's 0) clips nothing.
     - ``bf16``: autocast matrix products to bfloat16 (faster where the hardware has bfloat16 units);
       master weights and the loss stay float32.
     - ``compile``: train through ``torch.compile`` of the model's forward and loss (its backward
       too), one graph per step's shapes; the first step compiles. Losses match an eager run's to
       float rounding, not bit for bit; evaluation stays eager.
+    - ``seed``: the seed of the model's initial weights and of the batches.
     - ``parallel``: how the processes of a ``torchrun`` run share the model. ``"ddp"``: each
       holds all of it (DistributedDataParallel; on one process, the plain model). ``"fsdp"``: each
       transformer block and the whole model are sharded over the processes (FSDP2's
@@ -70,15 +81,18 @@ class TrainConfig:
       less memory for about one more forward pass; the same losses.
     - ``log_every``, ``eval_every``, ``save_every``: in optimizer steps; 0 turns evaluation or
       intermediate checkpoints off (the last step is always evaluated and saved).
-      ``eval_sequences`` caps the validation sequences per evaluation (``None``: all of them).
+    - ``eval_sequences``: the validation sequences of each evaluation (``None``: all of them).
     - ``keep_checkpoints``: how many of the newest checkpoints stay on disk; resuming falls back to
       an older one when the newest is damaged.
     - ``init_from``: a run directory whose final model weights start this run (the optimizer starts
       fresh), e.g. to continue training at a longer ``seq_len``.
-    - ``reg_*``: the scalar heads' regularizers (seed 002 "Regularization for Efficient Inference"):
-      weights of ``L_align``, ``L_spread``, ``L_tau``, the step each starts at, and the spread's
-      target range ``(a, b)`` with ``a < b`` (``None``: adaptive). Plain data: the model makes
-      them its auxiliary losses (:meth:`regularization`, :class:`priorattn.scalar.Regularization`).
+    - ``reg_*``: the scalar heads' regularizers (seed 002 "Regularization for Efficient Inference"),
+      plain data: the model makes them its auxiliary losses (:meth:`regularization`,
+      :class:`priorattn.scalar.Regularization`).
+    - ``reg_align``, ``reg_spread``, ``reg_tau``: the weights of ``L_align``, ``L_spread``, ``L_tau``.
+    - ``reg_align_start``, ``reg_spread_start``, ``reg_tau_start``: the step each term starts at.
+    - ``reg_spread_range``: ``L_spread``'s target range ``(a, b)`` with ``a < b``; ``None`` (the
+      flag's ``adaptive``): the mean +- 3 standard deviations.
     """
 
     data: str | None = None

@@ -47,11 +47,27 @@ class CompareConfig:
 
     The default (budget 1) trains each tiny model for 600 steps of 8 x 256 bytes with half of the
     sequences replaced by retrieval samples, and evaluates perplexity from T = 256 to 64 T and
-    retrieval to 16 T. ``data`` is the corpus (:func:`priorattn.data.load_corpus`; ``None``: the
-    embedded Shakespeare works), its text files decoded with ``text_encoding``. ``ppl_factors`` and
-    ``retrieval_factors`` are the evaluation lengths in units of ``T = seq_len``: increasing, from
-    1 (the report reads the first as ``T``), perplexity with at least one length past ``T``.
-    ``budget``: the one these settings were made for (:attr:`scale`).
+    retrieval to 16 T.
+
+    - ``models``: the mechanisms trained (:mod:`priorattn.models.positions`), or prior specs that
+      are one of them, as ``train --prior`` writes them: ``goat(slope=none)`` is ``goat_noslope``.
+    - ``data``: the corpus (:func:`priorattn.data.load_corpus`: a text file, folder, glob or
+      ``hf:PATH``; ``None``: the embedded Shakespeare works).
+    - ``text_encoding``: how ``data``'s text files are decoded.
+    - ``preset``: the model size every mechanism is trained at (:data:`priorattn.models.PRESETS`).
+    - ``seq_len``: the training length ``T``.
+    - ``window``: the sliding window of ``local_rope``.
+    - ``steps``, ``batch_size``: each model's optimizer steps, and sequences per step.
+    - ``retrieval_mix``: the fraction of training sequences replaced by passkey and needle samples.
+    - ``seed``: the seed of every model's weights and batches, and of the evaluations' samples.
+    - ``ppl_factors``, ``retrieval_factors``: the evaluation lengths in units of ``T``: increasing,
+      from 1 (the report reads the first as ``T``), perplexity with at least one length past ``T``.
+    - ``ppl_windows``: the text windows scored per perplexity length.
+    - ``passkey_depths``, ``niah_depths``: the needle depths of the passkey and of the NIAH.
+    - ``trials``: the prompts per length and depth of each retrieval evaluation.
+    - ``niah_variants``: the NIAH variants evaluated (``NIAH_VARIANTS``).
+    - ``retrieval``: the synthetic retrieval study run first (``None``: none).
+    - ``budget``: the one these settings were made for (:attr:`scale`).
     """
 
     models: list[str] = field(default_factory=lambda: list(DEFAULT_MODELS))

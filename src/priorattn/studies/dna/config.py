@@ -23,7 +23,19 @@ class DNAConfig:
 
     The default (budget 1) trains each tiny model for 400 steps of 8 x 512 bases of E. coli K-12
     MG1655 (``make genomes``) and samples 3 continuations of 200 bases after 256-base prompts.
-    ``budget``: the one these settings were made for (:attr:`scale`).
+
+    - ``models``: the mechanisms trained (:mod:`priorattn.models.positions`).
+    - ``genome``: a FASTA file or directory (``make genomes`` fetches them).
+    - ``preset``: the model size every mechanism is trained at (:data:`priorattn.models.PRESETS`).
+    - ``seq_len``, ``steps``, ``batch_size``: the training length in bases, each model's optimizer
+      steps, and sequences per step.
+    - ``seed``: the seed of every model's weights and batches, and of the samples.
+    - ``continuations``, ``prompt_bases``, ``new_bases``: how many continuations are sampled from
+      held-out regions, each of ``new_bases`` after a prompt of ``prompt_bases``.
+    - ``gc_window``: the window of the GC% curves correlated between a continuation and the truth
+      (seed 000 Fig. 4c); at most ``new_bases``.
+    - ``temperature``: the sampling temperature of the continuations.
+    - ``budget``: the one these settings were made for (:attr:`scale`).
     """
 
     models: list[str] = field(default_factory=lambda: list(DEFAULT_MODELS))
@@ -36,7 +48,7 @@ class DNAConfig:
     continuations: int = 3
     prompt_bases: int = 256
     new_bases: int = 200
-    gc_window: int = 25  # seed 000 Fig. 4c
+    gc_window: int = 25
     temperature: float = 1.0
     budget: float = 1.0
 

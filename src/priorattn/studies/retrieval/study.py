@@ -101,11 +101,33 @@ class RetrievalStudyConfig:
     ``check_every`` steps, at most ``steps``), then scored at ``T .. 64 T`` on 5 needle depths x 8
     sequences per cell and seed (:func:`train_synthetic`).
 
-    The protocol's settings, each an option so that its effect can be measured: ``steps`` (the cap),
-    ``stop_at_criterion`` (False: every model trains all ``steps``, its checks only logged),
-    ``curriculum_steps`` (0: no length curriculum), ``prior_lr`` (the priors' and SSMax's learning
-    rate) and ``task_weights`` (each task's share of the training sequences, in ``tasks``' order;
-    None: equal shares).
+    - ``mechanisms``: the positions trained, each optionally ``+ssmax`` (``all_mechanisms()``), or
+      prior specs that are one of them.
+    - ``seeds``: one model per mechanism and seed.
+    - ``tasks``: the synthetic tasks trained together and scored apart (``SYNTHETIC_TASKS``).
+    - ``train_len``: the training length ``T``.
+    - ``token_shift``: every position also sees its predecessor's embedding.
+    - ``d_model``, ``n_layers``, ``n_heads``: each model's width, blocks and heads.
+    - ``goat_freqs``: GOAT's frequencies.
+    - ``batch_size``, ``lr``, ``warmup_steps``: sequences per step, the peak learning rate and its
+      warmup.
+    - ``check_every``, ``check_prompts``: how often the criterion is checked, on how many check
+      sequences per task.
+    - ``factors``: the scoring lengths in units of ``T``.
+    - ``depths``, ``prompts``: needle depths, and sequences per depth, of each scored length.
+    - ``eval_seed``: the seed of the check and scoring sequences, the same for every model.
+    - ``budget``: the one these settings were made for (:attr:`scale`).
+
+    The protocol's settings, each an option so that its effect can be measured:
+
+    - ``steps``: the training steps at budget 1: a cap, or with ``stop_at_criterion=False`` the count.
+    - ``stop_at_criterion``: stop a model when it answers every check sequence at ``T``; False:
+      every model trains all ``steps``, its checks only logged.
+    - ``curriculum_steps``: the steps over which the longest training length rises to ``T``, scaled
+      by a budget below 1; 0: no length curriculum.
+    - ``prior_lr``: the learning rate of the priors and SSMax (the rest take ``lr``).
+    - ``task_weights``: each task's share of the training sequences, in ``tasks``' order, e.g.
+      ``3,1`` (``None``: equal shares).
     """
 
     mechanisms: list[str] = field(default_factory=lambda: list(DEFAULT_MECHANISMS))

@@ -50,16 +50,21 @@ class Settings:
 
     Budget 1 trains the ``tiny`` preset (4 layers, 4 heads, d_model 128, bytes) for 300 steps of
     8 x 128 tokens (the seed's "ctx-128") on the embedded corpus, evaluating validation loss 10 times.
-    ``budget`` is the one these settings were made for (:attr:`scale`).
+
+    - ``seed``: the seed of initial weights, batches and validation windows: another seed is a
+      replicate.
+    - ``evaluations``: validation points per loss curve.
+    - ``windows``: the validation windows the attention measurements average over.
+    - ``budget``: the one these settings were made for (:attr:`scale`).
     """
 
     steps: int = STEPS
     preset: str = "tiny"
     seq_len: int = 128
     batch_size: int = 8
-    evaluations: int = 10  # validation points per loss curve
+    evaluations: int = 10
     eval_sequences: int = 64
-    windows: int = 8  # validation windows the attention measurements average over
+    windows: int = 8
     seed: int = 0
     budget: float = 1.0
 

@@ -51,8 +51,15 @@ class VisionConfig:
     """What ``vision`` trains and measures; :meth:`for_budget` makes one from ``--budget``.
 
     Budget 1: 500 steps of 128 images drawn from 20k training images (about 3 epochs), accuracy on
-    2000 test images at each resolution. ``budget``: the one these settings were made for
-    (:attr:`scale`).
+    2000 test images at each resolution.
+
+    - ``models``: the ViTs trained, by name (``MODELS``).
+    - ``train_images``, ``test_images``: the seeded subsets of the training and test split.
+    - ``steps``, ``batch_size``, ``lr``: each model's optimizer steps, images per step and peak
+      learning rate.
+    - ``resolutions``: the image sizes evaluated, the first the training size.
+    - ``seed``: the seed of the training and test subsets, the weights and the batches.
+    - ``budget``: the one these settings were made for (:attr:`scale`).
     """
 
     models: list[str] = field(default_factory=lambda: list(DEFAULT_MODELS))
