@@ -1,5 +1,5 @@
-"""The registry of attention mechanisms: what a :class:`~priorattn.models.GPT` builds its attention
-from, without naming any of them.
+"""The attention mechanisms (the ``"attention"`` kind of :mod:`priorattn.registry`): what a
+:class:`~priorattn.models.GPT` builds its attention from, without naming any of them.
 
 A mechanism package registers, when it is imported (``import priorattn`` imports every one):
 
@@ -28,6 +28,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from . import registry
+
 
 def every_head(config) -> int:
     """``config.n_heads``: a layer's prior serves every head (what most mechanisms do)."""
@@ -52,7 +54,6 @@ class Mechanism:
     prior_heads: Callable[[Any], int] = every_head
 
 
-_MECHANISMS: dict[str, Mechanism] = {}
 _CONFIG_CHECKS: list[Callable[[Any], None]] = []
 _AUX_LOSSES: list[Callable[[nn.Module, Mapping[str, Any]], AuxLosses]] = []
 _DECODINGS: dict[type, Callable[[nn.Module, list, Any], list]] = {}
@@ -70,25 +71,26 @@ def register_mechanism(
     """
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty str, got {name!r}")
-    if name in _MECHANISMS:
+    if name in registry.names("attention"):
         raise ValueError(f"the attention mechanism {name!r} is already registered")
     for argument, value in (("build", build), ("prior_heads", prior_heads)):
         if not callable(value):
             raise TypeError(f"{argument} must be callable, got {type(value).__name__}")
-    _MECHANISMS[name] = Mechanism(build, prior_heads)
+    registry.register("attention", name, Mechanism(build, prior_heads))
 
 
 def mechanism_names() -> tuple[str, ...]:
     """The registered mechanisms' names, in the order they were registered."""
-    return tuple(_MECHANISMS)
+    return registry.names("attention")
 
 
 def mechanism(name: str) -> Mechanism:
     """The mechanism registered as ``name``; a ``ValueError`` listing the registered names otherwise."""
-    found = _MECHANISMS.get(name) if isinstance(name, str) else None
-    if found is None:
-        raise ValueError(f"attention must be one of {mechanism_names()}, got {name!r}")
-    return found
+    if isinstance(name, str) and name in registry.names("attention"):
+        return registry.entries("attention")[name]
+    raise ValueError(
+        f"attention must be one of {mechanism_names()}, got {name!r}{registry.elsewhere(name, 'attention')}"
+    )
 
 
 def register_config_check(check: Callable[[Any], None]) -> None:

@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from priorattn.data import document_positions
-from priorattn.encodings import NTKAwareRoPE, YaRNRoPE
+from priorattn.encodings import ENCODINGS, NTKAwareRoPE, YaRNRoPE
 from priorattn.models import GPT, PRESETS, GPTConfig, preset
-from priorattn.models.gpt import ENCODINGS
 from priorattn.priors import GGD, GOAT, Sum, alibi_slopes, with_defaults
 from priorattn.token_shift import LayerCaches, ShiftState
 from priorattn.train.optim import prior_parameters
@@ -490,7 +489,7 @@ def test_preset_overrides_and_unknown_names():
             r"prior='goat\(R=3\)': prior 'goat' has no option 'R': its options are num_freqs",
         ),
         (dict(encoding="local_rope", window=None), "local_rope' is RoPE with a sliding window: give window="),
-        (dict(encoding="alibi"), "encoding must be one of"),
+        (dict(encoding="alibi"), "unknown encoding 'alibi': use one of none, rope"),
         (dict(d_model=50), "d_model=50 is not divisible by n_heads=4"),
         (dict(n_kv_heads=3), "n_heads=4 is not a multiple of n_kv_heads=3"),
         (dict(n_layers=0), "n_layers must be a positive int, got 0"),

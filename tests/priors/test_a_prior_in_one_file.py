@@ -56,7 +56,7 @@ def corpus(tmp_path_factory):
 
 def test_a_prior_registered_in_a_test_module_is_known_by_name():
     assert "learned_slope" in names()
-    assert positions()["learned_slope"] == ("LearnedSlope", dict(prior="learned_slope"))
+    assert positions()["learned_slope"] == dict(prior="learned_slope")
     config = GPTConfig(
         vocab_size=8, seq_len=8, d_model=8, n_layers=1, n_heads=2, prior="learned_slope(scale=2)"
     )

@@ -189,12 +189,10 @@ def test_a_prior_without_num_heads_is_built_without_it():
     assert build_prior("flat_for_test(depth=5)", 4).depth.item() == 5.0
 
 
-def test_the_studies_names_of_priors_are_aliases_for_train_and_specs():
-    """``nope`` and ``bam`` (compare's and the retrieval study's names) build the uniform prior and
-    GGD, whose specs record their own names; neither can be registered as another prior."""
-    assert build_prior("nope", 2).spec() == {"name": "uniform"}
-    assert build_prior("bam(init=alibi)", 2).spec()["name"] == "ggd"
-    with pytest.raises(ValueError, match=r"unknown prior 'xpos': .* \(or nope = uniform, bam = ggd\)"):
+def test_the_studies_names_are_models_not_priors_and_the_error_says_so():
+    """``nope`` and ``bam`` are named models (:mod:`priorattn.models.positions`), which a config
+    resolves to their priors; the priors' own layer knows only priors, and says what the name is."""
+    with pytest.raises(ValueError, match=r"unknown prior 'bam': use one of .*ggd.*; 'bam' is a model$"):
+        build_prior("bam", 2)
+    with pytest.raises(ValueError, match=r"unknown prior 'xpos': use one of [^;]*$"):
         build_prior("xpos", 2)
-    with pytest.raises(ValueError, match="cannot register Uniform as prior 'nope': it names 'uniform'"):
-        register("nope", Uniform)

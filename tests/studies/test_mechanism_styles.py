@@ -1,5 +1,5 @@
-"""Every study draws a mechanism the same way (``models.positions.mechanism_style``), and the
-figures with a line per mechanism are legible at a report page's width."""
+"""Every study names and draws a mechanism the same way (``studies.styles``), distinct mechanisms
+look distinct, and the figures with a line per mechanism are legible at a report page's width."""
 
 from __future__ import annotations
 
@@ -11,16 +11,41 @@ from matplotlib.text import Text
 
 from priorattn.eval import plots as eval_plots
 from priorattn.figures import DPI, PAGE_WIDTH, RunScale
-from priorattn.models.positions import mechanism_label, mechanism_style
+from priorattn.models.positions import NAMED_MODELS, mechanisms
 from priorattn.studies.compare import report as compare_report
 from priorattn.studies.dna import plots as dna_plots
 from priorattn.studies.dna.config import DNAConfig
 from priorattn.studies.retrieval import figures as retrieval_figures
 from priorattn.studies.retrieval.study import RetrievalStudyConfig
+from priorattn.studies.styles import LABELS, POSITION_STYLES, mechanism_label, mechanism_style
 from priorattn.studies.vision import experiment as vision
 
 RUN = RunScale(2, 600, 1.0)
 COMPARED = ["nope", "sinusoidal", "rope", "local_rope", "alibi", "bam+ssmax", "goat"]
+
+
+def test_distinct_mechanisms_are_drawn_in_distinct_colour_and_line_style_pairs():
+    extensions = ["rope_pi", "rope_ntk", "rope_yarn"]  # the retrieval study's (study.EXTENSIONS)
+    drawn = [*mechanisms(), *extensions, *(e + "+ssmax" for e in extensions), "learned", "learned+ssmax"]
+    pairs = [(mechanism_style(m)["color"], str(mechanism_style(m)["linestyle"])) for m in drawn]
+    assert len(set(pairs)) == len(drawn)
+    assert set(NAMED_MODELS) <= set(POSITION_STYLES)  # every named model is chosen, not cycled
+    compared = ["nope", "sinusoidal", "rope", "local_rope", "alibi", "bam", "goat"]  # compare's models
+    for key in ("color", "marker"):
+        assert len({mechanism_style(m)[key] for m in compared}) == len(compared)
+    assert mechanism_style("bam+ssmax") == mechanism_style("bam") | dict(linestyle="--")
+    assert mechanism_style("rope_pi")["color"] == mechanism_style("rope")["color"]
+    with pytest.raises(ValueError, match="unknown mechanism 'xpos'"):
+        mechanism_style("xpos")
+
+
+def test_every_named_model_has_a_label_and_a_registered_prior_its_class_name():
+    assert set(NAMED_MODELS) <= set(LABELS)
+    assert mechanism_label("bam+ssmax") == "BAM + SSMax" and mechanism_label("fox+ssmax") == "FoX + SSMax"
+    assert mechanism_label("ggd+ssmax") == "GGD + SSMax"  # a registered prior: its class names it
+    assert mechanism_label("rope_yarn") == "RoPE YaRN"
+    with pytest.raises(ValueError, match="unknown mechanism 'xpos'"):
+        mechanism_label("xpos")
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 
 from ..data import KINDS as TOKENIZERS
-from ..encodings import ROPE_SCALINGS
+from ..encodings import ENCODINGS, ROPE_SCALINGS
 from ..mechanisms import mechanism_names
-from ..models.gpt import ENCODINGS, GPTConfig
+from ..models.gpt import GPTConfig
 from ..models.presets import PRESETS
 from ..scalar.temperature import TAU_KINDS
 from ..train.config import OPTIMIZERS, PARALLEL, POSITIONS, REG_TERMS, TrainConfig
@@ -43,7 +43,7 @@ def grad_clip(text: str) -> float | None:
 
 
 MODEL_FLAGS = {
-    "encoding": Flag(choices=ENCODINGS),
+    "encoding": Flag(choices=tuple(ENCODINGS)),
     "window": Flag(type=int_at_least(1)),
     "rope_interpolation": Flag(type=positive_number),
     "rope_scaling": Flag(choices=tuple(ROPE_SCALINGS)),

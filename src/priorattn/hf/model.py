@@ -26,6 +26,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 from ..functional.api import check_options
 from ..models.gpt import PRIOR_INITS
 from ..models.legacy import LEGACY_PRIOR_FIELDS, legacy_spec
+from ..models.positions import prior_of_model
 from ..priors import GOAT, Prior, Uniform, build_prior
 from ..priors.registry import UnregisteredPrior
 from .attention import NAME
@@ -92,8 +93,9 @@ def add_prior(
     """Attach a prior to every attention layer of ``model`` and switch it to the ``"priorattn"`` attention.
 
     - ``prior``: a prior spec as ``train --prior`` takes it (:mod:`priorattn.priors.spec`:
-      ``"ggd"``, ``"goat(num_freqs=4)+alibi"``, or the dict or list form), built for the model's
-      query heads; or a :class:`~priorattn.priors.Prior` module (copied into each layer).
+      ``"ggd"``, ``"goat(num_freqs=4)+alibi"``, or the dict or list form, or a named model that is
+      a prior alone, ``"bam"``), built for the model's query heads; or a
+      :class:`~priorattn.priors.Prior` module (copied into each layer).
     - ``shared_prior=True`` puts one prior (one set of parameters) in every layer instead of one per
       layer.
     - ``prior_init``: where a spec's learnable priors start, as ``GPTConfig.prior_init``:
@@ -127,8 +129,9 @@ def add_prior(
         if prior_init is not None and prior_init not in PRIOR_INITS:
             raise ValueError(f"prior_init must be one of {PRIOR_INITS}, got {prior_init!r}")
         init = prior_init or "uniform"
+        spec = (isinstance(prior, str) and prior_of_model(prior)) or prior  # "bam" is GGD
         priors = _layer_priors(
-            lambda: build_prior(prior, heads, train_len=seq_len, init=init), len(layers), shared_prior
+            lambda: build_prior(spec, heads, train_len=seq_len, init=init), len(layers), shared_prior
         )
     _warn_of_frozen_slopes(priors[0])
     heads_are = f"the model has {heads} query heads per layer"

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .. import priors
+from .. import priors, registry
 from ..checks import describe, is_integer_tensor
 from ..data.packing import IGNORE_INDEX
 from ..encodings import ROPE_SCALINGS, Sinusoidal
@@ -30,8 +30,8 @@ from ..mechanisms import AuxLosses, aux_losses, check_attention_config, decoding
 from ..priors import Prior, Uniform
 from ..token_shift import LayerCaches, TokenShift
 from .legacy import LEGACY_PRIOR_FIELDS, upgraded
+from .positions import prior_of_model
 
-ENCODINGS = ("none", "rope", "sinusoidal", "local_rope")
 PRIOR_INITS = ("uniform", "alibi")
 
 
@@ -55,13 +55,15 @@ class GPTConfig:
       multiple of 64, resolved when the config is made (so a saved config records the width).
     - ``prior``: a prior spec (:mod:`priorattn.priors.spec`): a registered prior's name
       (``priorattn.priors.names()``), with options, or a sum: ``"goat(num_freqs=3, slope=none)+alibi"``,
-      or its dict or list form. Kept as its canonical string (only the options that differ from the
-      defaults), so equal priors give equal configs. A config saved with the flattened fields of
+      or its dict or list form; or a named model that is a prior alone
+      (:func:`~priorattn.models.positions.prior_of_model`: ``"bam"`` is ``"ggd"``). Kept as its
+      canonical string (only the options that differ from the defaults), so equal priors give equal
+      configs. A config saved with the flattened fields of
       earlier versions (``goat_freqs``, ``goat_sink``, ``goat_slope``, ``goat_sink_freqs``,
       ``goat_sink_hidden``, ``ggd_trainable``) loads with them as the options of its GOAT and GGD
       (:meth:`from_dict`).
-    - ``encoding``: the position encoding, one of ``ENCODINGS``; ``"local_rope"`` is RoPE with a
-      sliding ``window`` (required).
+    - ``encoding``: the position encoding, a registered one (:data:`priorattn.encodings.ENCODINGS`);
+      ``"local_rope"`` is RoPE with a sliding ``window`` (required).
     - ``window``: the sliding window in keys (required by ``encoding="local_rope"``); with another
       encoding, plain sliding-window attention.
     - ``rope_interpolation``: RoPE's context-extension factor ``s`` (1: none), applied as
@@ -157,12 +159,13 @@ class GPTConfig:
             )
         if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
+        if isinstance(self.prior, str) and prior_of_model(self.prior) is not None:
+            self.prior = prior_of_model(self.prior)  # a named model that is a prior alone: "bam"
         try:
             self.prior = priors.canonical_spec(self.prior)
         except ValueError as error:
             raise ValueError(f"prior={self.prior!r}: {error}") from None
-        if self.encoding not in ENCODINGS:
-            raise ValueError(f"encoding must be one of {ENCODINGS}, got {self.encoding!r}")
+        registry.lookup("encoding", self.encoding)
         if self.encoding == "local_rope" and self.window is None:
             raise ValueError("encoding='local_rope' is RoPE with a sliding window: give window=")
         interpolation = self.rope_interpolation

@@ -26,6 +26,8 @@ import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .. import registry
+
 #: What a model may supply to the priors it builds (``build_prior(spec, num_heads, **context)``).
 CONTEXT = {
     "train_len": "the length the model trains at (GPTConfig.seq_len; add_prior's seq_len)",
@@ -136,13 +138,9 @@ class UnregisteredPrior(TypeError):
     """A prior whose class is not registered cannot describe itself (:func:`spec_of`)."""
 
 
-_BY_NAME: dict[str, Registered] = {}
+#: Each registered class's registration, for :func:`spec_of`; by name they are the ``"prior"`` kind of
+#: :mod:`priorattn.registry`.
 _BY_CLASS: dict[type, Registered] = {}
-
-
-#: Other names of registered priors: the studies' mechanism names (``models.positions``: NoPE is the
-#: uniform prior, BAM's positional prior is GGD), so ``train --prior`` takes what ``compare`` does.
-ALIASES = {"nope": "uniform", "bam": "ggd"}
 
 
 def register(name: str, cls: type, /, **options: str | FromModel | Choice) -> type:
@@ -154,14 +152,13 @@ def register(name: str, cls: type, /, **options: str | FromModel | Choice) -> ty
     name, or a class under a second name, is refused."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"a prior's name must be an identifier, got {name!r}")
-    if name in ALIASES:
-        raise ValueError(f"cannot register {cls.__name__} as prior {name!r}: it names {ALIASES[name]!r}")
-    if name in _BY_NAME or cls in _BY_CLASS:
-        if _BY_NAME.get(name) is _BY_CLASS.get(cls):
+    by_name = registry.entries("prior")
+    if name in by_name or cls in _BY_CLASS:
+        if by_name.get(name) is _BY_CLASS.get(cls):
             return cls
         why = (
-            f"the name is {_BY_NAME[name].cls.__name__}'s"
-            if name in _BY_NAME
+            f"the name is {by_name[name].cls.__name__}'s"
+            if name in by_name
             else f"it is {_BY_CLASS[cls].name!r}"
         )
         raise ValueError(f"cannot register {cls.__name__} as prior {name!r}: {why}")
@@ -200,23 +197,25 @@ def register(name: str, cls: type, /, **options: str | FromModel | Choice) -> ty
             option, kind, parameter.default, doc if isinstance(doc, str) else doc.doc, model, choice
         )
     entry = Registered(name, cls, declared, "num_heads" in parameters)
-    _BY_NAME[name], _BY_CLASS[cls] = entry, entry
+    registry.register("prior", name, entry)
+    _BY_CLASS[cls] = entry
     return cls
 
 
 def names() -> tuple[str, ...]:
     """The registered priors' names, sorted."""
-    return tuple(sorted(_BY_NAME))
+    return tuple(sorted(registry.names("prior")))
 
 
 def registered(name: str) -> Registered:
-    """The registration of ``name`` (or of its :data:`ALIASES` entry); a ValueError listing the
-    registered names else."""
-    name = ALIASES.get(name, name)
-    if name not in _BY_NAME:
-        aliases = ", ".join(f"{a} = {n}" for a, n in ALIASES.items())
-        raise ValueError(f"unknown prior {name!r}: use one of {', '.join(names())} (or {aliases})")
-    return _BY_NAME[name]
+    """The registration of ``name``; a ValueError listing the registered names (and saying what
+    ``name`` is where it names another kind of :mod:`priorattn.registry`, as ``"bam"``, a model) else."""
+    by_name = registry.entries("prior")
+    if name not in by_name:
+        raise ValueError(
+            f"unknown prior {name!r}: use one of {', '.join(names())}{registry.elsewhere(name, 'prior')}"
+        )
+    return by_name[name]
 
 
 def options(name: str) -> dict[str, Option]:

@@ -17,10 +17,10 @@ from ...eval.retrieval import RETRIEVES
 from ...eval.verdicts import Estimate, Winner, compare_to, normal_interval, wilson_interval, winner
 from ...figures import RunScale
 from ...files import write_atomic, write_json_atomic
-from ...models.positions import mechanism_style
 from ...provenance import environment
 from ..retrieval.report import TASK_NAMES, best_of, study_html
 from ..retrieval.report import summary_lines as retrieval_summary_lines
+from ..styles import mechanism_style
 
 # The paired delta (nats per byte) at the longest length is "flat" when its whole 95% interval lies
 # at or below this: the extra context then costs at most ~2% perplexity, against the ~0.15 nats that

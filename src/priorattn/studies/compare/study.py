@@ -29,10 +29,11 @@ from ...eval.retrieval import RETRIEVES
 from ...figures import RunScale
 from ...files import check_text_encoding, prepare_out, write_json_atomic
 from ...models import preset
-from ...models.positions import mechanism_fields, mechanism_label, split_mechanism
+from ...models.positions import mechanism_fields, split_mechanism
 from ...train import OtherSettings, TrainConfig, train
 from ..retrieval.report import run_retrieval_study
 from ..retrieval.study import RetrievalStudyConfig
+from ..styles import mechanism_label
 
 # The language models compare trains by default: seed 003 Fig. 6's and seed 000 Fig. 3's mechanisms,
 # BAM as seed 003 defines it (GGD + SSMax).

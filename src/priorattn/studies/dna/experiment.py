@@ -24,9 +24,9 @@ import torch
 
 from ...data import read_data_record, run_documents
 from ...files import prepare_out, read_json, write_json_atomic
-from ...models.positions import mechanism_label
 from ...train import load_run
 from ...train.runs import METRICS_JSONL, read_metrics
+from ..styles import mechanism_label
 from .config import DNAConfig
 from .measures import gc_trajectory, match_rate, nan_mean, pearson
 

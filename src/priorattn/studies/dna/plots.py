@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ...figures import RunScale, captioned_figure, save
-from ...models.positions import mechanism_style
+from ..styles import mechanism_style
 from .config import DNAConfig
 from .measures import gc_trajectory
 

@@ -1,6 +1,6 @@
 """Figures of the retrieval study: exact match against length with intervals, length x depth
 heatmaps, and the log-priors the models learned. Each mechanism in its style
-(:func:`priorattn.models.positions.mechanism_style`: a colour and marker per position, dashed with
+(:func:`priorattn.studies.styles.mechanism_style`: a colour and marker per position, dashed with
 SSMax), the same in every figure of every study."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 
 from ...eval.plots import length_axis, mark_train_len, plot_retrieval_heatmaps
 from ...figures import PAGE_WIDTH, captioned_figure, legible, save
-from ...models.positions import mechanism_style
+from ..styles import mechanism_style
 from .study import RetrievalStudyConfig
 
 TASK_TITLES = {

@@ -28,7 +28,6 @@ from .study import (
     SSMAX,
     RetrievalStudyConfig,
     label_of,
-    study_positions,
     train_and_score,
 )
 
@@ -384,7 +383,7 @@ def study_html(data: dict, out: Path, level: int = 2) -> str:
             a, b = e["without"], e["with_ssmax"]
             verdict = e["judged"] or (f"{e['winner']} is better" if e["winner"] else "a tie within noise")
             parts.append(
-                f"<li>{html.escape(study_positions()[e['position']][0])} on "
+                f"<li>{html.escape(label_of(e['position']))} on "
                 f"the {TASK_NAMES[e['task']]} at {lengths[-1]} "
                 f"tokens: without SSMax {a['value']:.2f} [{a['low']:.2f}, {a['high']:.2f}], with "
                 f"{b['value']:.2f} [{b['low']:.2f}, {b['high']:.2f}]: {html.escape(verdict)}.</li>"

@@ -43,17 +43,17 @@ from ...eval.synthetic import exact_matches, score_synthetic
 from ...figures import RunScale
 from ...files import as_saved, prepare_out, read_json, sha256_of, write_atomic, write_json_atomic
 from ...models import GPT, GPTConfig
-from ...models.positions import SSMAX, mechanism_label, positions, split_mechanism
+from ...models.positions import SSMAX, positions, split_mechanism
 from ...priors import GGD, GOAT, with_defaults
 from ...ssmax import SSMax
 from ...train import TrainConfig
 from ...train.optim import build_optimizer, build_scheduler, clip_gradients
+from ..styles import mechanism_label
 
 #: RoPE's context extensions as evaluation variants of RoPE's model, by name: each scores it at length
 #: ``n`` extended by ``n / T`` from ``T`` (``eval.synthetic.extended_rope``). "rope_pi": position
 #: interpolation (seed 000 Fig. 3); "rope_ntk": NTK-aware; "rope_yarn": YaRN (Peng et al. 2023).
 EXTENSIONS = {"rope_pi": "pi", "rope_ntk": "ntk", "rope_yarn": "yarn"}
-EXTENSION_LABELS = {"rope_pi": "RoPE PI", "rope_ntk": "RoPE NTK", "rope_yarn": "RoPE YaRN"}
 DEFAULT_POSITIONS = ("nope", "rope", "alibi", "bam", "goat")
 DEFAULT_MECHANISMS = tuple(m for p in DEFAULT_POSITIONS for m in (p, p + SSMAX))
 RETRIEVES_AT_T = 0.95  # a mechanism below this at T cannot be judged beyond it
@@ -61,12 +61,12 @@ RETRIEVES_AT_T = 0.95  # a mechanism below this at T cannot be judged beyond it
 STEPS = 2000
 
 
-def study_positions() -> dict[str, tuple[str, dict]]:
-    """The models' positions (:func:`priorattn.models.positions.positions`: the studies' own and
-    every registered prior) and the evaluation variants of :data:`EXTENSIONS`, RoPE's model scored
-    with each of RoPE's context extensions."""
+def study_positions() -> dict[str, dict]:
+    """The models' positions and their ``GPTConfig`` fields (:func:`priorattn.models.positions.positions`:
+    the named models and every registered prior) and the evaluation variants of :data:`EXTENSIONS`,
+    RoPE's model scored with each of RoPE's context extensions."""
     table = positions()
-    return table | {name: (label, table["rope"][1]) for name, label in EXTENSION_LABELS.items()}
+    return table | {name: table["rope"] for name in EXTENSIONS}
 
 
 def all_mechanisms() -> tuple[str, ...]:
@@ -80,7 +80,9 @@ def position_of(mechanism: str) -> tuple[str, bool]:
 
 
 def label_of(mechanism: str) -> str:
-    return mechanism_label(mechanism, study_positions())
+    """``"RoPE PI + SSMax"``: the name in words of a mechanism the study can run."""
+    position_of(mechanism)
+    return mechanism_label(mechanism)
 
 
 def trained_as(mechanism: str) -> str:
@@ -257,7 +259,7 @@ class RetrievalStudyConfig:
 
     def model_config(self, mechanism: str) -> GPTConfig:
         position, ssmax = position_of(trained_as(mechanism))
-        fields = dict(study_positions()[position][1])
+        fields = dict(study_positions()[position])
         if fields.get("encoding") == "local_rope":
             fields["window"] = self.train_len
         fields["prior"] = with_defaults(fields.get("prior", "uniform"), goat=dict(num_freqs=self.goat_freqs))

@@ -24,9 +24,9 @@ from tqdm.auto import tqdm
 
 from ...figures import RunScale, captioned_figure, heatmap, save, seed_expectation
 from ...files import prepare_out, write_json_atomic
-from ...models.positions import mechanism_style
 from ...train.config import TrainConfig
 from ...train.optim import build_optimizer, build_scheduler, clip_gradients
+from ..styles import mechanism_style
 from .data import DEFAULT_DATA, load_split
 from .model import ViT, ViTConfig
 from .positions import grid_positions
