@@ -17,6 +17,7 @@ from ..models.gpt import GPTConfig
 from ..models.presets import PRESETS
 from ..scalar.temperature import TAU_KINDS
 from ..train.config import OPTIMIZERS, PARALLEL, POSITIONS, REG_TERMS, TrainConfig
+from ..train.resume import DEFAULT_PRESET
 from .configs import Flag, add_config_flags, given
 from .parsing import fail, int_at_least, non_negative_number, positive_number, prior_specs
 
@@ -208,7 +209,7 @@ def add_train_parser(commands) -> None:
     )
     names = ("model", SCALAR, "data", "optimization", "processes", "run")
     groups = {name: p.add_argument_group(name) for name in names}
-    groups["model"].add_argument("--preset", choices=sorted(PRESETS), help="model size (tiny)")
+    groups["model"].add_argument("--preset", choices=sorted(PRESETS), help=f"model size ({DEFAULT_PRESET})")
     run = groups["run"]
     run.add_argument("--out", type=Path, required=True, help="run directory")
     run.add_argument(

@@ -17,6 +17,8 @@ from .runs import CONFIG_JSON, read_run_configs
 SAME_DATA = ("data", "text_encoding", "tokenizer", "vocab_size", "val_fraction")
 #: The model fields a context extension may replace: RoPE's factor and how it applies it.
 EXTENSION_FIELDS = ("rope_interpolation", "rope_scaling")
+#: The model preset of a fresh run that names none.
+DEFAULT_PRESET = "tiny"
 
 
 def resolve_configs(
@@ -37,7 +39,8 @@ def resolve_configs(
       only :data:`EXTENSION_FIELDS` replaceable (to extend RoPE to the longer context); no other
       ``model`` field and no ``preset`` may be given. The data fields (:data:`SAME_DATA`) are that
       run's unless given.
-    - else a fresh run: ``TrainConfig(**train)``, and the model preset ``preset`` (``"tiny"``)
+    - else a fresh run: ``TrainConfig(**train)``, and the model preset ``preset`` (default
+      :data:`DEFAULT_PRESET`)
       with the ``model`` fields, its ``vocab_size`` the tokenizer's and its ``seq_len`` the
       training length where ``train`` gives one (a ``model`` field of the same name wins).
     """
@@ -55,7 +58,7 @@ def resolve_configs(
     sizes = dict(vocab_size=vocab_size_of(config.tokenizer, config.vocab_size))
     if config.seq_len is not None:
         sizes["seq_len"] = config.seq_len
-    return preset_config(preset or "tiny", **sizes | model), config
+    return preset_config(preset or DEFAULT_PRESET, **sizes | model), config
 
 
 def extension_configs(
