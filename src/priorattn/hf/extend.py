@@ -26,7 +26,7 @@ from ..data.tokenizer import TOKENIZER_FILE, BPETokenizer, load_tokenizer
 from ..files import prepare_out, write_json_atomic
 from ..models.gpt import token_cross_entropy
 from ..train import TrainConfig
-from ..train.optim import build_optimizer, build_scheduler, clip_gradients
+from ..train.optim import build_optimizer, build_scheduler, optimizer_step
 from .model import CONFIG_KEY, CachedLM, add_prior, from_pretrained, model_dir
 
 RESULTS_JSON = "results.json"
@@ -171,10 +171,7 @@ def extend(
         tokens, targets, doc_ids = batches.batch(step)
         loss = summed_loss(model, tokens, targets, doc_ids) / (targets != IGNORE_INDEX).sum().clamp_min(1)
         loss.backward()
-        clip_gradients(model, config.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
+        optimizer_step(model, optimizer, scheduler, config.grad_clip)
         train_losses.append(loss.item())
     seconds_per_step = (time.perf_counter() - start) / config.steps
     result = dict(

@@ -188,8 +188,9 @@ def train_copy_mixture(config: CopyMixtureConfig, progress: bool = True) -> tupl
     scheduler = build_scheduler(optimizer, train_config)
     losses = []
     for step in tqdm(range(config.steps), disable=not progress, unit="step"):
-        loss, _ = train_step(model, [batches.batch(step)], optimizer, train_config, Process())
-        scheduler.step()
+        loss, _ = train_step(
+            model, [batches.batch(step)], optimizer, train_config, Process(), scheduler=scheduler
+        )
         losses.append(loss)
     return model, losses
 

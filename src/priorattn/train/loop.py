@@ -38,7 +38,7 @@ from ..models.gpt import token_cross_entropy
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .distributed import Process, end_process, start_process
-from .optim import build_optimizer, build_scheduler, clip_gradients, lr_factor
+from .optim import build_optimizer, build_scheduler, lr_factor, optimizer_step
 from .parallel import average_replicated_gradients, wrap
 from .runs import (
     CONFIG_JSON,
@@ -149,8 +149,9 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
         ]
         lr = optimizer.param_groups[0]["lr"]
         aux.start(step)
-        train_loss, grad_norm = train_step(wrapped, micro_batches, optimizer, config, process, aux)
-        scheduler.step()
+        train_loss, grad_norm = train_step(
+            wrapped, micro_batches, optimizer, config, process, aux, scheduler=scheduler
+        )
         step += 1
         bar.update(1)
         final = step == config.steps
@@ -208,6 +209,7 @@ def train_step(
     config: TrainConfig,
     process: Process,
     aux: AuxLosses | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
 ) -> tuple[float, float]:
     """One optimizer step over this process's micro-batches; ``(loss, grad norm)`` of the step.
 
@@ -216,7 +218,8 @@ def train_step(
     split. DDP and FSDP average gradients over processes, hence the ``world_size`` factor; under
     FSDP every micro-step reduces its gradients, so the accumulated ones stay sharded. The model's
     auxiliary losses ``aux`` (each a mean per micro-batch, e.g. the scalar regularizers) add the mean
-    over micro-batches of their sum; the returned loss is the cross-entropy alone.
+    over micro-batches of their sum; the returned loss is the cross-entropy alone. The update itself
+    (clipping to ``config.grad_clip``, the step, ``scheduler``'s step) is :func:`optimizer_step`'s.
     """
     counts = torch.tensor(float(sum(int((t != IGNORE_INDEX).sum()) for _, t, _ in micro_batches)))
     n_targets = process.all_reduce_sum(counts).clamp_min(1.0)
@@ -230,9 +233,7 @@ def train_step(
             (objective + sum(extra.values()) / len(micro_batches) if extra else objective).backward()
         loss_sum += summed.detach().cpu()
     average_replicated_gradients(model, process)
-    grad_norm = clip_gradients(model, config.grad_clip)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    grad_norm = optimizer_step(model, optimizer, scheduler, config.grad_clip)
     return float(process.all_reduce_sum(loss_sum) / n_targets), grad_norm
 
 

@@ -1,4 +1,5 @@
-"""Optimizer and learning-rate schedule: three parameter groups, warmup then cosine to a floor."""
+"""Optimizer and learning-rate schedule: three parameter groups, warmup then cosine to a floor; the
+optimizer step every training loop takes (:func:`optimizer_step`)."""
 
 from __future__ import annotations
 
@@ -89,3 +90,27 @@ def clip_gradients(model: nn.Module, max_norm: float | None) -> float:
         for group in (sharded, whole):  # one foreach kernel takes DTensors or plain tensors, not both
             nn.utils.clip_grads_with_norm_(group, max_norm, norm)
     return float(norm)
+
+
+def optimizer_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    grad_clip: float | None,
+) -> float:
+    """Apply the gradients that the backward passes left in ``model``; their norm before clipping.
+
+    In this order: the global gradient norm clipped to ``grad_clip`` (None: not clipped, the norm
+    still measured), the optimizer's step, the gradients dropped (set to None, so the next step's
+    backward starts from nothing), then ``scheduler``'s step, which sets the learning rate of the
+    next optimizer step (None: the rate stays). Every training loop of the library (the language
+    model's, the studies', ``hf extend``) updates its model here; the backward passes stay with the
+    caller, since how a loss is formed and accumulated (micro-batches, processes, auxiliary losses)
+    differs between them.
+    """
+    grad_norm = clip_gradients(model, grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if scheduler is not None:
+        scheduler.step()
+    return grad_norm

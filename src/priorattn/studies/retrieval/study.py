@@ -47,7 +47,7 @@ from ...models.positions import SSMAX, positions, split_mechanism
 from ...priors import GGD, GOAT, with_defaults
 from ...ssmax import SSMax
 from ...train import TrainConfig
-from ...train.optim import build_optimizer, build_scheduler, clip_gradients
+from ...train.optim import build_optimizer, build_scheduler, optimizer_step
 from ..styles import mechanism_label
 
 #: RoPE's context extensions as evaluation variants of RoPE's model, by name: each scores it at length
@@ -380,10 +380,7 @@ def train_synthetic(config: RetrievalStudyConfig, mechanism: str, seed: int, pro
         inputs, targets = training_batch(tasks, config.batch_size, length, rng, shares)
         _, loss, _ = model(inputs, targets=targets)
         loss.backward()
-        clip_gradients(model, train.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
+        optimizer_step(model, optimizer, scheduler, train.grad_clip)
         losses.append(float(loss.detach()))
         done = step + 1
         if done >= config.curriculum_steps and done % config.check_every == 0:

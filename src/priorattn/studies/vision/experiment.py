@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from ...figures import RunScale, captioned_figure, heatmap, save, seed_expectation
 from ...files import prepare_out, write_json_atomic
 from ...train.config import TrainConfig
-from ...train.optim import build_optimizer, build_scheduler, clip_gradients
+from ...train.optim import build_optimizer, build_scheduler, optimizer_step
 from ..styles import mechanism_style
 from .data import DEFAULT_DATA, load_split
 from .model import ViT, ViTConfig
@@ -144,11 +144,8 @@ def train_model(
     for _ in bar:
         batch = torch.randint(len(labels), (train.batch_size,), generator=generator)
         loss = F.cross_entropy(model(images[batch]), labels[batch])
-        optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        clip_gradients(model, train.grad_clip)
-        optimizer.step()
-        scheduler.step()
+        optimizer_step(model, optimizer, scheduler, train.grad_clip)
         bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
     return time.perf_counter() - start
 
