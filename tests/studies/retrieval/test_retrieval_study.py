@@ -15,12 +15,12 @@ from priorattn.encodings import YaRNRoPE
 from priorattn.eval.synthetic import extended_rope, score_synthetic
 from priorattn.models import GPT, GPTConfig
 from priorattn.studies.retrieval.report import (
-    run_retrieval_study,
     seed_claims,
     ssmax_effects,
     summarize,
     winners,
 )
+from priorattn.studies.retrieval.run import run_retrieval_study
 from priorattn.studies.retrieval.study import (
     DEFAULT_MECHANISMS,
     RetrievalStudyConfig,
@@ -445,11 +445,11 @@ def test_fox_and_every_registered_prior_are_mechanisms_of_the_study():
 
 def test_the_retrieval_command_runs_the_study(tmp_path, monkeypatch, capsys):
     from priorattn import cli
-    from priorattn.studies.retrieval import report as retrieval_report
+    from priorattn.studies.retrieval import run as retrieval_run
 
     given = []
     monkeypatch.setattr(
-        retrieval_report,
+        retrieval_run,
         "run_retrieval_study",
         lambda config, out, **options: (
             given.append((config, options))

@@ -260,7 +260,7 @@ def plain(value):
 def write_report(config, results: dict, out: Path, retrieval: dict | None = None) -> dict:
     """Write ``report.html``, ``results.json`` and the figures into ``out``; return the results.
 
-    ``retrieval``: what :func:`~priorattn.studies.retrieval.study.run_retrieval_study` returned; its
+    ``retrieval``: what :func:`~priorattn.studies.retrieval.run.run_retrieval_study` returned; its
     claims answer the seeds' retrieval claims, so the byte-level ones are listed only for models
     that retrieve at T."""
     figures = draw_figures(results, out, config.scale)

@@ -31,7 +31,7 @@ from ...files import check_text_encoding, prepare_out, write_json_atomic
 from ...models import preset
 from ...models.positions import mechanism_fields, split_mechanism
 from ...train import OtherSettings, TrainConfig, train
-from ..retrieval.report import run_retrieval_study
+from ..retrieval.run import run_retrieval_study
 from ..retrieval.study import RetrievalStudyConfig
 from ..styles import mechanism_label
 
