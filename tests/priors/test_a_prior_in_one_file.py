@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 import priorattn.hf as phf
 from priorattn.models import GPTConfig
-from priorattn.models.positions import positions
+from priorattn.models.named import positions
 from priorattn.priors import FromModel, Prior, names, register
 from priorattn.priors.base import relative_positions
 from priorattn.studies.compare.study import CompareConfig, compare

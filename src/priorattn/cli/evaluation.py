@@ -193,7 +193,7 @@ def add_eval_parser(commands) -> None:
 
 def add_compare_parser(commands) -> None:
     from ..data.retrieval import NIAH_VARIANTS
-    from ..models.positions import mechanisms
+    from ..models.named import mechanisms
     from ..models.presets import PRESETS
     from ..studies.compare.study import CompareConfig
     from ..studies.retrieval.study import RetrievalStudyConfig, all_mechanisms
