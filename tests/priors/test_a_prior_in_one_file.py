@@ -13,7 +13,7 @@ import priorattn.hf as phf
 from priorattn.models import GPTConfig
 from priorattn.models.positions import positions
 from priorattn.priors import FromModel, Prior, names, register
-from priorattn.priors.base import relative_positions
+from priorattn.priors.math import relative_positions
 from priorattn.studies.compare.study import CompareConfig, compare
 from priorattn.train import TrainConfig, load_run, train
 

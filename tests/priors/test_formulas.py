@@ -28,7 +28,7 @@ from priorattn.priors import (
     alibi_slopes,
 )
 from priorattn.priors.base import module_tensors
-from priorattn.priors.goat import inverse_softplus
+from priorattn.priors.math import inverse_softplus
 
 
 def grid(Lq, Lk, offset=0):

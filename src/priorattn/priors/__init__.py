@@ -5,11 +5,12 @@ as plain data (:mod:`.spec`): ``build_prior("goat(num_freqs=4)+alibi", num_heads
 """
 
 from .alibi import ALiBi
-from .base import FoldLanes, Prior, ScaledLag, alibi_slopes
+from .base import FoldLanes, Prior, ScaledLag
 from .fire import FIRE
 from .ggd import GGD
 from .goat import GOAT, GOATSink
 from .kerple import KERPLE
+from .math import alibi_slopes
 from .registry import CONTEXT, Choice, FromModel, Option, names, options, register, registered
 from .sandwich import Sandwich
 from .spec import build_prior, canonical_spec, read_spec, with_defaults

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.amp.autocast_mode import is_autocast_available
 
+from .math import pairwise_lags
 from .registry import spec_of
 from .score_mod import ScoreMod, ScoreTerms, check_gate_queries, score_mod_of, score_positions
 
@@ -274,36 +275,6 @@ def in_own_dtype(device: torch.device) -> contextlib.AbstractContextManager:
     return torch.autocast(device.type, enabled=False)
 
 
-def relative_positions(q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> Tensor:
-    """``q_pos[i] - k_pos[j]`` as ``(..., 1, Lq, Lk)`` in ``dtype`` (exact: the difference is integer)."""
-    return (q_pos[..., :, None] - k_pos[..., None, :]).to(dtype).unsqueeze(-3)
-
-
-def per_head(param: Tensor) -> Tensor:
-    """``(H,)`` -> ``(H, 1, 1)``, to broadcast against ``(..., H, Lq, Lk)``."""
-    return param[:, None, None]
-
-
-def alibi_slopes(num_heads: int) -> Tensor:
-    """The standard ALiBi head slopes: a geometric sequence ``2^(-8/n), 2^(-16/n), ...``.
-
-    For a head count that is not a power of two, the first ``2^floor(log2 H)`` slopes are followed by
-    every other slope of the next power of two (Press et al., 2022).
-    """
-    if num_heads < 1:
-        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
-
-    def geometric(n: int) -> list[float]:
-        start = 2.0 ** (-8.0 / n)
-        return [start ** (i + 1) for i in range(n)]
-
-    power = 1 << (num_heads.bit_length() - 1)
-    slopes = geometric(power)
-    if power < num_heads:
-        slopes += geometric(2 * power)[0::2][: num_heads - power]
-    return torch.tensor(slopes, dtype=torch.float64)
-
-
 class LagPrior(Prior):
     """A relative prior given by its value at each lag ``i - j`` (:meth:`of_lag`, ``(H, ...)``): a
     subclass sets ``self.by_lag = PositionTable(self, self.of_lag)``, and the dense log-prior and the
@@ -314,8 +285,7 @@ class LagPrior(Prior):
         return True
 
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        lag = q_pos[..., :, None] - k_pos[..., None, :]  # (..., Lq, Lk)
-        return self.by_lag(lag).movedim(0, -3)  # (..., H, Lq, Lk)
+        return self.by_lag(pairwise_lags(q_pos, k_pos)).movedim(0, -3)  # (..., H, Lq, Lk)
 
     def log_prior_of_runs(
         self, q_start: int, Lq: int, k_start: int, Lk: int, device: torch.device, dtype: torch.dtype

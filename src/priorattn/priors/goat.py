@@ -9,23 +9,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_int
-from .base import FoldLanes, PositionTable, Prior, alibi_slopes, in_own_dtype
+from .base import FoldLanes, PositionTable, Prior, in_own_dtype
+from .math import alibi_slopes, geometric_freqs, inverse_softplus, pairwise_lags, phases
 from .registry import Choice, FromModel, register
 from .score_mod import ScoreTerms
-
-
-def geometric_freqs(num_freqs: int, base: float) -> Tensor:
-    """``w_r = base^(-r / (R - 1))``, r = 0..R-1: from one radian per token down to ``1 / base``."""
-    return base ** (-torch.arange(num_freqs, dtype=torch.float64) / max(num_freqs - 1, 1))
-
-
-def phases(pos: Tensor, freqs: Tensor) -> tuple[Tensor, Tensor]:
-    """``cos(w_r * pos)`` and ``sin(w_r * pos)``, ``(..., L, R)``, in ``freqs.dtype``.
-
-    The angle is formed in float64: at position 10^5 a float32 angle is off by ~0.01 rad.
-    """
-    angle = pos.to(torch.float64)[..., None] * freqs.to(torch.float64)
-    return angle.cos().to(freqs.dtype), angle.sin().to(freqs.dtype)
 
 
 class KeySink(nn.Module):
@@ -156,12 +143,6 @@ SLOPE_OF_BOOL = {True: "learned", False: "none"}
 #: ``softplus(UNIFORM_SLOPE_RAW)`` (1e-13): the learned slope of ``init="uniform"``, as goat-attention
 #: starts it; ``softplus`` never reaches 0.
 UNIFORM_SLOPE_RAW = -30.0
-
-
-def inverse_softplus(m: Tensor) -> Tensor:
-    """``x`` with ``softplus(x) = m`` for ``m > 0``: ``log(expm1(m))``, as ``m + log(-expm1(-m))``
-    where ``expm1(m)`` would overflow."""
-    return m + torch.log(-torch.expm1(-m))
 
 
 class GOAT(Prior):
@@ -338,8 +319,7 @@ class GOAT(Prior):
         return raw.to(old.dtype)
 
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        lag = q_pos[..., :, None] - k_pos[..., None, :]  # (..., Lq, Lk)
-        K = self.by_lag(lag).movedim(0, -3)  # (..., H, Lq, Lk)
+        K = self.by_lag(pairwise_lags(q_pos, k_pos)).movedim(0, -3)  # (..., H, Lq, Lk)
         if self.sink is not None:
             K = K + self.sink(k_pos)[..., :, None, :]
         return K

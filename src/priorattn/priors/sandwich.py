@@ -7,7 +7,7 @@ from torch import Tensor
 
 from ..checks import check_int
 from .base import FoldLanes, LagPrior, PositionTable
-from .goat import phases
+from .math import phases
 from .registry import register
 
 
