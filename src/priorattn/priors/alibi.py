@@ -10,6 +10,8 @@ from .base import FoldLanes, LagPrior, PositionTable
 from .math import alibi_slopes, per_head, relative_positions
 from .registry import register
 
+__all__ = ["ALiBi"]
+
 
 class ALiBi(LagPrior):
     """``K_h(i, j) = -m_h |i - j|`` with fixed slopes ``m_h`` (a buffer, not trained).

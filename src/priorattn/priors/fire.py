@@ -13,6 +13,8 @@ from .base import Prior, ScaledLag, in_own_dtype
 from .math import inverse_softplus, pairwise_lags
 from .registry import register
 
+__all__ = ["FIRE"]
+
 
 class FIRE(Prior):
     """``K_h(i, j) = f_theta(psi(i - j) / psi(max(L, i)))_h`` with ``psi(x) = log(c x + 1)``.

@@ -12,6 +12,8 @@ from .base import LagPrior, PositionTable
 from .math import alibi_slopes
 from .registry import FromModel, register
 
+__all__ = ["GGD"]
+
 PARAMETERS = ("alpha", "beta", "mu")
 
 

@@ -14,6 +14,8 @@ from .math import alibi_slopes, geometric_freqs, inverse_softplus, pairwise_lags
 from .registry import Choice, FromModel, register
 from .score_mod import ScoreTerms
 
+__all__ = ["GOAT", "GOATSink"]
+
 
 class KeySink(nn.Module):
     """A key-only log-prior ``u_h(j)`` (seed 000 Eq. 19) over sinusoidal and length-normalised inputs

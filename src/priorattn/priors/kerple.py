@@ -11,6 +11,8 @@ from .base import LagPrior, PositionTable
 from .math import inverse_softplus
 from .registry import register
 
+__all__ = ["KERPLE"]
+
 VARIANTS = ("log", "power")
 
 

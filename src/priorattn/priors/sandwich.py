@@ -10,6 +10,8 @@ from .base import FoldLanes, LagPrior, PositionTable
 from .math import phases
 from .registry import register
 
+__all__ = ["Sandwich"]
+
 
 class Sandwich(LagPrior):
     """``K_h(i, j) = (1 / r_h) sum_{k=0}^{d/2 - 1} cos((i - j) / 10000^(2k / d))``, no parameters.

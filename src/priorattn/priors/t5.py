@@ -12,6 +12,8 @@ from ..checks import check_int
 from .base import LagPrior, PositionTable
 from .registry import register
 
+__all__ = ["T5Bias"]
+
 
 class T5Bias(LagPrior):
     """``K_h(i, j) = b_h[bucket(i - j)]``: one learned scalar per head per distance bucket.
