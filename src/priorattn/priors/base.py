@@ -265,8 +265,8 @@ def in_own_dtype(device: torch.device) -> contextlib.AbstractContextManager:
 
     A prior evaluates O(L) terms per head, a small share of a step, so full precision costs little,
     while autocast would round them to bfloat16 before the route rounds its lanes again; and on the
-    CPU bfloat16 products of such small odd shapes are slower (GOAT's sink MLP took nearly three times
-    as long under bf16 autocast as in float32, forward and backward: docs/performance_log.md).
+    CPU bfloat16 products of such small, odd shapes are slower than float32 ones, not faster
+    (docs/performance_log.md).
     """
     # "meta" has no autocast to turn off. A compiled graph runs on a real device, and dynamo before
     # torch 2.13 cannot trace the availability check (a graph break on CUDA, torch 2.11).
@@ -345,7 +345,7 @@ class PositionTable:
         values = self._covering(int(x.max()) + 1, x.numel(), x.device)
         if values is None:
             return self.evaluate(x)
-        # index_select: several times faster than advanced indexing ``values[:, x]``
+        # index_select: one gather per head, faster than advanced indexing ``values[:, x]``
         return values.index_select(1, x.flatten()).unflatten(-1, x.shape)
 
     def run(
@@ -406,9 +406,9 @@ class PositionTable:
 
 
 def module_tensors(module: nn.Module) -> list[Tensor]:
-    """Every parameter and buffer of ``module`` and its submodules, read from their own dicts: a
-    third to a sixth of the time of ``parameters()`` and ``buffers()``,
-    which a decode step pays per table read."""
+    """Every parameter and buffer of ``module`` and its submodules, read from their own dicts
+    without the name bookkeeping of ``parameters()`` and ``buffers()``: a decode step pays this per
+    table read (docs/performance_log.md)."""
     modules, tensors = [module], []
     for m in modules:
         modules.extend(sub for sub in m._modules.values() if sub is not None)
