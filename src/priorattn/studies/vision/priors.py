@@ -10,7 +10,8 @@ import torch
 from torch import Tensor, nn
 
 from ...priors import GOAT, FoldLanes, GOATSink, Prior, alibi_slopes
-from ...priors.base import concat_lanes, per_head
+from ...priors.base import concat_lanes
+from ...priors.math import per_head
 from .positions import GridPositions, unpack_positions
 
 
