@@ -64,7 +64,7 @@ def test_the_package_imports_each_prior_file_and_exports_its_names():
     assert {cls.__module__.removeprefix("priorattn.priors.") for cls in library} == set(package.PRIOR_MODULES)
     for cls in library:
         assert getattr(package, cls.__name__) is cls and cls.__name__ in package.__all__
-    assert {"GOAT", "ALiBi", "GGD", "Uniform", "GOATSink", "Sum", "Prior"} <= set(package.__all__)
+    assert {"GOAT", "ALiBi", "GGD", "Uniform", "PerHeadSink", "Sum", "Prior"} <= set(package.__all__)
 
 
 @pytest.fixture(scope="module")

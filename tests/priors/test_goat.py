@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from factories import grid, make_prior
 
 import priorattn
-from priorattn.priors import GOAT, ALiBi, GOATSink
+from priorattn.priors import GOAT, ALiBi, PerHeadSink
 from priorattn.priors.math import inverse_softplus
 
 #: GOAT's cases, by name: the options of each (the sink, the slope and the gate of each kind).
@@ -49,7 +49,7 @@ def goat_by_hand(prior, i, j, h):
         x = torch.tensor(feats, dtype=torch.float64)
         hidden = torch.nn.functional.silu(sink.mlp[0].weight @ x + sink.mlp[0].bias)
         out = sink.mlp[2].weight @ hidden + sink.mlp[2].bias
-        if isinstance(sink, GOATSink):  # per head, with a linear decay
+        if isinstance(sink, PerHeadSink):  # per head, with a linear decay
             total += out[h].item() - sink.decay[h].item() * j / sink.train_len
         else:  # shared, times a per-head gain, plus a per-head bump at j = 0
             total += sink.gain[h].item() * out[0].item() + sink.bump[h].item() * (j == 0)

@@ -14,7 +14,7 @@ from .math import alibi_slopes, geometric_freqs, inverse_softplus, pairwise_lags
 from .registry import Choice, FromModel, register
 from .score_mod import ScoreTerms
 
-__all__ = ["GOAT", "GOATSink"]
+__all__ = ["GOAT", "PerHeadSink"]
 
 
 class KeySink(nn.Module):
@@ -102,7 +102,7 @@ class SharedSink(KeySink):
         return u.transpose(-1, -2)
 
 
-class GOATSink(KeySink):
+class PerHeadSink(KeySink):
     """GOAT's per-head sink, ``GOAT(sink="per_head")``: a learnable linear decay plus an MLP with one
     output per head (seed 000 Eq. 19: "a learnable linear decay plus an MLP over sinusoidal and
     length-normalized scalar inputs"):
@@ -134,7 +134,7 @@ class GOATSink(KeySink):
 
 
 #: The sinks by ``GOAT(sink=...)``.
-SINKS = {"shared": SharedSink, "per_head": GOATSink}
+SINKS = {"shared": SharedSink, "per_head": PerHeadSink}
 SLOPES = ("learned", "fixed", "none")
 #: GOAT's starts, ``GOAT(init=...)``.
 INITS = ("seeded", "uniform", "recency")
@@ -154,7 +154,7 @@ class GOAT(Prior):
     - Relative part (seed 000 Eq. 12): ``num_freqs`` fixed geometric frequencies in buffer ``freqs``
       (a parameter with ``learnable_freqs=True``, the paper's open question 2).
     - ``sink``: the key-only ``u_h(j)`` (Eq. 19): ``"shared"`` (:class:`SharedSink`, the authors'
-      package's), ``"per_head"`` (:class:`GOATSink`: a per-head MLP and linear decay) or ``"none"``.
+      package's), ``"per_head"`` (:class:`PerHeadSink`: a per-head MLP and linear decay) or ``"none"``.
     - ``slope``: the recency term ``-m_h |i - j|`` with ``m_h >= 0`` (App. F.3, Theorem 3 and Prop.
       F.6: the least-committal recency prior is exponential in the lag, so ``m`` cannot turn into an
       anti-recency): ``"learned"`` (``m_h = softplus(slope_raw_h)``, parameter ``slope_raw``),
