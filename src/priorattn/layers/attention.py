@@ -234,9 +234,7 @@ def _check_content_lanes(prior: Prior, head_dim: int, content_dim: int) -> None:
         )
 
 
-def layer_rope(
-    encoding: RoPE | Callable[[int], RoPE] | str | None, content_dim: int
-) -> RoPE | None:
+def layer_rope(encoding: RoPE | Callable[[int], RoPE] | str | None, content_dim: int) -> RoPE | None:
     """The RoPE a layer's ``encoding`` argument names for its ``content_dim`` rotated lanes (see
     :class:`PriorMultiheadAttention`), or ``None``; a one-line error for anything else."""
     if encoding is None:
