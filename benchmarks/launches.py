@@ -1,7 +1,7 @@
 """Operations per attention call on the GPU routes, counted on the CPU: the fixed per-call work that
 dominates the prior routes on a GPU at 1k-4k tokens.
 
-    PYTHONPATH=src python benchmarks/launches.py [--json FILE] [--host]
+    PYTHONPATH=src python benchmarks/launches.py [--json FILE] [--before FILE] [--host]
 
 Every aten operation that does work (not a view, not an allocation) is one kernel launch on a GPU,
 whatever the tensors' sizes, so their number per call is what the GPU's fixed cost grows with. For
@@ -17,14 +17,16 @@ operations ``priorattn.attention`` issues on
   the block mask is the route's per-shape cache, warm.
 
 Both run as on CUDA (``as_on_cuda``): no value is read back (``values_are_free`` is false), so the
-routes take the paths they take on a GPU. Columns: ``prep`` operations outside the kernels that
-launch a kernel on a GPU, ``kernels`` the route's own kernels (Triton's, FlexAttention's),
-``views`` views and allocations (no launch), ``reads`` host reads of a value (a GPU sync), each
-for the forward pass and for forward + backward. ``--host`` adds the CPU time of one call's
-preparation alone (forward + backward, the kernels skipped), one thread, ``torch.utils.benchmark``
-median: a proxy for the host time a GPU waits on. Sizes: B 1,
-H 8, L 40, head width 64 (a folding prior's lanes come out of it, as in the device check),
-bfloat16, causal; counts do not depend on L. Results: docs/benchmarks.md.
+routes take the paths they take on a GPU. Each cell, for the forward pass and for forward +
+backward: ``prep``, the operations outside the route's kernels that launch a kernel on a GPU;
+``kernels``, the route's own (Triton's, FlexAttention's); ``views``, views, allocations and
+operations that make only empty tensors (no launch); ``reads``, host reads of a value (a GPU sync);
+and ``prior``, how many of ``prep`` ran in the prior's own methods (``priors/``; forward only:
+autograd's engine runs the backward without the prior's frames). ``--host`` adds the CPU time of
+one forward + backward with the kernels skipped (the preparation alone), one thread,
+``torch.utils.benchmark`` median: a proxy for the host time a GPU waits on, meaningful on a quiet
+machine only. Sizes: B 1, H 8, L 40, head width 64 (a folding prior's lanes come out of it, as in
+the device check), bfloat16, causal; counts do not depend on them. Results: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -81,10 +83,11 @@ class Count(TorchDispatchMode):
         self.inside = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
         if not self.inside:
             kind = (
                 "views"
-                if func.is_view or func in ALLOCATIONS or func in NO_TENSOR
+                if func.is_view or func in ALLOCATIONS or func in NO_TENSOR or is_empty(result)
                 else "reads"
                 if func in READS
                 else "prep"
@@ -93,7 +96,7 @@ class Count(TorchDispatchMode):
             if kind == "prep":
                 self.ops[str(func.overloadpacket.__name__)] += 1
                 self.counts["prior"] += in_a_prior(sys._getframe())
-        return func(*args, **(kwargs or {}))
+        return result
 
     @contextlib.contextmanager
     def kernel(self):
@@ -103,6 +106,15 @@ class Count(TorchDispatchMode):
             yield
         finally:
             self.inside = inside
+
+
+def is_empty(result) -> bool:
+    """Whether an operation made only tensors without elements (a fold without lanes): on a GPU it
+    launches nothing."""
+    tensors = [
+        t for t in (result if isinstance(result, tuple | list) else (result,)) if isinstance(t, torch.Tensor)
+    ]
+    return bool(tensors) and all(t.numel() == 0 for t in tensors)
 
 
 def in_a_prior(frame) -> bool:
@@ -236,28 +248,49 @@ def measure(host: bool, L: int = 40, D: int = 64, H: int = 8) -> list[dict]:
 
 
 def cell(counts: dict | None) -> str:
+    """``prep / kernels / views`` (and ``+Nr``, N host reads)."""
     if counts is None:
         return ""
     reads = f" +{counts['reads']}r" if counts.get("reads") else ""
     return f"{counts.get('prep', 0)} / {counts.get('kernels', 0)} / {counts.get('views', 0)}{reads}"
 
 
-def markdown(rows: list[dict], host: bool) -> str:
+def launches(counts: dict) -> int:
+    return counts.get("prep", 0) + counts.get("kernels", 0)
+
+
+def compared(counts: dict | None, before: dict | None) -> str:
+    """Launches (``prep + kernels``) before and after: ``before -> after``."""
+    if counts is None:
+        return ""
+    return f"{'' if before is None else launches(before)} → {launches(counts)}"
+
+
+def markdown(rows: list[dict], host: bool, before: list[dict] | None = None) -> str:
+    """The table; with ``before`` (rows of an earlier run), launches before and after per cell."""
+    earlier = {row["prior"]: row for row in before or ()}
     header = ["prior", "auto on CUDA (4k / 16k)", "triton fwd", "of which the prior's", "triton fwd+bwd"]
-    header += ["flex fwd"]
-    header += ["triton prep host us (fwd+bwd)"] if host else []
+    header += ["flex fwd"] + (["triton prep host us (fwd+bwd)"] if host else [])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [row["prior"], f"{row['auto_4k']} / {row['auto_16k']}"]
+        for key in ("triton fwd", "triton fwd+bwd", "flex fwd"):
+            old = earlier.get(row["prior"], {}).get(key)
+            cells.append(cell(row.get(key)) if before is None else compared(row.get(key), old))
         forward = row.get("triton fwd")
-        cells += [cell(forward), "" if forward is None else str(forward.get("prior", 0))]
-        cells += [cell(row.get(key)) for key in ("triton fwd+bwd", "flex fwd")]
+        cells.insert(3, "" if forward is None else str(forward.get("prior", 0)))
         cells += [str(row.get("triton host us", ""))] if host else []
         lines.append("| " + " | ".join(cells) + " |")
+    what = (
+        "launches (operations outside the route's kernels that launch a kernel on a GPU, plus the "
+        "route's kernels), before → after"
+        if before is not None
+        else "operations that launch a kernel on a GPU outside the route's kernels / the route's "
+        "kernels / views, allocations and empty results (no launch); `+Nr`: host reads of a value"
+    )
     note = (
-        "\nEach cell: operations that launch a kernel on a GPU outside the route's kernels / the "
-        "route's kernels / views and allocations (no launch); `+Nr`: host reads of a value. "
-        "Of which the prior's: the forward's operations in the prior's own methods (`priors/`)."
+        f"\nEach cell: {what}. Of which the prior's: the forward's operations in the prior's own "
+        "methods (`priors/`)."
     )
     return "\n".join(lines) + "\n" + note
 
@@ -265,11 +298,16 @@ def markdown(rows: list[dict], host: bool) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="also write the counts, with each cell's operations by name")
+    parser.add_argument("--before", help="a --json FILE of an earlier run: launches before and after")
     parser.add_argument("--host", action="store_true", help="also time the triton route's preparation")
     args = parser.parse_args()
     torch.set_num_threads(1)
     rows = measure(args.host)
-    print(markdown(rows, args.host))
+    before = None
+    if args.before:
+        with open(args.before) as f:
+            before = json.load(f)
+    print(markdown(rows, args.host, before))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
