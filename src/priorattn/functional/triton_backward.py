@@ -1,7 +1,7 @@
-"""Triton kernels of the ``triton`` route, the backward pass: a key-block kernel (``dk``, ``dv`` and
-the prior's gradients that reduce along the queries) and a query-block kernel (``dq`` and the row
-factor's gradient), each recomputing the weights of its tiles from the forward's log-sum-exp
-(FlashAttention-2). The tile and its terms are ``triton_forward.py``'s.
+"""Triton kernels of the ``triton`` route, the backward pass: the rows' ``rowsum(dO o)``, then a
+key-block kernel (``dk``, ``dv`` and the prior's gradients that reduce along the queries) and a
+query-block kernel (``dq`` and the row factor's gradient), each recomputing the weights of its tiles
+from the forward's log-sum-exp (FlashAttention-2). The tile and its terms are ``triton_forward.py``'s.
 """
 
 from __future__ import annotations
@@ -22,6 +22,20 @@ from .triton_forward import (
 #: A tile whose scaled lags fall in at most this many cells of the grid adds its grid gradient as
 #: one sum per grid point (far from the diagonal, nearly every tile); other tiles add per cell.
 GRID_WINDOW = tl.constexpr(4)
+
+
+@triton.jit
+def delta_rows_kernel(
+    O, DO, DELTA_ROWS, N, DV, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, ACC: tl.constexpr
+):
+    """``rowsum(dO o)`` in ``ACC`` of BLOCK_M of the ``N`` rows of the output ``O`` and its gradient
+    ``DO`` (``(N, DV)``, contiguous): the ``delta`` of ``dS = p (dP - delta)``, in one launch."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    inside = (offs_m[:, None] < N) & (offs_dv[None, :] < DV)
+    o = tl.load(O + offs_m[:, None] * DV + offs_dv[None, :], mask=inside, other=0.0).to(ACC)
+    do = tl.load(DO + offs_m[:, None] * DV + offs_dv[None, :], mask=inside, other=0.0).to(ACC)
+    tl.store(DELTA_ROWS + offs_m, tl.sum(o * do, 1), mask=offs_m < N)
 
 
 @triton.jit
@@ -69,6 +83,7 @@ def key_block_kernel(
     Lk,
     DELTA,
     WINDOW,
+    SCALE,
     D,
     DV,
     P,
@@ -160,7 +175,7 @@ def key_block_kernel(
                 mask=rows & (offs_d[:, None] < D),
                 other=0.0,
             )
-            sT = tl.dot(k, qT, out_dtype=ACC, input_precision=PRECISION)
+            sT = tl.dot(k, qT, out_dtype=ACC, input_precision=PRECISION) * SCALE
             if HAS_LANES:
                 qlT = tl.load(
                     QL + (bh * Lq + offs_m[None, :]) * P + offs_p[:, None],
@@ -270,7 +285,7 @@ def key_block_kernel(
             tl.store(DSLOPE + bh * NUM_KEY_BLOCKS + tl.program_id(0), tl.sum(dslope, 0))
     tl.store(
         DK + (bhk * Lk + offs_n[:, None]) * D + offs_d[None, :],
-        dk.to(DK.dtype.element_ty),
+        (dk * SCALE).to(DK.dtype.element_ty),
         mask=keys & (offs_d[None, :] < D),
     )
     tl.store(
@@ -332,7 +347,7 @@ def query_block_kernel(
     DQ,
     DQL,
     DF,
-    ROW_SUMS,
+    DU,
     DROW_SCALE,
     U,
     U_LO,
@@ -360,6 +375,7 @@ def query_block_kernel(
     Lk,
     DELTA,
     WINDOW,
+    SCALE,
     D,
     DV,
     P,
@@ -388,8 +404,13 @@ def query_block_kernel(
     PRECISION: tl.constexpr,
 ):
     """One block of BLOCK_M query rows of one (batch row, head): ``dq`` (and ``dql``), the row
-    factor's gradient (the row sums of ``dS`` times the prior's terms) and the row sums of ``dS``
-    (the key bias's centre ``u_t(i)``'s gradient)."""
+    factor's gradient (the row sums of ``dS`` times the prior's terms), and the key bias's centre
+    ``u_t(i)``'s gradient, minus row i's sum of ``f dS``, added into ``DU`` at key ``t(i)``, where
+    the key-block kernel, launched first, stored the column sums.
+
+    That centre's gradient is 0 in exact arithmetic, but a recomputed softmax's rows of dS do not
+    sum to exactly 0, and FoX's gate sums its key bias's gradient over all later keys, where these
+    leftovers pile up: differentiating what the kernels computed cancels them."""
     m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M  # the longest rows first
     bh = tl.program_id(1)
     b = bh // H
@@ -433,7 +454,7 @@ def query_block_kernel(
             mask=keys & (offs_d[None, :] < D),
             other=0.0,
         )
-        s = tl.dot(q, tl.trans(k), out_dtype=ACC, input_precision=PRECISION)
+        s = tl.dot(q, tl.trans(k), out_dtype=ACC, input_precision=PRECISION) * SCALE
         if HAS_LANES:
             kl = tl.load(
                 KL + (bhk * Lk + offs_n[:, None]) * P + offs_p[None, :],
@@ -518,7 +539,7 @@ def query_block_kernel(
                 d_row_scale += tl.sum(ds * slope * a, 1)
     tl.store(
         DQ + (bh * Lq + offs_m[:, None]) * D + offs_d[None, :],
-        dq.to(DQ.dtype.element_ty),
+        (dq * SCALE).to(DQ.dtype.element_ty),
         mask=rows & (offs_d[None, :] < D),
     )
     if HAS_LANES:
@@ -530,6 +551,9 @@ def query_block_kernel(
     if ROW_FACTOR_GRAD:
         tl.store(DF + bh * Lq + offs_m, df, mask=offs_m < Lq)
     if KEY_BIAS_GRAD:
-        tl.store(ROW_SUMS + bh * Lq + offs_m, row_sums, mask=offs_m < Lq)
+        if HAS_ROW_FACTOR:
+            row_sums = row_sums * f
+        own = tl.minimum(tl.maximum(offs_m + Lk - Lq, 0), Lk - 1)  # rows share a key only past Lk
+        tl.atomic_add(DU + bh * Lk + own, -row_sums, mask=offs_m < Lq)
     if ROW_SCALE_GRAD:
         tl.store(DROW_SCALE + bh * Lq + offs_m, d_row_scale, mask=offs_m < Lq)

@@ -3,17 +3,18 @@ flash attention with a prior's terms inside the kernel.
 
 One tile of logits, queries ``i`` (positions ``q0 + i``) against keys ``j`` (``k0 + j``), is
 
-    s_ij = <q_i, k_j> + <ql_i, kl_j> + f_i (u_j - u_t(i) - m_h lag_ij + T_h[lag_ij]),
+    s_ij = c <q_i, k_j> + <ql_i, kl_j> + f_i (u_j - u_t(i) - m_h lag_ij + T_h[lag_ij]),
     lag_ij = q0 - k0 + i - j,
 
-with ``q`` already scaled, ``ql``/``kl`` a fold's lanes (seed 000 Eq. 20-24), ``u`` a key bias
-centred on each row's own key ``t(i)`` (a row constant: the softmax is unchanged, the near keys keep
-their precision however far ``u`` drifts), ``m_h`` a slope and ``T_h`` a lag table, ``f_i`` a row
-factor (SSMax, a query gate). The forward pass is FlashAttention-2's online softmax; the backward
-recomputes the weights ``p`` tile by tile and forms ``dS = p (dP - rowsum(dO o))``. The prior's
-gradients are reductions of ``f dS`` kept in registers: column sums for ``u`` (in the key-block
-kernel, which owns a block of keys), a sum times the lag for ``m``, diagonal sums for ``T`` (one
-atomic add per lag of a tile, not per pair) and row sums times the bias for ``f``.
+with ``c`` the content scale (``SCALE``: 1 where the route scaled ``q`` itself), ``ql``/``kl`` a
+fold's lanes (seed 000 Eq. 20-24), ``u`` a key bias centred on each row's own key ``t(i)`` (a row
+constant: the softmax is unchanged, the near keys keep their precision however far ``u`` drifts),
+``m_h`` a slope and ``T_h`` a lag table, ``f_i`` a row factor (SSMax, a query gate). The forward
+pass is FlashAttention-2's online softmax; the backward recomputes the weights ``p`` tile by tile
+and forms ``dS = p (dP - rowsum(dO o))``. The prior's gradients are reductions of ``f dS`` kept in
+registers: column sums for ``u`` (in the key-block kernel, which owns a block of keys), a sum times
+the lag for ``m``, diagonal sums for ``T`` (one atomic add per lag of a tile, not per pair) and row
+sums times the bias for ``f``.
 
 Lag index ``i - j + Lk - 1`` of the table holds the lag of query ``i`` and key ``j``. The backward
 kernels are in ``triton_backward.py``.
@@ -244,6 +245,7 @@ def forward_kernel(
     Lk,
     DELTA,
     WINDOW,
+    SCALE,
     D,
     DV,
     P,
@@ -304,7 +306,7 @@ def forward_kernel(
             mask=keys & (offs_d[:, None] < D),
             other=0.0,
         )
-        s = tl.dot(q, kT, out_dtype=ACC, input_precision=PRECISION)
+        s = tl.dot(q, kT, out_dtype=ACC, input_precision=PRECISION) * SCALE
         if HAS_LANES:
             klT = tl.load(
                 KL + (bhk * Lk + offs_n[None, :]) * P + offs_p[:, None],
