@@ -77,6 +77,12 @@ def key_block_kernel(
     skd_b,
     PAD,
     sp_b,
+    sql_b,
+    sql_h,
+    sql_m,
+    skl_b,
+    skl_h,
+    skl_n,
     H,
     GROUP,
     Lq,
@@ -141,10 +147,10 @@ def key_block_kernel(
     if HAS_LANES:
         offs_p = tl.arange(0, BLOCK_P)
         kl = tl.load(
-            KL + (bhk * Lk + offs_n[:, None]) * P + offs_p[None, :],
+            KL + b * skl_b + hk * skl_h + offs_n[:, None] * skl_n + offs_p[None, :],
             mask=keys & (offs_p[None, :] < P),
             other=0.0,
-        )
+        ).to(Q.dtype.element_ty)
         dkl = tl.zeros([BLOCK_N, BLOCK_P], ACC)
     if TABLE_GRAD or LAG_SCALE_GRAD:
         # diagonal t of a tile holds lag offset i - j = t - (BLOCK_N - 1); gathered along the queries
@@ -175,13 +181,14 @@ def key_block_kernel(
                 mask=rows & (offs_d[:, None] < D),
                 other=0.0,
             )
-            sT = tl.dot(k, qT, out_dtype=ACC, input_precision=PRECISION) * SCALE
+            qT = (qT * SCALE).to(Q.dtype.element_ty)  # the content queries, as the forward's
+            sT = tl.dot(k, qT, out_dtype=ACC, input_precision=PRECISION)
             if HAS_LANES:
                 qlT = tl.load(
-                    QL + (bh * Lq + offs_m[None, :]) * P + offs_p[:, None],
+                    QL + b * sql_b + h * sql_h + offs_m[None, :] * sql_m + offs_p[:, None],
                     mask=rows & (offs_p[:, None] < P),
                     other=0.0,
-                )
+                ).to(Q.dtype.element_ty)
                 sT += tl.dot(kl, qlT, out_dtype=ACC, input_precision=PRECISION)
             bias = prior_bias(
                 offs_m[None, :],
@@ -285,7 +292,7 @@ def key_block_kernel(
             tl.store(DSLOPE + bh * NUM_KEY_BLOCKS + tl.program_id(0), tl.sum(dslope, 0))
     tl.store(
         DK + (bhk * Lk + offs_n[:, None]) * D + offs_d[None, :],
-        (dk * SCALE).to(DK.dtype.element_ty),
+        dk.to(DK.dtype.element_ty),
         mask=keys & (offs_d[None, :] < D),
     )
     tl.store(
@@ -369,6 +376,12 @@ def query_block_kernel(
     skd_b,
     PAD,
     sp_b,
+    sql_b,
+    sql_h,
+    sql_m,
+    skl_b,
+    skl_h,
+    skl_n,
     H,
     GROUP,
     Lq,
@@ -423,6 +436,7 @@ def query_block_kernel(
     q = tl.load(
         Q + (bh * Lq + offs_m[:, None]) * D + offs_d[None, :], mask=rows & (offs_d[None, :] < D), other=0.0
     )
+    q = (q * SCALE).to(Q.dtype.element_ty)  # the content queries, as the forward's
     do = tl.load(
         DO + (bh * Lq + offs_m[:, None]) * DV + offs_dv[None, :],
         mask=rows & (offs_dv[None, :] < DV),
@@ -434,10 +448,10 @@ def query_block_kernel(
     if HAS_LANES:
         offs_p = tl.arange(0, BLOCK_P)
         ql = tl.load(
-            QL + (bh * Lq + offs_m[:, None]) * P + offs_p[None, :],
+            QL + b * sql_b + h * sql_h + offs_m[:, None] * sql_m + offs_p[None, :],
             mask=rows & (offs_p[None, :] < P),
             other=0.0,
-        )
+        ).to(Q.dtype.element_ty)
         dql = tl.zeros([BLOCK_M, BLOCK_P], ACC)
     if HAS_ROW_FACTOR:
         f = tl.load(F + b * sf_b + h * sf_h + offs_m, mask=offs_m < Lq, other=0.0).to(ACC)
@@ -454,13 +468,13 @@ def query_block_kernel(
             mask=keys & (offs_d[None, :] < D),
             other=0.0,
         )
-        s = tl.dot(q, tl.trans(k), out_dtype=ACC, input_precision=PRECISION) * SCALE
+        s = tl.dot(q, tl.trans(k), out_dtype=ACC, input_precision=PRECISION)
         if HAS_LANES:
             kl = tl.load(
-                KL + (bhk * Lk + offs_n[:, None]) * P + offs_p[None, :],
+                KL + b * skl_b + (h // GROUP) * skl_h + offs_n[:, None] * skl_n + offs_p[None, :],
                 mask=keys & (offs_p[None, :] < P),
                 other=0.0,
-            )
+            ).to(Q.dtype.element_ty)
             s += tl.dot(ql, tl.trans(kl), out_dtype=ACC, input_precision=PRECISION)
         bias = prior_bias(
             offs_m[:, None],
@@ -539,7 +553,7 @@ def query_block_kernel(
                 d_row_scale += tl.sum(ds * slope * a, 1)
     tl.store(
         DQ + (bh * Lq + offs_m[:, None]) * D + offs_d[None, :],
-        (dq * SCALE).to(DQ.dtype.element_ty),
+        (dq * SCALE).to(DQ.dtype.element_ty),  # the content queries' gradient times d(c q)/dq
         mask=rows & (offs_d[None, :] < D),
     )
     if HAS_LANES:

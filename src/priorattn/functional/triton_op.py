@@ -88,15 +88,15 @@ def _fused_forward(
     blocks: list[int],
 ) -> tuple[Tensor, Tensor]:
     """``(out, lse)`` of the fused kernels (the body of :data:`fused_attention`). Shapes whole (no
-    broadcast, but a lag table shared by the heads): q ``(B, H, Lq, D)``, whose scores the kernels
-    multiply by ``scale``, k ``(B, Hkv, Lk, D)``, v ``(B, Hkv, Lk, Dv)``, lanes ``(B, H or Hkv, L,
-    P)``, key bias and its rounding ``key_lo`` ``(B, H, Lk)``, slope ``(H,)`` and table ``(H or 1,
-    Lq + Lk - 1)`` in any floating dtype (the kernels read them in theirs), row factor ``(B, H,
-    Lq)``, a scaled lag's ``lag_scale`` ``(Lq + Lk - 1,)``, ``row_scale`` ``(Lq,)`` and ``grid``
-    ``(H, cells + 1)``
-    (:class:`~priorattn.priors.ScaledLag`), document ids ``(B, L)`` int32, padding ``(B, Lk)`` int8
-    (1 marks a padding key); ``delta = q_pos[0] - k_pos[0]``; ``blocks`` the fields of
-    :class:`Blocks`."""
+    broadcast, but the lanes and a lag table shared by the heads): q ``(B, H, Lq, D)``, whose scores
+    the kernels multiply by ``scale``, k ``(B, Hkv, Lk, D)``, v ``(B, Hkv, Lk, Dv)``, lanes ``(B, H,
+    Lq, P)`` and ``(B, Hkv, Lk, P)`` (any strides but the last, 1: a broadcast's are 0), key bias
+    and its rounding ``key_lo`` ``(B, H, Lk)``, slope ``(H,)``, table ``(H or 1, Lq + Lk - 1)``
+    (lanes, slope and table in any floating dtype: the kernels read them in theirs), row factor
+    ``(B, H, Lq)``, a scaled lag's ``lag_scale`` ``(Lq + Lk - 1,)``, ``row_scale`` ``(Lq,)`` and
+    ``grid`` ``(H, cells + 1)`` (:class:`~priorattn.priors.ScaledLag`), document ids ``(B, L)``
+    int32, padding ``(B, Lk)`` int8 (1 marks a padding key); ``delta = q_pos[0] - k_pos[0]``;
+    ``blocks`` the fields of :class:`Blocks`."""
     plan = Plan(causal, delta, window, scale, q_doc, k_doc, padding, key_lo, Blocks(*blocks))
     return _forward(*_inputs(locals()), plan)
 
@@ -237,6 +237,7 @@ def _forward(
         lse,
         *args["prior"],
         *args["masks"],
+        *args["lanes"],
         H,
         H // Hkv,
         Lq,
@@ -299,7 +300,8 @@ def _backward(
         num_warps=blocks.num_warps,
     )
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    dkl = None if k_lanes is None else torch.empty_like(k_lanes)
+    # lanes may be broadcast views: their gradients are whole (autograd sums them back)
+    dkl = None if k_lanes is None else k_lanes.new_empty(k_lanes.shape)
     # the prior's gradients: buffers only for those asked for (``needs[i]``: asked and present)
     du = torch.empty(B, H, Lk, dtype=acc, device=q.device) if needs[5] else None
     key_blocks = triton_cdiv(Lk, blocks.key_rows)
@@ -330,6 +332,7 @@ def _backward(
         _or(dlag, lse),
         *args["prior"],
         *args["masks"],
+        *args["lanes"],
         H,
         H // Hkv,
         Lq,
@@ -353,7 +356,7 @@ def _backward(
         num_stages=blocks.num_stages,
     )
     dq = torch.empty_like(q)
-    dql = None if q_lanes is None else torch.empty_like(q_lanes)
+    dql = None if q_lanes is None else q_lanes.new_empty(q_lanes.shape)
     df = torch.empty(B, H, Lq, dtype=acc, device=q.device) if needs[8] else None
     drow = torch.empty(B, H, Lq, dtype=acc, device=q.device) if needs[10] else None
     query_block_kernel[(triton_cdiv(Lq, blocks.query_rows), B * H)](
@@ -372,6 +375,7 @@ def _backward(
         _or(drow, lse),
         *args["prior"],
         *args["masks"],
+        *args["lanes"],
         H,
         H // Hkv,
         Lq,
@@ -427,7 +431,8 @@ def triton_cdiv(n: int, block: int) -> int:
 def _common(
     q, k, v, q_lanes, k_lanes, key_bias, slope, table, row_factor, lag_scale, row_scale, grid, plan: Plan
 ) -> dict:
-    """The kernels' shared arguments: the prior's tensors with their strides, the masks, the flags."""
+    """The kernels' shared arguments: the prior's tensors with their strides, the masks, the lanes'
+    strides (batch, head, row), the flags."""
     import triton.language as tl
 
     stand_in = q
@@ -453,6 +458,7 @@ def _common(
         _or(plan.padding, stand_in),
         0 if plan.padding is None else plan.padding.stride(0),
     )
+    lanes = (0,) * 6 if q_lanes is None else (*q_lanes.stride()[:3], *k_lanes.stride()[:3])
     P = 0 if q_lanes is None else q_lanes.shape[-1]
     flags = dict(
         BLOCK_D=_width(q.shape[-1]),
@@ -475,4 +481,4 @@ def _common(
         ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
         PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
     )
-    return dict(prior=prior, masks=masks, P=P, flags=flags)
+    return dict(prior=prior, masks=masks, lanes=lanes, P=P, flags=flags)

@@ -123,7 +123,7 @@ def triton_attention(
         key_bias = key_bias.to(torch.promote_types(key_bias.dtype, dtype))
     if prior is not None and prior.can_fold(masking.causal):
         lanes = with_key_bias(prior.fold(masking.q_pos, masking.k_pos), key_bias)
-        if lanes.q.shape[-1]:
+        if lanes.q.shape[-1]:  # the key lanes, shared by every head and row, stay a broadcast view
             q_lanes = query_lanes(content, lanes.q, row_factor)
             k_lanes = lanes.k.to(k.dtype).expand(B, k.shape[1], Lk, lanes.q.shape[-1])
         key_bias, slope = lanes.key_bias, lanes.slope
@@ -143,8 +143,8 @@ def triton_attention(
         content.contiguous(),
         k.contiguous(),
         v.contiguous(),
-        _contiguous(q_lanes),
-        _contiguous(k_lanes),
+        _rows(q_lanes),
+        _rows(k_lanes),
         _contiguous(key_bias),
         _contiguous(slope),
         _contiguous(table),
@@ -167,3 +167,8 @@ def triton_attention(
 
 def _contiguous(t: Tensor | None, dtype: torch.dtype | None = None) -> Tensor | None:
     return None if t is None else t.to(dtype or t.dtype).contiguous()
+
+
+def _rows(t: Tensor | None) -> Tensor | None:
+    """``t`` whose last dimension is contiguous, the others as they are (a broadcast's stride 0)."""
+    return t if t is None or t.stride(-1) == 1 else t.contiguous()
