@@ -15,6 +15,7 @@ from priorattn.encodings import YaRNRoPE
 from priorattn.eval.synthetic import extended_rope, score_synthetic
 from priorattn.models import GPT, GPTConfig
 from priorattn.studies.retrieval.report import (
+    fmt,
     seed_claims,
     ssmax_effects,
     summarize,
@@ -466,3 +467,9 @@ def test_the_retrieval_command_runs_the_study(tmp_path, monkeypatch, capsys):
     config, options = given[0]
     assert config.mechanisms == ["bam+ssmax", "rope_pi"] and config.seeds == [0, 3]
     assert not config.token_shift and config.factors[-1] == 512 and options["workers"] == 1
+
+
+def test_learned_values_read_as_numbers_per_head_not_as_an_array():
+    assert fmt([0.5, -1.23456, 2e-6]) == "0.5, -1.23, 2e-06"
+    assert fmt(0.25) == "0.25"
+    assert fmt([[0.0, 1.5], [2.25, -3.0]]) == "h0: 0, 1.5; h1: 2.25, -3"  # GOAT's sink: a row per head

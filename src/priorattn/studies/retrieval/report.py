@@ -432,4 +432,10 @@ def learned_table(data: dict) -> str:
 
 
 def fmt(values) -> str:
-    return np.array2string(np.asarray(values, dtype=float), precision=3, separator=", ", suppress_small=True)
+    """Learned values as a reader wants them, three significant digits each: ``"0.5, -1.2"`` for one
+    per head, ``"h0: 0.5, 0.1; h1: ..."`` for a row per head (GOAT's sink at several positions)."""
+    array = np.asarray(values, dtype=float)
+    if array.ndim < 2:
+        return ", ".join(f"{x:.3g}" for x in np.atleast_1d(array))
+    rows = array.reshape(array.shape[0], -1)
+    return "; ".join(f"h{head}: " + ", ".join(f"{x:.3g}" for x in row) for head, row in enumerate(rows))
