@@ -167,8 +167,9 @@ def passkey_job(
 ) -> dict:
     """Passkey retrieval (seed 003 Sec. 3.1) of the run in ``run_dir`` at ``depths`` uniformly
     spaced depths; writes ``results.json``, ``heatmap.png`` and, over more than one length (a line
-    through one point says nothing), ``accuracy.png`` into ``out``. ``data`` and ``text_encoding`` are not read by the passkey (its haystack is the repeated
-    filler) but are accepted for a uniform command line."""
+    through one point says nothing), ``accuracy.png`` into ``out``. ``data`` and ``text_encoding``
+    are not read by the passkey (its haystack is the repeated filler) but are accepted for a uniform
+    command line."""
     run_dir, out = Path(run_dir), prepare_out(out)
     run = load_scored(run_dir)
     T = run.train_len

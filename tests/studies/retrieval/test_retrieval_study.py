@@ -473,3 +473,12 @@ def test_learned_values_read_as_numbers_per_head_not_as_an_array():
     assert fmt([0.5, -1.23456, 2e-6]) == "0.5, -1.23, 2e-06"
     assert fmt(0.25) == "0.25"
     assert fmt([[0.0, 1.5], [2.25, -3.0]]) == "h0: 0, 1.5; h1: 2.25, -3"  # GOAT's sink: a row per head
+
+
+def test_layers_with_equal_priors_are_drawn_once():
+    from priorattn.studies.retrieval.figures import layer_groups
+
+    fixed = [[[0.0, -1.0], [0.0, -2.0]]] * 3  # ALiBi: every layer the same
+    assert layer_groups(fixed) == [("layers 0, 1, 2", fixed[0])]
+    learned = [[[0.0, -1.0]], None, [[0.0, -3.0]], [[0.0, -1.0]]]
+    assert layer_groups(learned) == [("layers 0, 3", [[0.0, -1.0]]), ("layer 2", [[0.0, -3.0]])]
