@@ -97,6 +97,13 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("prior_name", factories.PRIOR_NAMES)
 
 
+def pytest_collection_finish(session):
+    """Import every prior's test module (``factories.prior_cases``) before any test runs: imported
+    first inside a running hypothesis test (a ``make_prior`` call in a ``@given`` test), its own
+    ``@given`` tests would be defined inside that one, which hypothesis refuses as nested."""
+    factories.prior_cases()
+
+
 WORDS = "now is the winter of our discontent made glorious summer by this sun of york"
 
 
