@@ -19,7 +19,8 @@ import torch
 # Triton reads this when it is imported, so it is set before anything imports it.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-from factories import PRIOR_NAMES, word_salad
+import factories
+from factories import word_salad
 from hypothesis import HealthCheck, settings
 
 from priorattn.models import GPTConfig
@@ -85,9 +86,15 @@ def torch_seed(request):
     torch.manual_seed(run_seed(request.config) or 0)
 
 
-@pytest.fixture(params=PRIOR_NAMES)
-def prior_name(request):
-    return request.param
+def pytest_generate_tests(metafunc):
+    """A test taking ``prior_name`` runs on every prior case (``factories.PRIOR_NAMES``, read at
+    collection rather than when this file loads), unless it parametrizes ``prior_name`` itself."""
+    own = [
+        [name.strip() for name in mark.args[0].split(",")] if isinstance(mark.args[0], str) else mark.args[0]
+        for mark in metafunc.definition.iter_markers("parametrize")
+    ]
+    if "prior_name" in metafunc.fixturenames and not any("prior_name" in names for names in own):
+        metafunc.parametrize("prior_name", factories.PRIOR_NAMES)
 
 
 WORDS = "now is the winter of our discontent made glorious summer by this sun of york"

@@ -1,45 +1,25 @@
-"""Shared test helpers: priors with random (non-trivial) parameters, and the CLI's exit code."""
+"""Shared test helpers: the priors every shared test runs on (each from its own test module), with
+random (non-trivial) parameters and their formulas by hand; the CLI's exit code; corpora."""
 
 from __future__ import annotations
 
+import functools
+import importlib
 import importlib.util
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
+import priorattn.priors
 from priorattn import cli
 from priorattn.functional.sdpa import decode
-from priorattn.priors import FIRE, GGD, GOAT, KERPLE, ALiBi, Prior, Sandwich, Sum, T5Bias, Uniform
+from priorattn.priors import Prior, Sum
 
-#: GOAT's variants among the priors, by name: the options of each.
-GOATS = {
-    "goat": dict(),  # the shared sink and a learned slope
-    "goat_noslope": dict(slope="none", sink="per_head"),
-    "goat_fixed": dict(slope="fixed", sink="none"),
-    "goat_gate": dict(gate=True),
-}
-PRIOR_NAMES = (
-    "uniform",
-    "alibi",
-    "ggd",
-    "ggd_negative",
-    *GOATS,
-    "sum",
-    "t5",
-    "t5_bidirectional",
-    "kerple_log",
-    "kerple_power",
-    "sandwich",
-    "sandwich_table",
-    "fire",
-)
-#: Priors whose log-prior depends on the query (GOAT's query-norm gate, issue 28): the seeds'
-#: identities for a prior of positions alone (seed 000 Prop. 3.1, Thm 5.1, 5.4) do not apply to them.
-GATED = ("goat_gate",)
 #: Devices the route comparisons run on: the CPU, and CUDA where there is one.
 DEVICES = [
     "cpu",
@@ -48,55 +28,109 @@ DEVICES = [
     ),
 ]
 
+# The priors the shared tests run on are found, not listed. Each prior file of the library,
+# ``src/priorattn/priors/NAME.py`` (``priorattn.priors.PRIOR_MODULES``), has its test module
+# ``tests/priors/test_NAME.py``, which gives the shared tests
+#
+# - ``RANDOM_PRIORS``: ``{case: make}``, each ``make(heads, rand)`` a prior of ``heads`` heads whose
+#   parameters come from ``rand`` (:class:`RandomDraws`), so that every term of its formula matters;
+#   one case per variant worth running every route on (``"goat_noslope"``, ``"t5_bidirectional"``);
+# - ``log_prior_by_hand(prior, h, i, j)``: ``K_h(i, j)`` of such a prior at positions ``i`` and ``j``
+#   from its paper's formula, written out independently of the library.
+#
+# A prior file without them fails every shared test at collection (:func:`prior_test_module`).
+# ``PRIOR_NAMES`` (every case, and ``"sum"``) and ``GATED`` are computed when first read: a prior's
+# test module may import shared test modules (``functional/test_routes.py``), which therefore read
+# them inside functions, not at import.
+
+
+class RandomDraws:
+    """Uniform draws in ``[-scale, scale]``, float64, from a generator seeded with ``seed``: what a
+    prior's test module fills its random instance with."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, *shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.rand(*shape, generator=self.generator, dtype=torch.float64) * 2 - 1) * scale
+
+    def fill(self, prior: Prior, scale: float = 1.0) -> Prior:
+        """``prior`` with every parameter drawn, in the order of ``prior.parameters()``."""
+        with torch.no_grad():
+            for p in prior.parameters():
+                p.copy_(self(*p.shape, scale=scale))
+        return prior
+
+
+def prior_test_module(name: str) -> ModuleType:
+    """``tests/priors/test_NAME.py``, the test module of the prior file ``priors/NAME.py``, checked to
+    give ``RANDOM_PRIORS`` and ``log_prior_by_hand``; a LookupError naming what is missing else."""
+    where = f"tests/priors/test_{name}.py"
+    try:
+        module = importlib.import_module(f"test_{name}")
+    except ModuleNotFoundError as error:
+        if error.name != f"test_{name}":
+            raise
+        module = None
+    missing = [hook for hook in ("RANDOM_PRIORS", "log_prior_by_hand") if not hasattr(module, hook)]
+    if module is not None and missing and getattr(module.__spec__, "_initializing", False):
+        raise LookupError(
+            f"{where} is still being imported while the shared tests read its priors: a shared test "
+            "module it imports reads PRIOR_NAMES or GATED at import (read them inside a function)"
+        )
+    if missing:
+        has = "does not exist" if module is None else f"has no {' and no '.join(missing)}"
+        raise LookupError(
+            f"the prior file src/priorattn/priors/{name}.py is untested: {where} {has}. Give it "
+            "RANDOM_PRIORS = {case: make(heads, rand)} and log_prior_by_hand(prior, h, i, j) "
+            "(tests/factories.py says what they are), and every shared test runs it"
+        )
+    return module
+
+
+@functools.cache
+def prior_cases() -> dict[str, Callable[[int, RandomDraws], Prior]]:
+    """Every case of every prior's ``RANDOM_PRIORS``, and ``"sum"`` (ALiBi + GOAT: a sum of priors
+    folds, builds and runs as one)."""
+    cases = {}
+    for name in priorattn.priors.PRIOR_MODULES:
+        for case, make in prior_test_module(name).RANDOM_PRIORS.items():
+            if case in cases or case == "sum":
+                raise LookupError(f"tests/priors/test_{name}.py names case {case!r}, which is taken")
+            cases[case] = make
+    cases["sum"] = lambda heads, rand: Sum(
+        make_prior("alibi", heads, rand.seed), make_prior("goat", heads, rand.seed + 1)
+    )
+    return cases
+
 
 def make_prior(name: str, heads: int, seed: int = 0, dtype=torch.float64) -> Prior:
-    """A prior whose parameters are random, so every term of its formula matters."""
-    gen = torch.Generator().manual_seed(seed)
+    """The prior of case ``name`` (:data:`PRIOR_NAMES`) with ``heads`` heads, its parameters drawn
+    from ``seed``, in ``dtype``."""
+    cases = prior_cases()
+    if name not in cases:
+        raise ValueError(f"no prior case {name!r}: the cases are {', '.join(cases)}")
+    return cases[name](heads, RandomDraws(seed)).to(dtype)
 
-    def rand(*shape, scale=1.0):
-        return (torch.rand(*shape, generator=gen, dtype=torch.float64) * 2 - 1) * scale
 
-    if name == "uniform":
-        prior = Uniform()
-    elif name == "alibi":
-        prior = ALiBi(heads)
-    elif name in ("ggd", "ggd_negative"):
-        prior = GGD(heads, init="alibi", trainable=("alpha", "beta", "mu"))
-        with torch.no_grad():
-            prior.theta_alpha.copy_(rand(heads) - 1.0)
-            beta = rand(heads, scale=0.5) + (-0.6 if name == "ggd_negative" else 1.0)
-            prior.theta_beta.copy_(beta)
-            prior.theta_mu.copy_(rand(heads, scale=0.5))
-    elif name in GOATS:
-        prior = GOAT(heads, 3, **GOATS[name], train_len=64, sink_freqs=2, sink_hidden=4)
-        with torch.no_grad():
-            for p in prior.parameters():
-                p.copy_(rand(*p.shape, scale=0.5))
-    elif name in ("t5", "t5_bidirectional"):
-        # few, narrow buckets, so that lags of a short test reach the log-spaced and the last ones
-        prior = T5Bias(heads, num_buckets=8, max_distance=12, bidirectional=name == "t5_bidirectional")
-        with torch.no_grad():
-            prior.bias.copy_(rand(*prior.bias.shape))
-    elif name in ("kerple_log", "kerple_power"):
-        prior = KERPLE(heads, variant=name.removeprefix("kerple_"))
-        with torch.no_grad():
-            for p in prior.parameters():
-                p.copy_(rand(*p.shape))
-    elif name == "sandwich":  # folded: 4 lanes
-        prior = Sandwich(heads, dim=4, fold=True)
-    elif name == "sandwich_table":
-        prior = Sandwich(heads, dim=16)
-    elif name == "fire":
-        prior = FIRE(heads, hidden=4, threshold=6.0)
-        with torch.no_grad():
-            for p in prior.parameters():
-                p.copy_(rand(p.numel()).view_as(p))  # c and L are scalars
-            prior.theta_L.fill_(6.0)  # L = 6: queries on both sides of the threshold
-    elif name == "sum":
-        return Sum(make_prior("alibi", heads, seed, dtype), make_prior("goat", heads, seed + 1, dtype))
-    else:
-        raise ValueError(name)
-    return prior.to(dtype)
+def log_prior_by_hand(prior: Prior, h: int, i: int, j: int) -> float:
+    """``K_h(i, j)`` of any prior of the cases, by its test module's formula (a sum's: its parts')."""
+    if isinstance(prior, Sum):
+        return sum(log_prior_by_hand(part, h, i, j) for part in prior.parts)
+    file = type(prior).__module__.removeprefix("priorattn.priors.")
+    return prior_test_module(file).log_prior_by_hand(prior, h, i, j)
+
+
+def __getattr__(name: str):
+    """``PRIOR_NAMES``: every case's name. ``GATED``: the cases whose log-prior depends on the query
+    (GOAT's query-norm gate), to which the seeds' identities for a prior of positions alone (seed 000
+    Prop. 3.1, Thm 5.1, 5.4) do not apply. Both computed when first read."""
+    if name == "PRIOR_NAMES":
+        return tuple(prior_cases())
+    if name == "GATED":
+        return tuple(case for case in prior_cases() if make_prior(case, 1).gated)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def exit_code(argv: list[str]) -> int:
@@ -167,3 +201,8 @@ def benchmark_script(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def grid(Lq: int, Lk: int, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Query positions ``offset .. offset + Lq - 1`` and key positions ``0 .. Lk - 1``."""
+    return torch.arange(offset, offset + Lq), torch.arange(Lk)

@@ -312,8 +312,8 @@ def test_encoding_takes_a_rope_module_or_builds_one():
     assert PriorMultiheadAttention(32, 4, encoding=rope).rope is rope
     assert PriorMultiheadAttention(32, 4, prior=GOAT(4, 2), encoding="rope").rope.head_dim == 2
     assert PriorMultiheadAttention(32, 4, prior=Uniform(), encoding="rope").rope.head_dim == 8
-    built = PriorMultiheadAttention(32, 4, prior=GOAT(4, 2), encoding="rope", rope_interpolation=4.0)
-    assert (built.rope.head_dim, built.rope.interpolation) == (2, 4.0)
+    built = PriorMultiheadAttention(32, 4, prior=GOAT(4, 2), encoding=partial(RoPE, interpolation=4.0))
+    assert (built.rope.head_dim, built.rope.interpolation) == (2, 4.0)  # interpolation is RoPE's own
     # a function of the content width builds a RoPE the layer sizes: GOAT's 8 lanes leave 8 of 16
     yarn = partial(YaRNRoPE, scale=4.0, original_len=64)
     built = PriorMultiheadAttention(32, 2, prior=GOAT(2, 3), encoding=yarn).rope
@@ -350,13 +350,7 @@ def test_ssmax_true_builds_one_scale_per_head():
         (dict(window=0), ValueError, "window must be a positive int"),
         (dict(backend="flash"), ValueError, "backend must be one of"),
         (dict(head_dim=0), ValueError, "head_dim must be a positive int"),
-        (dict(rope_interpolation=2.0), ValueError, "rope_interpolation=2.0 goes with encoding='rope'"),
-        (
-            dict(encoding=RoPE(8), rope_interpolation=2.0),
-            ValueError,
-            "a RoPE module carries its own interpolation",
-        ),
-        (dict(encoding="rope", rope_interpolation=0.0), ValueError, "interpolation must be > 0"),
+        (dict(encoding=partial(RoPE, interpolation=0.0)), ValueError, "interpolation must be > 0"),
     ],
 )
 def test_bad_construction_names_the_problem(kwargs, error, message):

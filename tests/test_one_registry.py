@@ -9,7 +9,7 @@ import priorattn  # noqa: F401  (every kind registered)
 from priorattn import registry
 from priorattn.encodings import ENCODINGS
 from priorattn.mechanisms import mechanism, mechanism_names
-from priorattn.models.positions import NAMED_MODELS
+from priorattn.models.named import NAMED_MODELS
 from priorattn.priors import names, registered
 
 

@@ -6,7 +6,7 @@
 - ``"attention"``: an attention mechanism, a value of ``GPTConfig.attention``
   (:func:`priorattn.mechanisms.register_mechanism`).
 - ``"model"``: a named model, the ``GPTConfig`` fields that make it: NoPE, RoPE, BAM (GGD), GOAT's
-  ablations (each a spec of GOAT's options), FoX (:mod:`priorattn.models.positions`).
+  ablations (each a spec of GOAT's options), FoX (:mod:`priorattn.models.named`).
 
 Each kind's own module registers and reads its entries with its own checks; this module keeps them
 in one place, so that a name is looked up once and a name given as the wrong kind is answered with

@@ -19,7 +19,7 @@ from priorattn.functional import triton_backward, triton_forward
 POINTERS = {
     **dict.fromkeys(("Q", "K", "V", "QL", "KL", "O", "DO", "DQ", "DK", "DV_OUT", "DQL", "DKL"), "*bf16"),
     **dict.fromkeys(
-        ("LSE", "DELTA_ROWS", "DU", "DSLOPE", "DTABLE", "DF", "ROW_SUMS", "U", "U_LO", "SLOPE", "TABLE")
+        ("LSE", "DELTA_ROWS", "DU", "DSLOPE", "DTABLE", "DF", "U", "U_LO", "SLOPE", "TABLE")
         + ("LAG_SCALE", "ROW_SCALE", "GRID", "DGRID", "DLAG_SCALE", "DROW_SCALE"),
         "*fp32",
     ),
@@ -58,7 +58,9 @@ def compile_for_hopper(kernel, flags: dict) -> int:
     return compiled.metadata.shared
 
 
-def main() -> int:
+def builds() -> list[tuple[str, object, dict]]:
+    """``(label, kernel, constexpr flags)`` of every kernel in every variant, and the rows' delta."""
+    out = []
     for variant, terms in VARIANTS.items():
         flags = dict(terms, BLOCK_D=64, BLOCK_DV=64, BLOCK_P=16, ACC=tl.float32, PRECISION="tf32")
         flags["GRID_CELLS"] = GRID_CELLS if terms["HAS_GRID"] else 1
@@ -83,12 +85,19 @@ def main() -> int:
         }
         for name, blocks in kernels.items():
             kernel = getattr(triton_forward if name == "forward_kernel" else triton_backward, name)
-            try:
-                shared = compile_for_hopper(kernel, flags | blocks)
-            except Exception as e:  # the compiler's own message says where
-                print(f"{variant}: {name} does not compile for sm_90: {type(e).__name__}: {e}")
-                return 1
-            print(f"{variant}: {name} compiles for sm_90, {shared} bytes of shared memory")
+            out.append((f"{variant}: {name}", kernel, flags | blocks))
+    delta = dict(BLOCK_M=128, BLOCK_DV=64, ACC=tl.float32)
+    return [*out, ("delta_rows_kernel", triton_backward.delta_rows_kernel, delta)]
+
+
+def main() -> int:
+    for label, kernel, flags in builds():
+        try:
+            shared = compile_for_hopper(kernel, flags)
+        except Exception as e:  # the compiler's own message says where
+            print(f"{label} does not compile for sm_90: {type(e).__name__}: {e}")
+            return 1
+        print(f"{label} compiles for sm_90, {shared} bytes of shared memory")
     return 0
 
 

@@ -10,7 +10,7 @@ from priorattn.functional import prior_inputs
 from priorattn.functional.masks import Masking
 from priorattn.functional.sdpa import flash
 from priorattn.priors import GOAT, ALiBi
-from priorattn.priors.goat import inverse_softplus
+from priorattn.priors.math import inverse_softplus
 
 
 def kernel_dtypes(monkeypatch) -> set[torch.dtype]:

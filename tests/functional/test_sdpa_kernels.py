@@ -18,7 +18,7 @@ from priorattn.functional.sdpa.flash import LowerRightCausal
 from priorattn.functional.sdpa.route import lower_right_kernel, public_lower_right_causal
 from priorattn.functional.spans import Kind
 from priorattn.priors import GOAT, ALiBi, FoldLanes, Prior, Sum
-from priorattn.priors.goat import inverse_softplus
+from priorattn.priors.math import inverse_softplus
 
 
 def dense_lower_right(q, k, v):

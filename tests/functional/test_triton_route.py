@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from factories import DEVICES, make_prior
+from factories import DEVICES, benchmark_script, make_prior
 from test_flex import choice
 from test_key_bias import drift
 
@@ -113,6 +113,37 @@ def test_triton_route_matches_reference_forward_and_backward(case, device):
         if want is not None:
             scale = max(1.0, float(want.abs().max()))
             torch.testing.assert_close(got.double(), want.double(), rtol=0, atol=tol * scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", ["sum", "ggd"], ids=["lanes, sink, slopes, key bias", "a lag table"])
+@pytest.mark.parametrize("device", ROUTE_DEVICES)
+def test_triton_route_scales_scores_in_its_kernels_in_single_and_half_precision(name, dtype, device):
+    """Below float64 the kernels multiply the content scores by the scale (here 1 / sqrt(24), no
+    power of two) and read the prior's float64 slopes and table in their own float32: forward and
+    every gradient match the float64 reference on the same rounded inputs, within the dtype's
+    rounding (the weights and dS enter the kernels' products in it)."""
+    if dtype == torch.bfloat16 and device == "cpu":
+        pytest.skip("Triton's interpreter computes bfloat16 tiles wrongly (numpy has no bfloat16)")
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(B, H, 37, 24, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(B, HKV, 37, 24, generator=gen, dtype=torch.float64) for _ in range(2))
+    q, k, v = (t.to(dtype).to(device).requires_grad_() for t in (q, k, v))
+    key_bias = drift(B, H, 37, 1.0, gen).to(device).requires_grad_()
+    prior = make_prior(name, H).to(device)  # float64 parameters
+    wrt = [q, k, v, key_bias, *(p for p in prior.parameters() if p.requires_grad)]
+    results = {}
+    for backend in ("reference", "triton"):
+        args = [t if backend == "triton" else t.double() for t in (q, k, v)]
+        out = priorattn.attention(*args, prior=prior, key_bias=key_bias, backend=backend)
+        results[backend] = out, gradients(out, wrt, torch.Generator().manual_seed(8))
+    tol = 2e-4 if dtype == torch.float32 else 3e-2
+    (ref, ref_grads), (out, grads) = results["reference"], results["triton"]
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=tol)
+    for got, want in zip(grads, ref_grads):
+        scale = max(1.0, float(want.abs().max()))
+        torch.testing.assert_close(got.double(), want.double(), rtol=0, atol=tol * scale)
 
 
 def test_auto_takes_triton_where_it_would_take_flex_from_its_length_on(monkeypatch):
@@ -252,7 +283,8 @@ def test_triton_route_matches_reference_at_tile_edges(Lq, Lk, causal, device):
     key_bias = drift(1, H, Lk, 1.0, gen)
     prior = make_prior("sum" if causal else "ggd_negative", H).to(device)  # ALiBi folds only causal
     q_pos = torch.arange(Lk - Lq, Lk) if Lq <= Lk else torch.arange(Lq)
-    q, k, v, key_bias, q_pos = (t.to(device) for t in (q, k, v, key_bias, q_pos))
+    q, k, v, q_pos = (t.to(device) for t in (q, k, v, q_pos))
+    key_bias = key_bias.to(device).requires_grad_()  # more queries than keys: rows share their own key
     k_pos = torch.arange(Lk, device=device)
     out = {}
     for backend in ("reference", "triton"):
@@ -260,7 +292,7 @@ def test_triton_route_matches_reference_at_tile_edges(Lq, Lk, causal, device):
         result = priorattn.attention(
             *inputs, prior=prior, causal=causal, q_pos=q_pos, k_pos=k_pos, key_bias=key_bias, backend=backend
         )
-        out[backend] = (result, gradients(result, inputs, torch.Generator().manual_seed(3)))
+        out[backend] = (result, gradients(result, [*inputs, key_bias], torch.Generator().manual_seed(3)))
     tol = 1e-9 if dtype == torch.float64 else 2e-4
     torch.testing.assert_close(out["triton"][0].double(), out["reference"][0], rtol=0, atol=tol)
     for got, want in zip(out["triton"][1], out["reference"][1]):
@@ -271,7 +303,8 @@ def test_triton_route_matches_reference_at_tile_edges(Lq, Lk, causal, device):
 def test_the_fused_operator_passes_torchs_operator_checks(device):
     """Schema, fake (meta) shapes, autograd registration and AOT dispatch of the operator that wraps
     the kernels, with every optional input present (lanes, key bias and its rounding, slope, table,
-    row factor, a scaled lag's scales and grid, documents, padding) and with none."""
+    row factor, a scaled lag's scales and grid, documents, padding), with a table shared by the
+    heads, and with none."""
     gen = torch.Generator().manual_seed(4)
     B_, H_, Hkv, L, P = 1, 2, 1, 20, 3
 
@@ -295,8 +328,9 @@ def test_the_fused_operator_passes_torchs_operator_checks(device):
         torch.zeros(B_, L, dtype=torch.int32, device=device),
         torch.zeros(B_, L, dtype=torch.int8, device=device),
     )
-    for optional in (full, (None,) * len(full)):
-        args = (q, k, v, *optional, True, 0, None, blocks)
+    shared_table = (*full[:4], randn(1, 2 * L - 1), *full[5:])  # one row for every head
+    for optional in (full, shared_table, (None,) * len(full)):
+        args = (q, k, v, *optional, True, 0, None, 0.5, blocks)
         torch.library.opcheck(triton_op.fused_attention, args)
 
 
@@ -341,7 +375,22 @@ def test_the_kernels_compile_for_a_hopper_gpu_without_one():
         [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("compiles for sm_90") == 9
+    assert result.stdout.count("compiles for sm_90") == 10
+
+
+def test_plain_attention_and_a_key_bias_launch_little_beside_the_kernels():
+    """Counted as ``benchmarks/launches.py`` counts them, as on CUDA: forward + backward of plain
+    attention and of FoX's key bias launch the route's four kernels (forward, the rows' delta, key
+    blocks, query blocks) and one other operation, the default positions' run: the kernels scale
+    the scores, and the backward makes no zeros for the log-sum-exp's gradient and scatters no key
+    bias centre's."""
+    benchmark_script("device_check")  # launches.py imports it from its own directory
+    launches = benchmark_script("launches")
+    for name in ("NoPE", launches.FOX):
+        prior, ssmax = launches.priors(H)[name]
+        args = launches.inputs(prior, name, 20, D, H, torch.Generator().manual_seed(0))
+        count = launches.counted(prior, ssmax, "triton", args, backward=True)
+        assert count.counts["kernels"] == 4 and count.counts["prep"] == 1, (name, count.ops)
 
 
 def test_a_forget_gates_gradient_keeps_float32_precision_far_along_the_keys():

@@ -1,7 +1,10 @@
-"""A prior is one file: a prior defined and registered here, and nowhere in ``src``, trains through
-``priorattn.train``, runs in ``compare`` and saves and reloads through the HF plug-in."""
+"""A prior is one file: the priors package imports every prior file of its own, and a prior defined
+and registered here, nowhere in ``src``, trains through ``priorattn.train``, runs in ``compare`` and
+saves and reloads through the HF plug-in."""
 
 from __future__ import annotations
+
+import pkgutil
 
 import pytest
 import torch
@@ -10,10 +13,11 @@ from torch import Tensor, nn
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import priorattn.hf as phf
+import priorattn.priors
 from priorattn.models import GPTConfig
-from priorattn.models.positions import positions
-from priorattn.priors import FromModel, Prior, names, register
-from priorattn.priors.base import relative_positions
+from priorattn.models.named import positions
+from priorattn.priors import FromModel, Prior, names, register, registered
+from priorattn.priors.math import relative_positions
 from priorattn.studies.compare.study import CompareConfig, compare
 from priorattn.train import TrainConfig, load_run, train
 
@@ -46,6 +50,21 @@ register(
     start=FromModel("'zero' or 'alibi' (slope 1/2)", "init", {"uniform": "zero", "alibi": "alibi"}),
     scale="multiplies the 'alibi' start",
 )
+
+
+def test_the_package_imports_each_prior_file_and_exports_its_names():
+    """Every module of ``priors/`` outside ``INFRASTRUCTURE`` is imported with the package: each
+    registers a prior, whose class the package exports by its name (a prior file's ``__all__``)."""
+    package = priorattn.priors
+    modules = {info.name for info in pkgutil.iter_modules(package.__path__)}
+    assert set(package.INFRASTRUCTURE) <= modules
+    assert set(package.PRIOR_MODULES) == modules - set(package.INFRASTRUCTURE)
+    library = [registered(name).cls for name in names()]
+    library = [cls for cls in library if cls.__module__.startswith("priorattn.priors.")]
+    assert {cls.__module__.removeprefix("priorattn.priors.") for cls in library} == set(package.PRIOR_MODULES)
+    for cls in library:
+        assert getattr(package, cls.__name__) is cls and cls.__name__ in package.__all__
+    assert {"GOAT", "ALiBi", "GGD", "Uniform", "PerHeadSink", "Sum", "Prior"} <= set(package.__all__)
 
 
 @pytest.fixture(scope="module")

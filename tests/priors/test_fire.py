@@ -14,6 +14,21 @@ from priorattn.functional import api
 from priorattn.priors import FIRE, build_prior, canonical_spec
 
 
+def random_fire(heads, rand):
+    """A FIRE of 4 hidden units with every parameter drawn, its threshold ``L`` at 6: a short test
+    has queries on both sides of it."""
+    prior = FIRE(heads, hidden=4, threshold=6.0)
+    with torch.no_grad():
+        for p in prior.parameters():
+            p.copy_(rand(p.numel()).view_as(p))  # c and L are scalars
+        prior.theta_L.fill_(6.0)
+    return prior
+
+
+#: The shared tests' FIRE (tests/factories.py).
+RANDOM_PRIORS = {"fire": random_fire}
+
+
 def softplus(x):
     return math.log1p(math.exp(x))
 
@@ -30,6 +45,10 @@ def fire_by_hand(prior, h, i, j):
     w1, b1 = prior.mlp[0].weight[:, 0].tolist(), prior.mlp[0].bias.tolist()
     w2, b2 = prior.mlp[2].weight[h].tolist(), prior.mlp[2].bias[h].item()
     return b2 + sum(w * max(a * x + b, 0.0) for w, a, b in zip(w2, w1, b1))
+
+
+def log_prior_by_hand(prior, h, i, j):
+    return fire_by_hand(prior, h, i, j)
 
 
 def test_fire_log_prior_is_the_papers_formula():
@@ -53,6 +72,8 @@ def test_fire_depends_on_the_query_not_only_the_lag_and_starts_flat():
     )
     assert not prior.is_relative and not torch.allclose(near, far)
     assert not FIRE(2).log_prior(torch.arange(9), torch.arange(9)).any()
+    pos = torch.arange(5)[None]
+    assert prior.score_terms(pos, pos, torch.arange(-4, 5)).dense is not None  # Lq x Lk values
 
 
 def test_fire_routes_refuse_loudly_and_auto_takes_memeff(monkeypatch):

@@ -13,12 +13,22 @@ import priorattn
 from priorattn.functional import api
 from priorattn.priors import KERPLE, build_prior, canonical_spec
 
+#: The shared tests' KERPLEs (tests/factories.py): both variants, their parameters drawn.
+RANDOM_PRIORS = {
+    f"kerple_{variant}": lambda heads, rand, variant=variant: rand.fill(KERPLE(heads, variant=variant))
+    for variant in ("log", "power")
+}
+
 
 def kerple_by_hand(variant, r1, r2, i, j):
     """Chi et al. (2022) Sec. 4: -r1 log(1 + r2 |m - n|), or -r1 |m - n|^r2."""
     if variant == "log":
         return -r1 * math.log(1 + r2 * abs(i - j))
     return -r1 * abs(i - j) ** r2
+
+
+def log_prior_by_hand(prior, h, i, j):
+    return kerple_by_hand(prior.variant, prior.r1[h].item(), prior.r2[h].item(), i, j)
 
 
 @pytest.mark.parametrize("variant", ["log", "power"])

@@ -190,7 +190,7 @@ def test_a_prior_without_num_heads_is_built_without_it():
 
 
 def test_the_studies_names_are_models_not_priors_and_the_error_says_so():
-    """``nope`` and ``bam`` are named models (:mod:`priorattn.models.positions`), which a config
+    """``nope`` and ``bam`` are named models (:mod:`priorattn.models.named`), which a config
     resolves to their priors; the priors' own layer knows only priors, and says what the name is."""
     with pytest.raises(ValueError, match=r"unknown prior 'bam': use one of .*ggd.*; 'bam' is a model$"):
         build_prior("bam", 2)

@@ -13,11 +13,22 @@ import priorattn
 from priorattn.functional import api
 from priorattn.priors import Sandwich, build_prior, canonical_spec
 
+#: The shared tests' Sandwiches (tests/factories.py), which have no parameters: folded into 4 lanes,
+#: and read from a lag table.
+RANDOM_PRIORS = {
+    "sandwich": lambda heads, rand: Sandwich(heads, dim=4, fold=True),
+    "sandwich_table": lambda heads, rand: Sandwich(heads, dim=16),
+}
+
 
 def sandwich_by_hand(h, H, dim, i, j):
     """Chi et al. (2023) Sec. 5: sum_k cos((i - j) / 10000^(2k / d)), divided by r_h = 8 (h + 1) / H."""
     total = sum(math.cos((i - j) / 10_000 ** (2 * k / dim)) for k in range(dim // 2))
     return total / (8 * (h + 1) / H)
+
+
+def log_prior_by_hand(prior, h, i, j):
+    return sandwich_by_hand(h, prior.num_heads, prior.dim, i, j)
 
 
 @pytest.mark.parametrize("fold", [False, True])

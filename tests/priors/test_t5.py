@@ -14,6 +14,18 @@ from priorattn.functional import api
 from priorattn.priors import T5Bias, build_prior, canonical_spec
 
 
+def random_t5(bidirectional: bool):
+    """``make(heads, rand)`` of a T5 bias with few, narrow buckets (8, up to distance 12), so that
+    the lags of a short test reach the log-spaced and the last ones, its biases drawn."""
+    return lambda heads, rand: rand.fill(
+        T5Bias(heads, num_buckets=8, max_distance=12, bidirectional=bidirectional)
+    )
+
+
+#: The shared tests' T5 biases (tests/factories.py): a decoder's and an encoder's.
+RANDOM_PRIORS = {"t5": random_t5(False), "t5_bidirectional": random_t5(True)}
+
+
 def t5_bucket_by_hand(i, j, bidirectional, num_buckets, max_distance):
     """Raffel et al. (2020) Sec. 2.1 as their code buckets ``relative_position = j - i``."""
     relative, bucket = j - i, 0
@@ -30,6 +42,11 @@ def t5_bucket_by_hand(i, j, bidirectional, num_buckets, max_distance):
         math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
     )
     return bucket + min(log_bucket, num_buckets - 1)
+
+
+def log_prior_by_hand(prior, h, i, j):
+    options = (prior.bidirectional, prior.num_buckets, prior.max_distance)
+    return prior.bias[h, t5_bucket_by_hand(i, j, *options)].item()
 
 
 @pytest.mark.parametrize("bidirectional", [False, True])

@@ -11,7 +11,7 @@ from matplotlib.text import Text
 
 from priorattn.eval import plots as eval_plots
 from priorattn.figures import DPI, PAGE_WIDTH, RunScale
-from priorattn.models.positions import NAMED_MODELS, mechanisms
+from priorattn.models.named import NAMED_MODELS, mechanisms
 from priorattn.studies.compare import report as compare_report
 from priorattn.studies.dna import plots as dna_plots
 from priorattn.studies.dna.config import DNAConfig

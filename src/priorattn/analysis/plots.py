@@ -24,7 +24,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from ..figures import RunScale, captioned_figure, heatmap, save
-from ..priors import GGD, GOAT, ALiBi, GOATSink, Prior, Sum, Uniform, alibi_slopes
+from ..priors import GGD, GOAT, ALiBi, PerHeadSink, Prior, Sum, Uniform, alibi_slopes
 from ..priors.goat import SharedSink
 
 #: GGD's parameters, each ``theta_<name>`` (seed 003 App. C).
@@ -70,7 +70,7 @@ def ggd(num_heads: int, beta: float, scale: float, mu: float = 0.0) -> GGD:
 
 
 @torch.no_grad()
-def spike_sink(sink: GOATSink | SharedSink, height: Tensor) -> None:
+def spike_sink(sink: PerHeadSink | SharedSink, height: Tensor) -> None:
     """Set ``u_h(0) = height[h]`` and ``u_h(j) ~ 0`` for ``j >= 1``: a pure attention sink.
 
     The shared sink (one MLP times a per-head gain, plus a per-head bump at ``j = 0``) gets its
@@ -398,7 +398,7 @@ def plot_heatmaps(out: Path, length: int = 512, num_heads: int = 8, head: int = 
         log_prior_heatmap(panel, ax_log, K, f"{name}\nlog-prior of each visible key")
         title = f"{name}\nattention from the prior alone"
         image = causal_heatmap(panel, ax_prob, probs, title, colorbar=False)
-        if any(isinstance(m, GOATSink) for m in prior.modules()):
+        if any(isinstance(m, PerHeadSink) for m in prior.modules()):
             zoom_on_sink(ax_prob, probs)
     panel.colorbar(image, ax=axes[:, 1], shrink=0.5, label=PROB_LABEL)
     panel.suptitle(f"Where each prior sends attention, for every query (head {head}, L = {length})")

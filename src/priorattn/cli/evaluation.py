@@ -96,7 +96,8 @@ def compare(args: argparse.Namespace) -> int:
 def retrieval(args: argparse.Namespace) -> int:
     """Train tiny models on synthetic retrieval per mechanism and seed; score them far beyond T (with
     ``--sweep``, at two model sizes and two training lengths)."""
-    from ..studies.retrieval.report import run_retrieval_study, summary_lines
+    from ..studies.retrieval.report import summary_lines
+    from ..studies.retrieval.run import run_retrieval_study
     from ..studies.retrieval.study import RetrievalStudyConfig
     from ..studies.retrieval.sweep import run_retrieval_sweep
 
@@ -192,7 +193,7 @@ def add_eval_parser(commands) -> None:
 
 def add_compare_parser(commands) -> None:
     from ..data.retrieval import NIAH_VARIANTS
-    from ..models.positions import mechanisms
+    from ..models.named import mechanisms
     from ..models.presets import PRESETS
     from ..studies.compare.study import CompareConfig
     from ..studies.retrieval.study import RetrievalStudyConfig, all_mechanisms

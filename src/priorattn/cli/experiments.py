@@ -66,7 +66,7 @@ def vision(args: argparse.Namespace) -> int:
 
 
 def add_dna_parser(commands) -> None:
-    from ..models.positions import mechanisms
+    from ..models.named import mechanisms
     from ..models.presets import PRESETS
     from ..studies.dna.config import DNAConfig
 

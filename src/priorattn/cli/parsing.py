@@ -118,7 +118,7 @@ def mechanism_list(choices) -> Callable[[str], list[str]]:
     """An argparse ``type`` for comma-separated mechanisms, each one of ``choices`` or a prior spec
     that is one of them (``goat(slope=none)`` names ``goat_noslope``: the spec ``train --prior``
     takes). Commas inside a spec's parentheses do not split it."""
-    from ..models.positions import mechanism_of_spec
+    from ..models.named import mechanism_of_spec
 
     def parse(text: str) -> list[str]:
         parts = [part.strip() for part in re.split(r",(?![^()]*\))", text)]

@@ -145,7 +145,7 @@ def train(args: argparse.Namespace) -> int:
 def with_mechanism_hint(error: Exception, prior: str | None) -> Exception:
     """``error``, where ``--prior`` named a mechanism that is not a prior (``fox``, ``rope``), with the
     flags that give it: ``compare --priors`` takes every mechanism, ``train --prior`` only priors."""
-    from ..models.positions import not_a_prior
+    from ..models.named import not_a_prior
 
     fields = not_a_prior(prior) if isinstance(prior, str) else None
     if fields is None or "unknown prior" not in str(error):

@@ -166,9 +166,10 @@ def passkey_job(
     progress: bool = True,
 ) -> dict:
     """Passkey retrieval (seed 003 Sec. 3.1) of the run in ``run_dir`` at ``depths`` uniformly
-    spaced depths; writes ``results.json``, ``heatmap.png`` and ``accuracy.png`` into ``out``.
-    ``data`` and ``text_encoding`` are not read by the passkey (its haystack is the repeated
-    filler) but are accepted for a uniform command line."""
+    spaced depths; writes ``results.json``, ``heatmap.png`` and, over more than one length (a line
+    through one point says nothing), ``accuracy.png`` into ``out``. ``data`` and ``text_encoding``
+    are not read by the passkey (its haystack is the repeated filler) but are accepted for a uniform
+    command line."""
     run_dir, out = Path(run_dir), prepare_out(out)
     run = load_scored(run_dir)
     T = run.train_len
@@ -188,7 +189,8 @@ def passkey_job(
     write_json_atomic(out / RESULTS_JSON, result)
     label = run_label(run_dir)
     plot_retrieval_heatmaps({label: result}, out / "heatmap.png", title=TASK_TITLES["passkey"])
-    plot_accuracy_vs_length({label: result}, out / "accuracy.png", title=TASK_TITLES["passkey"])
+    if len(result["lengths"]) > 1:
+        plot_accuracy_vs_length({label: result}, out / "accuracy.png", title=TASK_TITLES["passkey"])
     return result
 
 

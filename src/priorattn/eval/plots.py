@@ -7,7 +7,7 @@ the figures of a study, the study run's budget and steps above the panels. The f
 per model fit a report page's width (:data:`~priorattn.figures.PAGE_WIDTH`, text at
 :data:`~priorattn.figures.LEGIBLE` sizes) and take ``styles``: ``{label: line keywords}``, one
 colour, marker and line style per model (``compare`` gives each mechanism's,
-:func:`priorattn.models.positions.mechanism_style`); a label without one takes matplotlib's next.
+:func:`priorattn.studies.styles.mechanism_style`); a label without one takes matplotlib's next.
 """
 
 from __future__ import annotations

@@ -119,8 +119,10 @@ def attention(
         prior = None
     # Default positions are runs known without reading them back (see Masking.starts).
     starts = (Lk - Lq, 0) if q_pos is None and k_pos is None else None
-    q_pos = _positions("q_pos", q_pos, B, Lq, torch.arange(Lk - Lq, Lk, device=q.device))
-    k_pos = _positions("k_pos", k_pos, B, Lk, torch.arange(Lk, device=q.device))
+    # One run serves both defaults: the queries' positions are its last Lq entries, the keys' its last Lk.
+    run = torch.arange(min(0, Lk - Lq), Lk, device=q.device)
+    q_pos = _positions("q_pos", q_pos, B, Lq, run[run.shape[0] - Lq :])
+    k_pos = _positions("k_pos", k_pos, B, Lk, run[run.shape[0] - Lk :])
     q_doc, k_doc = _doc_ids(doc_ids, B, Lq, Lk)
     padding = None if key_padding_mask is None else check_key_padding_mask(key_padding_mask, B, Lk)
     masking = Masking(causal, q_pos, k_pos, q_doc, k_doc, padding, window, starts)

@@ -127,7 +127,7 @@ class Masking:
         Lq, Lk = self.q_pos.shape[-1], self.k_pos.shape[-1]
         device = self.q_pos.device
         if self.plain_causal:  # query i sees keys 0 .. i + Lk - Lq: counted, not masked cell by cell
-            return (torch.arange(Lq, device=device) + (Lk - Lq + 1))[None]
+            return torch.arange(Lk - Lq + 1, Lk + 1, device=device)[None]
         if not self.masks_anything:
             return torch.full((1, Lq), Lk, dtype=torch.long, device=device)
         step = max(1, COUNT_CHUNK_CELLS // max(Lk, 1))

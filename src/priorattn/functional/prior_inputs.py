@@ -220,7 +220,8 @@ def call_lags(masking: Masking) -> Tensor:
     lag of query i and key j."""
     q0, k0 = masking.starts
     Lq, Lk = masking.q_pos.shape[-1], masking.k_pos.shape[-1]
-    return q0 - (k0 + Lk - 1) + torch.arange(Lq + Lk - 1, device=masking.q_pos.device)
+    first = q0 - (k0 + Lk - 1)
+    return torch.arange(first, first + Lq + Lk - 1, device=masking.q_pos.device)
 
 
 def interpolates(prior: Prior, masking: Masking) -> bool:
@@ -234,8 +235,7 @@ def scaled_lag(prior: Prior, masking: Masking, cells: int) -> ScaledLag:
     """The prior as a function of a scaled lag (:meth:`~priorattn.priors.Prior.scaled_lag`) for this
     call, sampled at ``cells + 1`` points, its lag scale indexed as :func:`lag_table`'s (``i - j +
     Lk - 1``); only where :func:`interpolates`."""
-    q_pos = masking.starts[0] + torch.arange(masking.q_pos.shape[-1], device=masking.q_pos.device)
-    return prior.scaled_lag(call_lags(masking), q_pos, cells)
+    return prior.scaled_lag(call_lags(masking), masking.q_pos[0], cells)  # one run: starts[0] + arange
 
 
 @dataclass

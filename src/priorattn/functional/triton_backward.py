@@ -1,7 +1,7 @@
-"""Triton kernels of the ``triton`` route, the backward pass: a key-block kernel (``dk``, ``dv`` and
-the prior's gradients that reduce along the queries) and a query-block kernel (``dq`` and the row
-factor's gradient), each recomputing the weights of its tiles from the forward's log-sum-exp
-(FlashAttention-2). The tile and its terms are ``triton_forward.py``'s.
+"""Triton kernels of the ``triton`` route, the backward pass: the rows' ``rowsum(dO o)``, then a
+key-block kernel (``dk``, ``dv`` and the prior's gradients that reduce along the queries) and a
+query-block kernel (``dq`` and the row factor's gradient), each recomputing the weights of its tiles
+from the forward's log-sum-exp (FlashAttention-2). The tile and its terms are ``triton_forward.py``'s.
 """
 
 from __future__ import annotations
@@ -22,6 +22,20 @@ from .triton_forward import (
 #: A tile whose scaled lags fall in at most this many cells of the grid adds its grid gradient as
 #: one sum per grid point (far from the diagonal, nearly every tile); other tiles add per cell.
 GRID_WINDOW = tl.constexpr(4)
+
+
+@triton.jit
+def delta_rows_kernel(
+    O, DO, DELTA_ROWS, N, DV, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, ACC: tl.constexpr
+):
+    """``rowsum(dO o)`` in ``ACC`` of BLOCK_M of the ``N`` rows of the output ``O`` and its gradient
+    ``DO`` (``(N, DV)``, contiguous): the ``delta`` of ``dS = p (dP - delta)``, in one launch."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    inside = (offs_m[:, None] < N) & (offs_dv[None, :] < DV)
+    o = tl.load(O + offs_m[:, None] * DV + offs_dv[None, :], mask=inside, other=0.0).to(ACC)
+    do = tl.load(DO + offs_m[:, None] * DV + offs_dv[None, :], mask=inside, other=0.0).to(ACC)
+    tl.store(DELTA_ROWS + offs_m, tl.sum(o * do, 1), mask=offs_m < N)
 
 
 @triton.jit
@@ -63,12 +77,19 @@ def key_block_kernel(
     skd_b,
     PAD,
     sp_b,
+    sql_b,
+    sql_h,
+    sql_m,
+    skl_b,
+    skl_h,
+    skl_n,
     H,
     GROUP,
     Lq,
     Lk,
     DELTA,
     WINDOW,
+    SCALE,
     D,
     DV,
     P,
@@ -126,10 +147,10 @@ def key_block_kernel(
     if HAS_LANES:
         offs_p = tl.arange(0, BLOCK_P)
         kl = tl.load(
-            KL + (bhk * Lk + offs_n[:, None]) * P + offs_p[None, :],
+            KL + b * skl_b + hk * skl_h + offs_n[:, None] * skl_n + offs_p[None, :],
             mask=keys & (offs_p[None, :] < P),
             other=0.0,
-        )
+        ).to(Q.dtype.element_ty)
         dkl = tl.zeros([BLOCK_N, BLOCK_P], ACC)
     if TABLE_GRAD or LAG_SCALE_GRAD:
         # diagonal t of a tile holds lag offset i - j = t - (BLOCK_N - 1); gathered along the queries
@@ -160,13 +181,14 @@ def key_block_kernel(
                 mask=rows & (offs_d[:, None] < D),
                 other=0.0,
             )
+            qT = (qT * SCALE).to(Q.dtype.element_ty)  # the content queries, as the forward's
             sT = tl.dot(k, qT, out_dtype=ACC, input_precision=PRECISION)
             if HAS_LANES:
                 qlT = tl.load(
-                    QL + (bh * Lq + offs_m[None, :]) * P + offs_p[:, None],
+                    QL + b * sql_b + h * sql_h + offs_m[None, :] * sql_m + offs_p[:, None],
                     mask=rows & (offs_p[:, None] < P),
                     other=0.0,
-                )
+                ).to(Q.dtype.element_ty)
                 sT += tl.dot(kl, qlT, out_dtype=ACC, input_precision=PRECISION)
             bias = prior_bias(
                 offs_m[None, :],
@@ -332,7 +354,7 @@ def query_block_kernel(
     DQ,
     DQL,
     DF,
-    ROW_SUMS,
+    DU,
     DROW_SCALE,
     U,
     U_LO,
@@ -354,12 +376,19 @@ def query_block_kernel(
     skd_b,
     PAD,
     sp_b,
+    sql_b,
+    sql_h,
+    sql_m,
+    skl_b,
+    skl_h,
+    skl_n,
     H,
     GROUP,
     Lq,
     Lk,
     DELTA,
     WINDOW,
+    SCALE,
     D,
     DV,
     P,
@@ -388,8 +417,13 @@ def query_block_kernel(
     PRECISION: tl.constexpr,
 ):
     """One block of BLOCK_M query rows of one (batch row, head): ``dq`` (and ``dql``), the row
-    factor's gradient (the row sums of ``dS`` times the prior's terms) and the row sums of ``dS``
-    (the key bias's centre ``u_t(i)``'s gradient)."""
+    factor's gradient (the row sums of ``dS`` times the prior's terms), and the key bias's centre
+    ``u_t(i)``'s gradient, minus row i's sum of ``f dS``, added into ``DU`` at key ``t(i)``, where
+    the key-block kernel, launched first, stored the column sums.
+
+    That centre's gradient is 0 in exact arithmetic, but a recomputed softmax's rows of dS do not
+    sum to exactly 0, and FoX's gate sums its key bias's gradient over all later keys, where these
+    leftovers pile up: differentiating what the kernels computed cancels them."""
     m0 = (tl.num_programs(0) - 1 - tl.program_id(0)) * BLOCK_M  # the longest rows first
     bh = tl.program_id(1)
     b = bh // H
@@ -402,6 +436,7 @@ def query_block_kernel(
     q = tl.load(
         Q + (bh * Lq + offs_m[:, None]) * D + offs_d[None, :], mask=rows & (offs_d[None, :] < D), other=0.0
     )
+    q = (q * SCALE).to(Q.dtype.element_ty)  # the content queries, as the forward's
     do = tl.load(
         DO + (bh * Lq + offs_m[:, None]) * DV + offs_dv[None, :],
         mask=rows & (offs_dv[None, :] < DV),
@@ -413,10 +448,10 @@ def query_block_kernel(
     if HAS_LANES:
         offs_p = tl.arange(0, BLOCK_P)
         ql = tl.load(
-            QL + (bh * Lq + offs_m[:, None]) * P + offs_p[None, :],
+            QL + b * sql_b + h * sql_h + offs_m[:, None] * sql_m + offs_p[None, :],
             mask=rows & (offs_p[None, :] < P),
             other=0.0,
-        )
+        ).to(Q.dtype.element_ty)
         dql = tl.zeros([BLOCK_M, BLOCK_P], ACC)
     if HAS_ROW_FACTOR:
         f = tl.load(F + b * sf_b + h * sf_h + offs_m, mask=offs_m < Lq, other=0.0).to(ACC)
@@ -436,10 +471,10 @@ def query_block_kernel(
         s = tl.dot(q, tl.trans(k), out_dtype=ACC, input_precision=PRECISION)
         if HAS_LANES:
             kl = tl.load(
-                KL + (bhk * Lk + offs_n[:, None]) * P + offs_p[None, :],
+                KL + b * skl_b + (h // GROUP) * skl_h + offs_n[:, None] * skl_n + offs_p[None, :],
                 mask=keys & (offs_p[None, :] < P),
                 other=0.0,
-            )
+            ).to(Q.dtype.element_ty)
             s += tl.dot(ql, tl.trans(kl), out_dtype=ACC, input_precision=PRECISION)
         bias = prior_bias(
             offs_m[:, None],
@@ -518,7 +553,7 @@ def query_block_kernel(
                 d_row_scale += tl.sum(ds * slope * a, 1)
     tl.store(
         DQ + (bh * Lq + offs_m[:, None]) * D + offs_d[None, :],
-        dq.to(DQ.dtype.element_ty),
+        (dq * SCALE).to(DQ.dtype.element_ty),  # the content queries' gradient times d(c q)/dq
         mask=rows & (offs_d[None, :] < D),
     )
     if HAS_LANES:
@@ -530,6 +565,9 @@ def query_block_kernel(
     if ROW_FACTOR_GRAD:
         tl.store(DF + bh * Lq + offs_m, df, mask=offs_m < Lq)
     if KEY_BIAS_GRAD:
-        tl.store(ROW_SUMS + bh * Lq + offs_m, row_sums, mask=offs_m < Lq)
+        if HAS_ROW_FACTOR:
+            row_sums = row_sums * f
+        own = tl.minimum(tl.maximum(offs_m + Lk - Lq, 0), Lk - 1)  # rows share a key only past Lk
+        tl.atomic_add(DU + bh * Lk + own, -row_sums, mask=offs_m < Lq)
     if ROW_SCALE_GRAD:
         tl.store(DROW_SCALE + bh * Lq + offs_m, d_row_scale, mask=offs_m < Lq)

@@ -3,17 +3,19 @@ flash attention with a prior's terms inside the kernel.
 
 One tile of logits, queries ``i`` (positions ``q0 + i``) against keys ``j`` (``k0 + j``), is
 
-    s_ij = <q_i, k_j> + <ql_i, kl_j> + f_i (u_j - u_t(i) - m_h lag_ij + T_h[lag_ij]),
+    s_ij = <c q_i, k_j> + <ql_i, kl_j> + f_i (u_j - u_t(i) - m_h lag_ij + T_h[lag_ij]),
     lag_ij = q0 - k0 + i - j,
 
-with ``q`` already scaled, ``ql``/``kl`` a fold's lanes (seed 000 Eq. 20-24), ``u`` a key bias
-centred on each row's own key ``t(i)`` (a row constant: the softmax is unchanged, the near keys keep
-their precision however far ``u`` drifts), ``m_h`` a slope and ``T_h`` a lag table, ``f_i`` a row
-factor (SSMax, a query gate). The forward pass is FlashAttention-2's online softmax; the backward
-recomputes the weights ``p`` tile by tile and forms ``dS = p (dP - rowsum(dO o))``. The prior's
-gradients are reductions of ``f dS`` kept in registers: column sums for ``u`` (in the key-block
-kernel, which owns a block of keys), a sum times the lag for ``m``, diagonal sums for ``T`` (one
-atomic add per lag of a tile, not per pair) and row sums times the bias for ``f``.
+with ``c`` the content scale (``SCALE``: 1 where the route scaled ``q`` itself; the kernels scale
+each tile of ``q`` as they load it, in float32, rounded to ``q``'s dtype), ``ql``/``kl`` a
+fold's lanes (seed 000 Eq. 20-24), ``u`` a key bias centred on each row's own key ``t(i)`` (a row
+constant: the softmax is unchanged, the near keys keep their precision however far ``u`` drifts),
+``m_h`` a slope and ``T_h`` a lag table, ``f_i`` a row factor (SSMax, a query gate). The forward
+pass is FlashAttention-2's online softmax; the backward recomputes the weights ``p`` tile by tile
+and forms ``dS = p (dP - rowsum(dO o))``. The prior's gradients are reductions of ``f dS`` kept in
+registers: column sums for ``u`` (in the key-block kernel, which owns a block of keys), a sum times
+the lag for ``m``, diagonal sums for ``T`` (one atomic add per lag of a tile, not per pair) and row
+sums times the bias for ``f``.
 
 Lag index ``i - j + Lk - 1`` of the table holds the lag of query ``i`` and key ``j``. The backward
 kernels are in ``triton_backward.py``.
@@ -238,12 +240,19 @@ def forward_kernel(
     skd_b,
     PAD,
     sp_b,
+    sql_b,
+    sql_h,
+    sql_m,
+    skl_b,
+    skl_h,
+    skl_n,
     H,
     GROUP,
     Lq,
     Lk,
     DELTA,
     WINDOW,
+    SCALE,
     D,
     DV,
     P,
@@ -282,13 +291,14 @@ def forward_kernel(
     q = tl.load(
         Q + (bh * Lq + offs_m[:, None]) * D + offs_d[None, :], mask=rows & (offs_d[None, :] < D), other=0.0
     )
+    q = (q * SCALE).to(Q.dtype.element_ty)  # the content queries c q, rounded once as q is
     if HAS_LANES:
         offs_p = tl.arange(0, BLOCK_P)
         ql = tl.load(
-            QL + (bh * Lq + offs_m[:, None]) * P + offs_p[None, :],
+            QL + b * sql_b + h * sql_h + offs_m[:, None] * sql_m + offs_p[None, :],
             mask=rows & (offs_p[None, :] < P),
             other=0.0,
-        )
+        ).to(Q.dtype.element_ty)
     if HAS_ROW_FACTOR:
         f = tl.load(F + b * sf_b + h * sf_h + offs_m, mask=offs_m < Lq, other=0.0).to(ACC)
     m_i = tl.full([BLOCK_M], float("-inf"), ACC)
@@ -307,10 +317,10 @@ def forward_kernel(
         s = tl.dot(q, kT, out_dtype=ACC, input_precision=PRECISION)
         if HAS_LANES:
             klT = tl.load(
-                KL + (bhk * Lk + offs_n[None, :]) * P + offs_p[:, None],
+                KL + b * skl_b + (h // GROUP) * skl_h + offs_n[None, :] * skl_n + offs_p[:, None],
                 mask=keys & (offs_p[:, None] < P),
                 other=0.0,
-            )
+            ).to(Q.dtype.element_ty)
             s += tl.dot(ql, klT, out_dtype=ACC, input_precision=PRECISION)
         bias = prior_bias(
             offs_m[:, None],

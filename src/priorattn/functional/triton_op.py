@@ -34,6 +34,7 @@ class Plan:
     causal: bool
     delta: int  # q_pos[0] - k_pos[0]
     window: int | None
+    scale: float  # of the content scores, in the kernels' float32 (1.0: q comes scaled)
     q_doc: Tensor | None  # (B, Lq) int32
     k_doc: Tensor | None  # (B, Lk) int32
     padding: Tensor | None  # (B, Lk) int8, 1 marks a padding key
@@ -83,17 +84,20 @@ def _fused_forward(
     causal: bool,
     delta: int,
     window: int | None,
+    scale: float,
     blocks: list[int],
 ) -> tuple[Tensor, Tensor]:
     """``(out, lse)`` of the fused kernels (the body of :data:`fused_attention`). Shapes whole (no
-    broadcast): q ``(B, H, Lq, D)`` already scaled, k ``(B, Hkv, Lk, D)``, v ``(B, Hkv, Lk, Dv)``,
-    lanes ``(B, H or Hkv, L, P)``, key bias and its rounding ``key_lo`` ``(B, H, Lk)``, slope
-    ``(H,)``, table ``(H, Lq + Lk - 1)``, row factor ``(B, H, Lq)``, a scaled lag's ``lag_scale``
-    ``(Lq + Lk - 1,)``, ``row_scale`` ``(Lq,)`` and ``grid`` ``(H, cells + 1)``
-    (:class:`~priorattn.priors.ScaledLag`), document ids ``(B, L)`` int32, padding ``(B, Lk)`` int8
-    (1 marks a padding key); ``delta = q_pos[0] - k_pos[0]``; ``blocks`` the fields of
-    :class:`Blocks`."""
-    plan = Plan(causal, delta, window, q_doc, k_doc, padding, key_lo, Blocks(*blocks))
+    broadcast, but the lanes and a lag table shared by the heads): q ``(B, H, Lq, D)``, whose scores
+    the kernels multiply by ``scale``, k ``(B, Hkv, Lk, D)``, v ``(B, Hkv, Lk, Dv)``, lanes ``(B, H,
+    Lq, P)`` and ``(B, Hkv, Lk, P)`` (any strides but the last, 1: a broadcast's are 0), key bias
+    and its rounding ``key_lo`` ``(B, H, Lk)``, slope ``(H,)``, table ``(H or 1, Lq + Lk - 1)``
+    (lanes, slope and table in any floating dtype: the kernels read them in theirs), row factor
+    ``(B, H, Lq)``, a scaled lag's ``lag_scale`` ``(Lq + Lk - 1,)``, ``row_scale`` ``(Lq,)`` and
+    ``grid`` ``(H, cells + 1)`` (:class:`~priorattn.priors.ScaledLag`), document ids ``(B, L)``
+    int32, padding ``(B, Lk)`` int8 (1 marks a padding key); ``delta = q_pos[0] - k_pos[0]``;
+    ``blocks`` the fields of :class:`Blocks`."""
+    plan = Plan(causal, delta, window, scale, q_doc, k_doc, padding, key_lo, Blocks(*blocks))
     return _forward(*_inputs(locals()), plan)
 
 
@@ -135,12 +139,13 @@ def _fused_backward(
     causal: bool,
     delta: int,
     window: int | None,
+    scale: float,
     blocks: list[int],
     needs: list[bool],
 ) -> list[Tensor]:
     """The gradients of :data:`fused_attention`'s :data:`DIFFERENTIABLE` inputs, in order, where
     ``needs`` asks for them and the input is present (an empty tensor stands for each other)."""
-    plan = Plan(causal, delta, window, q_doc, k_doc, padding, key_lo, Blocks(*blocks))
+    plan = Plan(causal, delta, window, scale, q_doc, k_doc, padding, key_lo, Blocks(*blocks))
     grads = _backward(grad_out, out, lse, *_inputs(locals()), plan, needs)
     return [q.new_empty(0) if g is None else g for g in grads]
 
@@ -194,6 +199,7 @@ class FusedAttention(torch.autograd.Function):
         output = _fused_forward(*args)
         _setup_context(ctx, args, output)
         ctx.mark_non_differentiable(output[1])
+        ctx.set_materialize_grads(False)  # the log-sum-exp's gradient, never read, stays None: no zeros
         return output
 
     @staticmethod
@@ -231,12 +237,14 @@ def _forward(
         lse,
         *args["prior"],
         *args["masks"],
+        *args["lanes"],
         H,
         H // Hkv,
         Lq,
         Lk,
         plan.delta,
         plan.window or 0,
+        plan.scale,
         D,
         Dv,
         args["P"],
@@ -269,26 +277,40 @@ def _backward(
     needs,
 ):
     """The gradients of the :data:`DIFFERENTIABLE` inputs (None where absent or not needed)."""
-    from .triton_backward import key_block_kernel, query_block_kernel
+    from .triton_backward import delta_rows_kernel, key_block_kernel, query_block_kernel
 
     blocks = plan.blocks
     B, H, Lq, D = q.shape
     Hkv, Lk, Dv = k.shape[1], k.shape[2], v.shape[3]
     acc = _acc(q.dtype)
-    delta_rows = (grad_out.to(acc) * out.to(acc)).sum(-1)  # (B, H, Lq): rowsum(dO o)
+    delta_rows = torch.empty(B, H, Lq, dtype=acc, device=q.device)  # rowsum(dO o)
     args = _common(
         q, k, v, q_lanes, k_lanes, key_bias, slope, table, row_factor, lag_scale, row_scale, grid, plan
     )
     P = args["P"]
+    delta_rows_kernel[(triton_cdiv(B * H * Lq, blocks.query_rows),)](
+        out,
+        grad_out,
+        delta_rows,
+        B * H * Lq,
+        Dv,
+        BLOCK_M=blocks.query_rows,
+        BLOCK_DV=args["flags"]["BLOCK_DV"],
+        ACC=args["flags"]["ACC"],
+        num_warps=blocks.num_warps,
+    )
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    dkl = None if k_lanes is None else torch.empty_like(k_lanes)
-    du = None if key_bias is None else torch.empty(B, H, Lk, dtype=acc, device=q.device)
+    # lanes may be broadcast views: their gradients are whole (autograd sums them back)
+    dkl = None if k_lanes is None else k_lanes.new_empty(k_lanes.shape)
+    # the prior's gradients: buffers only for those asked for (``needs[i]``: asked and present)
+    du = torch.empty(B, H, Lk, dtype=acc, device=q.device) if needs[5] else None
     key_blocks = triton_cdiv(Lk, blocks.key_rows)
-    dslope = None if slope is None else torch.zeros(B * H, key_blocks, dtype=acc, device=q.device)
-    dtable = None if table is None else torch.zeros(H, Lq + Lk - 1, dtype=acc, device=q.device)
-    dgrid = None if grid is None else torch.zeros(H, grid.shape[1], dtype=acc, device=q.device)
-    dlag = None if lag_scale is None else torch.zeros(H, Lq + Lk - 1, dtype=acc, device=q.device)
-    diagonals = (table is not None and needs[7]) or (lag_scale is not None and needs[9])
+    # every (batch row, head, key block) stores its partial sum: no zeros to start from
+    dslope = torch.empty(B * H, key_blocks, dtype=acc, device=q.device) if needs[6] else None
+    dtable = torch.zeros(H, Lq + Lk - 1, dtype=acc, device=q.device) if needs[7] else None
+    dgrid = torch.zeros(H, grid.shape[1], dtype=acc, device=q.device) if needs[11] else None
+    dlag = torch.zeros(H, Lq + Lk - 1, dtype=acc, device=q.device) if needs[9] else None
+    diagonals = dtable is not None or dlag is not None
     square = blocks.key_rows if diagonals else blocks.key_query_cols
     key_block_kernel[(key_blocks, B * Hkv)](
         q,
@@ -310,12 +332,14 @@ def _backward(
         _or(dlag, lse),
         *args["prior"],
         *args["masks"],
+        *args["lanes"],
         H,
         H // Hkv,
         Lq,
         Lk,
         plan.delta,
         plan.window or 0,
+        plan.scale,
         D,
         Dv,
         P,
@@ -323,19 +347,18 @@ def _backward(
         BLOCK_M=square,
         BLOCK_N=blocks.key_rows,
         **args["flags"],
-        KEY_BIAS_GRAD=du is not None and needs[5],
-        SLOPE_GRAD=dslope is not None and needs[6],
-        TABLE_GRAD=dtable is not None and needs[7],
-        GRID_GRAD=dgrid is not None and needs[11],
-        LAG_SCALE_GRAD=dlag is not None and needs[9],
+        KEY_BIAS_GRAD=du is not None,
+        SLOPE_GRAD=dslope is not None,
+        TABLE_GRAD=dtable is not None,
+        GRID_GRAD=dgrid is not None,
+        LAG_SCALE_GRAD=dlag is not None,
         num_warps=blocks.num_warps,
         num_stages=blocks.num_stages,
     )
     dq = torch.empty_like(q)
-    dql = None if q_lanes is None else torch.empty_like(q_lanes)
-    df = None if row_factor is None else torch.empty(B, H, Lq, dtype=acc, device=q.device)
-    row_sums = None if du is None else torch.empty(B, H, Lq, dtype=acc, device=q.device)
-    drow = None if row_scale is None else torch.empty(B, H, Lq, dtype=acc, device=q.device)
+    dql = None if q_lanes is None else q_lanes.new_empty(q_lanes.shape)
+    df = torch.empty(B, H, Lq, dtype=acc, device=q.device) if needs[8] else None
+    drow = torch.empty(B, H, Lq, dtype=acc, device=q.device) if needs[10] else None
     query_block_kernel[(triton_cdiv(Lq, blocks.query_rows), B * H)](
         q,
         k,
@@ -348,36 +371,32 @@ def _backward(
         dq,
         _or(dql, dq),
         _or(df, lse),
-        _or(row_sums, lse),
+        _or(du, lse),
         _or(drow, lse),
         *args["prior"],
         *args["masks"],
+        *args["lanes"],
         H,
         H // Hkv,
         Lq,
         Lk,
         plan.delta,
         plan.window or 0,
+        plan.scale,
         D,
         Dv,
         P,
         BLOCK_M=blocks.query_rows,
         BLOCK_N=blocks.key_cols,
         **args["flags"],
-        ROW_FACTOR_GRAD=df is not None and needs[8],
-        KEY_BIAS_GRAD=row_sums is not None,
-        ROW_SCALE_GRAD=drow is not None and needs[10],
+        ROW_FACTOR_GRAD=df is not None,
+        KEY_BIAS_GRAD=du is not None,
+        ROW_SCALE_GRAD=drow is not None,
         num_warps=blocks.num_warps,
         num_stages=blocks.num_stages,
     )
-    if row_sums is not None:
-        # The kernels add u_j - u_t(i): the centre's gradient, minus f_i times row i's sum of dS,
-        # is 0 in exact arithmetic, but a recomputed softmax's rows of dS do not sum to exactly
-        # 0, and FoX's gate sums its key bias's gradient over all later keys, where these
-        # leftovers pile up. Differentiating what the kernels computed cancels them.
-        own = (torch.arange(Lq, device=q.device) + (Lk - Lq)).clamp(0, Lk - 1).expand(B, H, Lq)
-        weighted = row_sums if row_factor is None else row_sums * row_factor.to(acc)
-        du.scatter_add_(2, own, -weighted)
+    if dtable is not None and table.shape[0] == 1:  # a table shared by the heads: their sum
+        dtable = dtable.sum(0, keepdim=True)
     grads = (
         dq,
         dk,
@@ -412,7 +431,8 @@ def triton_cdiv(n: int, block: int) -> int:
 def _common(
     q, k, v, q_lanes, k_lanes, key_bias, slope, table, row_factor, lag_scale, row_scale, grid, plan: Plan
 ) -> dict:
-    """The kernels' shared arguments: the prior's tensors with their strides, the masks, the flags."""
+    """The kernels' shared arguments: the prior's tensors with their strides, the masks, the lanes'
+    strides (batch, head, row), the flags."""
     import triton.language as tl
 
     stand_in = q
@@ -422,7 +442,7 @@ def _common(
         *((0, 0) if key_bias is None else key_bias.stride()[:2]),
         _or(slope, stand_in),
         _or(table, stand_in),
-        0 if table is None else table.stride(0),
+        0 if table is None or table.shape[0] == 1 else table.stride(0),  # one row: shared by the heads
         _or(row_factor, stand_in),
         *((0, 0) if row_factor is None else row_factor.stride()[:2]),
         _or(lag_scale, stand_in),
@@ -438,6 +458,7 @@ def _common(
         _or(plan.padding, stand_in),
         0 if plan.padding is None else plan.padding.stride(0),
     )
+    lanes = (0,) * 6 if q_lanes is None else (*q_lanes.stride()[:3], *k_lanes.stride()[:3])
     P = 0 if q_lanes is None else q_lanes.shape[-1]
     flags = dict(
         BLOCK_D=_width(q.shape[-1]),
@@ -460,4 +481,4 @@ def _common(
         ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
         PRECISION="ieee" if q.dtype in (torch.float32, torch.float64) else "tf32",
     )
-    return dict(prior=prior, masks=masks, P=P, flags=flags)
+    return dict(prior=prior, masks=masks, lanes=lanes, P=P, flags=flags)

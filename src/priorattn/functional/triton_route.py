@@ -1,6 +1,7 @@
-"""The Triton route: one fused kernel for the forward pass and two for the backward, with the prior's
-terms computed inside them and its gradients reduced in registers (``triton_forward.py``,
-``triton_backward.py``, launched by the operator of ``triton_op.py``).
+"""The Triton route: one fused kernel for the forward pass and two for the backward (after a small
+one for the rows' ``rowsum(dO o)``), with the prior's terms and the content scale computed inside
+them and its gradients reduced in registers (``triton_forward.py``, ``triton_backward.py``,
+launched by the operator of ``triton_op.py``).
 
 It takes every prior that folds (ALiBi, GOAT with or without its slope, Sandwich), every relative
 prior on position runs (GGD, T5, KERPLE: a lag table) and, causal on positions from 0 on, FIRE (its
@@ -113,13 +114,16 @@ def triton_attention(
     dtype = compute_dtype(q.dtype)
     factor = None if ssmax is None else ssmax.factor(masking.visible_keys()).to(dtype)
     row_factor = prior_factor(q, prior, factor, ssmax is not None and ssmax.scale_prior)
-    content = content_queries(q.to(dtype), scale, factor).to(q.dtype)
+    # The kernels scale the content scores in float32; float64 inputs, and rows SSMax scales, come
+    # scaled (the kernels' scale is then 1).
+    scaled_in_kernels = factor is None and q.dtype != torch.float64
+    content = q if scaled_in_kernels else content_queries(q.to(dtype), scale, factor).to(q.dtype)
     q_lanes = k_lanes = slope = table = grid = None
     if key_bias is not None:
         key_bias = key_bias.to(torch.promote_types(key_bias.dtype, dtype))
     if prior is not None and prior.can_fold(masking.causal):
         lanes = with_key_bias(prior.fold(masking.q_pos, masking.k_pos), key_bias)
-        if lanes.q.shape[-1]:
+        if lanes.q.shape[-1]:  # the key lanes, shared by every head and row, stay a broadcast view
             q_lanes = query_lanes(content, lanes.q, row_factor)
             k_lanes = lanes.k.to(k.dtype).expand(B, k.shape[1], Lk, lanes.q.shape[-1])
         key_bias, slope = lanes.key_bias, lanes.slope
@@ -139,11 +143,11 @@ def triton_attention(
         content.contiguous(),
         k.contiguous(),
         v.contiguous(),
-        _contiguous(q_lanes),
-        _contiguous(k_lanes),
+        _rows(q_lanes),
+        _rows(k_lanes),
         _contiguous(key_bias),
-        _contiguous(slope, dtype),
-        None if table is None else table.to(dtype).expand(H, -1).contiguous(),
+        _contiguous(slope),
+        _contiguous(table),
         None if row_factor is None else row_factor.to(dtype).expand(B, H, Lq, 1)[..., 0].contiguous(),
         None if grid is None else grid.lag_scale.to(dtype).contiguous(),
         None if grid is None else grid.row_scale.to(dtype).contiguous(),
@@ -155,6 +159,7 @@ def triton_attention(
         masking.causal,
         q0 - k0,
         masking.window,
+        scale if scaled_in_kernels else 1.0,
         list(BLOCKS["cuda" if q.device.type == "cuda" else "cpu"]),
     )
     return out
@@ -162,3 +167,8 @@ def triton_attention(
 
 def _contiguous(t: Tensor | None, dtype: torch.dtype | None = None) -> Tensor | None:
     return None if t is None else t.to(dtype or t.dtype).contiguous()
+
+
+def _rows(t: Tensor | None) -> Tensor | None:
+    """``t`` whose last dimension is contiguous, the others as they are (a broadcast's stride 0)."""
+    return t if t is None or t.stride(-1) == 1 else t.contiguous()

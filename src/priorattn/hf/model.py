@@ -26,7 +26,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 from ..functional.api import check_options
 from ..models.gpt import PRIOR_INITS
 from ..models.legacy import LEGACY_PRIOR_FIELDS, legacy_spec
-from ..models.positions import prior_of_model
+from ..models.named import prior_of_model
 from ..priors import GOAT, Prior, Uniform, build_prior
 from ..priors.registry import UnregisteredPrior
 from .attention import NAME

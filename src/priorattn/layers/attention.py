@@ -35,10 +35,9 @@ class PriorMultiheadAttention(nn.Module):
         prior: a :class:`~priorattn.priors.Prior` with ``num_heads`` heads (or head-independent).
         encoding: ``None``, ``"rope"``, a :class:`~priorattn.encodings.RoPE` of width ``d_q``, or a
             function of ``d_q`` that builds one (for a RoPE whose width the layer decides, e.g.
-            ``functools.partial(YaRNRoPE, scale=4.0, original_len=2048)``), applied to the content
-            q/k at their positions.
-        rope_interpolation: with ``encoding="rope"``, RoPE's position interpolation factor
-            (positions ``p -> p / rope_interpolation``); a RoPE module carries its own.
+            ``functools.partial(YaRNRoPE, scale=4.0, original_len=2048)``, or
+            ``partial(RoPE, interpolation=4.0)``: a RoPE carries its own extension), applied to the
+            content q/k at their positions.
         ssmax: ``None``, ``True`` (a new :class:`~priorattn.SSMax`) or an ``SSMax`` module.
         causal: key j is visible to query i iff ``pos[j] <= pos[i]``.
         head_dim: value width ``D`` per head, default ``d_model // num_heads``.
@@ -66,7 +65,6 @@ class PriorMultiheadAttention(nn.Module):
         *,
         prior: Prior | None = None,
         encoding: RoPE | Callable[[int], RoPE] | str | None = None,
-        rope_interpolation: float = 1.0,
         ssmax: SSMax | bool | None = None,
         causal: bool = True,
         num_kv_heads: int | None = None,
@@ -106,7 +104,7 @@ class PriorMultiheadAttention(nn.Module):
             if encoding is not None and content_dim % 2:
                 content_dim -= 1  # one padding lane so RoPE can rotate the content in pairs
             _check_content_lanes(prior, head_dim, content_dim)
-        self.rope = layer_rope(encoding, content_dim, rope_interpolation)
+        self.rope = layer_rope(encoding, content_dim)
         self.ssmax = _ssmax(ssmax, num_heads)
         self.forget_gate = _forget_gate(forget_gate, d_model, num_heads)
 
@@ -236,22 +234,15 @@ def _check_content_lanes(prior: Prior, head_dim: int, content_dim: int) -> None:
         )
 
 
-def layer_rope(
-    encoding: RoPE | Callable[[int], RoPE] | str | None, content_dim: int, interpolation: float
-) -> RoPE | None:
+def layer_rope(encoding: RoPE | Callable[[int], RoPE] | str | None, content_dim: int) -> RoPE | None:
     """The RoPE a layer's ``encoding`` argument names for its ``content_dim`` rotated lanes (see
     :class:`PriorMultiheadAttention`), or ``None``; a one-line error for anything else."""
-    if interpolation != 1.0 and encoding != "rope":
-        raise ValueError(
-            f"rope_interpolation={interpolation!r} goes with encoding='rope' (a RoPE module carries "
-            f"its own interpolation), got encoding={encoding!r}"
-        )
     if encoding is None:
         return None
     if isinstance(encoding, str):
         if encoding != "rope":
             raise ValueError(f"encoding must be None, 'rope' or a RoPE module, got {encoding!r}")
-        return RoPE(content_dim, interpolation=interpolation)
+        return RoPE(content_dim)
     if isinstance(encoding, Sinusoidal):
         raise TypeError("Sinusoidal is added to the token embeddings, not inside attention")
     if callable(encoding) and not isinstance(encoding, nn.Module):

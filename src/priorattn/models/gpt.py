@@ -31,7 +31,7 @@ from ..mechanisms import decoding as decoding_path
 from ..priors import Prior, Uniform
 from ..token_shift import LayerCaches, TokenShift
 from .legacy import LEGACY_PRIOR_FIELDS, upgraded, with_attention_options
-from .positions import prior_of_model
+from .named import prior_of_model
 
 PRIOR_INITS = ("uniform", "alibi")
 
@@ -57,7 +57,7 @@ class GPTConfig:
     - ``prior``: a prior spec (:mod:`priorattn.priors.spec`): a registered prior's name
       (``priorattn.priors.names()``), with options, or a sum: ``"goat(num_freqs=3, slope=none)+alibi"``,
       or its dict or list form; or a named model that is a prior alone
-      (:func:`~priorattn.models.positions.prior_of_model`: ``"bam"`` is ``"ggd"``). Kept as its
+      (:func:`~priorattn.models.named.prior_of_model`: ``"bam"`` is ``"ggd"``). Kept as its
       canonical string (only the options that differ from the defaults), so equal priors give equal
       configs. A config saved with the flattened fields of
       earlier versions (``goat_freqs``, ``goat_sink``, ``goat_slope``, ``goat_sink_freqs``,

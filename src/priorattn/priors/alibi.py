@@ -6,11 +6,14 @@ import torch
 from torch import Tensor
 
 from ..checks import check_int
-from .base import FoldLanes, PositionTable, Prior, alibi_slopes, per_head, relative_positions
+from .base import FoldLanes, LagPrior, PositionTable
+from .math import alibi_slopes, per_head, relative_positions
 from .registry import register
 
+__all__ = ["ALiBi"]
 
-class ALiBi(Prior):
+
+class ALiBi(LagPrior):
     """``K_h(i, j) = -m_h |i - j|`` with fixed slopes ``m_h`` (a buffer, not trained).
 
     The slopes are set at construction or by ``load_state_dict``, which also record their largest
@@ -34,18 +37,10 @@ class ALiBi(Prior):
         self.largest_slope = float(self.slopes.detach().abs().max())  # read once, where they are made
         self.by_lag = PositionTable(self, self.of_lag)
 
-    @property
-    def is_relative(self) -> bool:
-        return True
-
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """Evaluated, not read from the lag table: one product per cell, exact at any lag."""
         distance = relative_positions(q_pos, k_pos, self.slopes.dtype).abs()
         return -per_head(self.slopes) * distance
-
-    def log_prior_of_runs(
-        self, q_start: int, Lq: int, k_start: int, Lk: int, device: torch.device, dtype: torch.dtype
-    ) -> Tensor:
-        return self.by_lag.toeplitz(q_start, Lq, k_start, Lk, device, dtype)
 
     def of_lag(self, lag: Tensor) -> Tensor:
         """``-m_h |d|`` at lags ``d`` ``(n,)``, ``(H, n)``."""

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 from torch.amp.autocast_mode import is_autocast_available
 
+from .math import pairwise_lags
 from .registry import spec_of
 from .score_mod import ScoreMod, ScoreTerms, check_gate_queries, score_mod_of, score_positions
 
@@ -264,44 +265,14 @@ def in_own_dtype(device: torch.device) -> contextlib.AbstractContextManager:
 
     A prior evaluates O(L) terms per head, a small share of a step, so full precision costs little,
     while autocast would round them to bfloat16 before the route rounds its lanes again; and on the
-    CPU bfloat16 products of such small odd shapes are slower (GOAT's sink MLP took nearly three times
-    as long under bf16 autocast as in float32, forward and backward: docs/performance_log.md).
+    CPU bfloat16 products of such small, odd shapes are slower than float32 ones, not faster
+    (docs/performance_log.md).
     """
     # "meta" has no autocast to turn off. A compiled graph runs on a real device, and dynamo before
     # torch 2.13 cannot trace the availability check (a graph break on CUDA, torch 2.11).
     if not torch.compiler.is_compiling() and not is_autocast_available(device.type):
         return contextlib.nullcontext()
     return torch.autocast(device.type, enabled=False)
-
-
-def relative_positions(q_pos: Tensor, k_pos: Tensor, dtype: torch.dtype) -> Tensor:
-    """``q_pos[i] - k_pos[j]`` as ``(..., 1, Lq, Lk)`` in ``dtype`` (exact: the difference is integer)."""
-    return (q_pos[..., :, None] - k_pos[..., None, :]).to(dtype).unsqueeze(-3)
-
-
-def per_head(param: Tensor) -> Tensor:
-    """``(H,)`` -> ``(H, 1, 1)``, to broadcast against ``(..., H, Lq, Lk)``."""
-    return param[:, None, None]
-
-
-def alibi_slopes(num_heads: int) -> Tensor:
-    """The standard ALiBi head slopes: a geometric sequence ``2^(-8/n), 2^(-16/n), ...``.
-
-    For a head count that is not a power of two, the first ``2^floor(log2 H)`` slopes are followed by
-    every other slope of the next power of two (Press et al., 2022).
-    """
-    if num_heads < 1:
-        raise ValueError(f"num_heads must be >= 1, got {num_heads}")
-
-    def geometric(n: int) -> list[float]:
-        start = 2.0 ** (-8.0 / n)
-        return [start ** (i + 1) for i in range(n)]
-
-    power = 1 << (num_heads.bit_length() - 1)
-    slopes = geometric(power)
-    if power < num_heads:
-        slopes += geometric(2 * power)[0::2][: num_heads - power]
-    return torch.tensor(slopes, dtype=torch.float64)
 
 
 class LagPrior(Prior):
@@ -314,8 +285,7 @@ class LagPrior(Prior):
         return True
 
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        lag = q_pos[..., :, None] - k_pos[..., None, :]  # (..., Lq, Lk)
-        return self.by_lag(lag).movedim(0, -3)  # (..., H, Lq, Lk)
+        return self.by_lag(pairwise_lags(q_pos, k_pos)).movedim(0, -3)  # (..., H, Lq, Lk)
 
     def log_prior_of_runs(
         self, q_start: int, Lq: int, k_start: int, Lk: int, device: torch.device, dtype: torch.dtype
@@ -375,7 +345,7 @@ class PositionTable:
         values = self._covering(int(x.max()) + 1, x.numel(), x.device)
         if values is None:
             return self.evaluate(x)
-        # index_select: several times faster than advanced indexing ``values[:, x]``
+        # index_select: one gather per head, faster than advanced indexing ``values[:, x]``
         return values.index_select(1, x.flatten()).unflatten(-1, x.shape)
 
     def run(
@@ -436,9 +406,9 @@ class PositionTable:
 
 
 def module_tensors(module: nn.Module) -> list[Tensor]:
-    """Every parameter and buffer of ``module`` and its submodules, read from their own dicts: a
-    third to a sixth of the time of ``parameters()`` and ``buffers()``,
-    which a decode step pays per table read."""
+    """Every parameter and buffer of ``module`` and its submodules, read from their own dicts
+    without the name bookkeeping of ``parameters()`` and ``buffers()``: a decode step pays this per
+    table read (docs/performance_log.md)."""
     modules, tensors = [module], []
     for m in modules:
         modules.extend(sub for sub in m._modules.values() if sub is not None)

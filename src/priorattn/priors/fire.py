@@ -10,8 +10,10 @@ from torch import Tensor, nn
 
 from ..checks import check_int
 from .base import Prior, ScaledLag, in_own_dtype
-from .kerple import inverse_softplus
+from .math import inverse_softplus, pairwise_lags
 from .registry import register
+
+__all__ = ["FIRE"]
 
 
 class FIRE(Prior):
@@ -65,7 +67,7 @@ class FIRE(Prior):
 
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         dtype = self.theta_c.dtype
-        lag = (q_pos[..., :, None] - k_pos[..., None, :]).to(dtype)  # (..., Lq, Lk), exact integers
+        lag = pairwise_lags(q_pos, k_pos).to(dtype)  # (..., Lq, Lk), exact integers
         with in_own_dtype(lag.device):
             K = self.mlp(
                 (self.psi(lag) / self.normaliser(q_pos)[..., :, None])[..., None]

@@ -8,8 +8,11 @@ import torch
 from torch import Tensor, nn
 
 from ..checks import check_int
-from .base import LagPrior, PositionTable, alibi_slopes
+from .base import LagPrior, PositionTable
+from .math import alibi_slopes
 from .registry import FromModel, register
+
+__all__ = ["GGD"]
 
 PARAMETERS = ("alpha", "beta", "mu")
 

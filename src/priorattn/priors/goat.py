@@ -9,23 +9,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checks import check_int
-from .base import FoldLanes, PositionTable, Prior, alibi_slopes, in_own_dtype
+from .base import FoldLanes, PositionTable, Prior, in_own_dtype
+from .math import alibi_slopes, geometric_freqs, inverse_softplus, pairwise_lags, phases
 from .registry import Choice, FromModel, register
 from .score_mod import ScoreTerms
 
-
-def geometric_freqs(num_freqs: int, base: float) -> Tensor:
-    """``w_r = base^(-r / (R - 1))``, r = 0..R-1: from one radian per token down to ``1 / base``."""
-    return base ** (-torch.arange(num_freqs, dtype=torch.float64) / max(num_freqs - 1, 1))
-
-
-def phases(pos: Tensor, freqs: Tensor) -> tuple[Tensor, Tensor]:
-    """``cos(w_r * pos)`` and ``sin(w_r * pos)``, ``(..., L, R)``, in ``freqs.dtype``.
-
-    The angle is formed in float64: at position 10^5 a float32 angle is off by ~0.01 rad.
-    """
-    angle = pos.to(torch.float64)[..., None] * freqs.to(torch.float64)
-    return angle.cos().to(freqs.dtype), angle.sin().to(freqs.dtype)
+__all__ = ["GOAT", "PerHeadSink"]
 
 
 class KeySink(nn.Module):
@@ -113,16 +102,16 @@ class SharedSink(KeySink):
         return u.transpose(-1, -2)
 
 
-class GOATSink(KeySink):
-    """The per-head sink of earlier priorattn versions, ``GOAT(sink="per_head")``: a learnable linear
-    decay plus an MLP with one output per head (seed 000 Eq. 19: "a learnable linear decay plus an MLP
-    over sinusoidal and length-normalized scalar inputs"):
+class PerHeadSink(KeySink):
+    """GOAT's per-head sink, ``GOAT(sink="per_head")``: a learnable linear decay plus an MLP with one
+    output per head (seed 000 Eq. 19: "a learnable linear decay plus an MLP over sinusoidal and
+    length-normalized scalar inputs"):
 
     ``u_h(j) = -decay_h * j / train_len + MLP_h(inputs of KeySink)``
 
-    The decay is a second unbounded learned trend beside GOAT's slope (in models trained with both it
-    cancelled the slope); runs saved with it load with this sink. The MLP's output layer and ``decay``
-    start at zero (``u = 0``).
+    The decay is a second unbounded learned trend beside GOAT's slope, free to cancel it, which is why
+    the default sink (:class:`SharedSink`) has none; this one loads the runs trained with it. The
+    MLP's output layer and ``decay`` start at zero (``u = 0``).
     """
 
     def __init__(
@@ -145,23 +134,17 @@ class GOATSink(KeySink):
 
 
 #: The sinks by ``GOAT(sink=...)``.
-SINKS = {"shared": SharedSink, "per_head": GOATSink}
+SINKS = {"shared": SharedSink, "per_head": PerHeadSink}
 SLOPES = ("learned", "fixed", "none")
 #: GOAT's starts, ``GOAT(init=...)``.
 INITS = ("seeded", "uniform", "recency")
-#: What ``sink`` and ``slope`` given as True or False (as in earlier versions, when they were booleans)
-#: read as: the arguments, a spec's ``true``/``false`` and a JSON spec's booleans alike.
+#: What ``sink`` and ``slope`` given as True or False (switched on or off) read as: the arguments, a
+#: spec's ``true``/``false`` and a JSON spec's or saved config's booleans alike.
 SINK_OF_BOOL = {True: "shared", False: "none"}
 SLOPE_OF_BOOL = {True: "learned", False: "none"}
 #: ``softplus(UNIFORM_SLOPE_RAW)`` (1e-13): the learned slope of ``init="uniform"``, as goat-attention
 #: starts it; ``softplus`` never reaches 0.
 UNIFORM_SLOPE_RAW = -30.0
-
-
-def inverse_softplus(m: Tensor) -> Tensor:
-    """``x`` with ``softplus(x) = m`` for ``m > 0``: ``log(expm1(m))``, as ``m + log(-expm1(-m))``
-    where ``expm1(m)`` would overflow."""
-    return m + torch.log(-torch.expm1(-m))
 
 
 class GOAT(Prior):
@@ -171,7 +154,7 @@ class GOAT(Prior):
     - Relative part (seed 000 Eq. 12): ``num_freqs`` fixed geometric frequencies in buffer ``freqs``
       (a parameter with ``learnable_freqs=True``, the paper's open question 2).
     - ``sink``: the key-only ``u_h(j)`` (Eq. 19): ``"shared"`` (:class:`SharedSink`, the authors'
-      package's), ``"per_head"`` (:class:`GOATSink`, earlier priorattn versions') or ``"none"``.
+      package's), ``"per_head"`` (:class:`PerHeadSink`: a per-head MLP and linear decay) or ``"none"``.
     - ``slope``: the recency term ``-m_h |i - j|`` with ``m_h >= 0`` (App. F.3, Theorem 3 and Prop.
       F.6: the least-committal recency prior is exponential in the lag, so ``m`` cannot turn into an
       anti-recency): ``"learned"`` (``m_h = softplus(slope_raw_h)``, parameter ``slope_raw``),
@@ -196,7 +179,7 @@ class GOAT(Prior):
     - ``"seeded"`` (the default, goat-attention's ``prior_init="seeded"``): a learned slope starts at
       the ALiBi slopes, every other term at 0. A softplus slope cannot start at 0 and learn: from
       ``softplus(-30)`` its gradient is ``sigmoid(-30)`` ~ 1e-13 of the loss's, below AdamW's ``eps``,
-      and it stays there (measured: docs/priors.md).
+      and it stays there (docs/priors.md).
     - ``"uniform"``: standard attention, every term 0, a learned slope at ``softplus(-30)`` = 1e-13
       (goat-attention's ``prior_init="uniform"``; in practice a constant 0, as above).
     - ``"recency"``: ALiBi. A learned slope takes the ALiBi slopes (as ``"seeded"``); with
@@ -210,9 +193,9 @@ class GOAT(Prior):
     ``1 . u_h(j)`` and one slope lane ``m_h . (j - centre)``; the routes multiply a query's lanes by
     its gate.
 
-    Runs saved before the slope was non-negative hold its ``m_h`` as parameter ``slope``; they load
-    into ``slope="learned"`` (``slope_raw = softplus^-1(m_h)``) unless a head's ``m_h`` is negative,
-    which no slope of this GOAT can be: the message says so.
+    A state dict holding the slope as parameter ``slope`` (``m_h`` itself, of either sign) loads into
+    ``slope="learned"`` (``slope_raw = softplus^-1(m_h)``) unless a head's ``m_h`` is negative, which
+    no slope of this GOAT can be: the message says so.
     """
 
     def __init__(
@@ -324,8 +307,8 @@ class GOAT(Prior):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing, unexpected, errors)
 
     def raw_of_saved_slope(self, old: Tensor) -> Tensor:
-        """``slope_raw`` of a run saved by an earlier version, whose ``m_h`` was its parameter ``slope``
-        clamped to ``[-max_slope, max_slope]``; a ValueError where a head's ``m_h`` is negative."""
+        """``slope_raw`` of a state dict holding ``m_h`` as its parameter ``slope`` (clamped to
+        ``[-max_slope, max_slope]``); a ValueError where a head's ``m_h`` is negative."""
         m = old.clamp(-self.max_slope, self.max_slope)
         if (m < 0).any():
             raise ValueError(
@@ -338,8 +321,7 @@ class GOAT(Prior):
         return raw.to(old.dtype)
 
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        lag = q_pos[..., :, None] - k_pos[..., None, :]  # (..., Lq, Lk)
-        K = self.by_lag(lag).movedim(0, -3)  # (..., H, Lq, Lk)
+        K = self.by_lag(pairwise_lags(q_pos, k_pos)).movedim(0, -3)  # (..., H, Lq, Lk)
         if self.sink is not None:
             K = K + self.sink(k_pos)[..., :, None, :]
         return K
@@ -425,7 +407,7 @@ register(
     num_freqs="R, the relative part's geometric frequencies (2 lanes each when folded; 0: none)",
     sink=Choice(
         "the key-only sink u_h(j): shared (goat-attention's: shared MLP x per-head gain + BOS bump), "
-        "per_head (earlier priorattn versions': per-head MLP + linear decay) or none (1 lane)",
+        "per_head (a per-head MLP + linear decay) or none (1 lane)",
         (*SINKS, "none"),
         SINK_OF_BOOL,
     ),

@@ -8,14 +8,12 @@ from torch import Tensor, nn
 
 from ..checks import check_int
 from .base import LagPrior, PositionTable
+from .math import inverse_softplus
 from .registry import register
 
+__all__ = ["KERPLE"]
+
 VARIANTS = ("log", "power")
-
-
-def inverse_softplus(x: Tensor) -> Tensor:
-    """``y`` with ``softplus(y) = x`` for ``x > 0``."""
-    return x + torch.log(-torch.expm1(-x))
 
 
 class KERPLE(LagPrior):

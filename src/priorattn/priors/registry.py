@@ -52,8 +52,8 @@ class FromModel:
 @dataclass(frozen=True)
 class Choice:
     """A string option that takes one of ``words``. ``booleans`` reads ``true`` and ``false`` as
-    words (an option that was a boolean before it had words, as GOAT's ``slope``: a spec or saved
-    config with ``slope=false`` means ``slope=none``), so a spec's canonical string names the word."""
+    words (an on/off option with several kinds of on, as GOAT's ``slope``: a spec or saved config with
+    ``slope=false`` means ``slope=none``), so a spec's canonical string names the word."""
 
     doc: str
     words: tuple[str, ...]

@@ -7,8 +7,10 @@ from torch import Tensor
 
 from ..checks import check_int
 from .base import FoldLanes, LagPrior, PositionTable
-from .goat import phases
+from .math import phases
 from .registry import register
+
+__all__ = ["Sandwich"]
 
 
 class Sandwich(LagPrior):

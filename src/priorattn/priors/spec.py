@@ -11,7 +11,7 @@ A spec is any of
 
 An option's value is read as its registered type. An option of words may read ``true`` and
 ``false`` (a string's or a dict's) as two of its words (:class:`~priorattn.priors.Choice`: GOAT's
-``sink`` and ``slope``, booleans in earlier versions), and the spec then holds the word:
+``sink`` and ``slope``, which switch on and off), and the spec then holds the word:
 ``canonical_spec("goat(slope=false)")`` is ``"goat(slope=none)"``.
 
 ``prior.spec()`` gives the dict of a registered prior with every option (a list for a sum), and

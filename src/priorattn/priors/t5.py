@@ -9,11 +9,13 @@ import torch
 from torch import Tensor, nn
 
 from ..checks import check_int
-from .base import PositionTable, Prior
+from .base import LagPrior, PositionTable
 from .registry import register
 
+__all__ = ["T5Bias"]
 
-class T5Bias(Prior):
+
+class T5Bias(LagPrior):
     """``K_h(i, j) = b_h[bucket(i - j)]``: one learned scalar per head per distance bucket.
 
     Raffel et al. (2020, Sec. 2.1) learn one table and share it across layers (``shared_prior``
@@ -55,10 +57,6 @@ class T5Bias(Prior):
         self.bias = nn.Parameter(torch.zeros(num_heads, num_buckets, dtype=torch.get_default_dtype()))
         self.by_lag = PositionTable(self, self.of_lag)
 
-    @property
-    def is_relative(self) -> bool:
-        return True
-
     def constant_beyond(self) -> int:
         """The first distance in the last bucket of keys at or before the query: every farther one
         shares it (``bucket`` is non-decreasing in the distance, and ``max_distance`` is in it)."""
@@ -80,15 +78,6 @@ class T5Bias(Prior):
         ratio = math.log(self.max_distance / self.max_exact)
         wide = self.max_exact + (far / ratio * (self.per_side - self.max_exact)).long()
         return offset + torch.where(n < self.max_exact, n, wide.clamp(max=self.per_side - 1))
-
-    def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        lag = q_pos[..., :, None] - k_pos[..., None, :]  # (..., Lq, Lk)
-        return self.by_lag(lag).movedim(0, -3)  # (..., H, Lq, Lk)
-
-    def log_prior_of_runs(
-        self, q_start: int, Lq: int, k_start: int, Lk: int, device: torch.device, dtype: torch.dtype
-    ) -> Tensor:
-        return self.by_lag.toeplitz(q_start, Lq, k_start, Lk, device, dtype)
 
     def of_lag(self, lag: Tensor) -> Tensor:
         """``b_h[bucket(d)]`` at lags ``d`` ``(n,)``, ``(H, n)``."""

@@ -8,6 +8,8 @@ from torch import Tensor
 from .base import FoldLanes, Prior
 from .registry import register
 
+__all__ = ["Uniform"]
+
 
 class Uniform(Prior):
     """``K(i, j) = 0``: standard attention, no positional information."""

@@ -113,7 +113,7 @@ class ScalarMultiheadAttention(nn.Module):
         self.content_dim = head_dim if hybrid else 0
         self.prior, self.causal, self.window, self.backend = prior, causal, window, backend
         self.ssmax = None  # seed 002 "Long Context Behavior": the kernel needs no length correction
-        self.rope = layer_rope(encoding, head_dim, 1.0) if hybrid else None
+        self.rope = layer_rope(encoding, head_dim) if hybrid else None
         self.temperature = Temperature(num_heads, tau, tau_init, tau_cap, d_model)
         self.tau_length_scaling = tau_length_scaling
         H, G, Dq = num_heads, value_groups, self.content_dim

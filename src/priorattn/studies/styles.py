@@ -1,7 +1,7 @@
 """How the studies name and draw each model, so a mechanism reads and looks the same in every
 study's tables and figures.
 
-A mechanism is a position (a named model of :mod:`priorattn.models.positions`, a registered prior,
+A mechanism is a position (a named model of :mod:`priorattn.models.named`, a registered prior,
 or a study's own evaluation variant) optionally with SSMax. :func:`mechanism_label` gives its name
 in words (:data:`LABELS`, a registered prior its class's name) and :func:`mechanism_style` its
 matplotlib line style (:data:`POSITION_STYLES`). Shared by every study, and no study itself.
@@ -9,7 +9,7 @@ matplotlib line style (:data:`POSITION_STYLES`). Shared by every study, and no s
 
 from __future__ import annotations
 
-from ..models.positions import positions, split_mechanism
+from ..models.named import positions, split_mechanism
 from ..priors import names, registered
 
 #: Each position's name in tables and legends. Besides the named models: the retrieval study's RoPE
@@ -76,7 +76,7 @@ def mechanism_label(mechanism: str) -> str:
 
 
 def mechanism_style(mechanism: str) -> dict:
-    """How figures draw ``mechanism`` (a position of :func:`~priorattn.models.positions.positions`
+    """How figures draw ``mechanism`` (a position of :func:`~priorattn.models.named.positions`
     or :data:`LABELS`, optionally with SSMax): matplotlib line keywords ``{"color", "marker",
     "linestyle"}``, the position's from :data:`POSITION_STYLES` and dashed (dash-dotted for a dotted
     one) with SSMax. A registered prior the table does not name is drawn dotted in a colour of

@@ -11,7 +11,7 @@ import torch
 
 import priorattn.studies.retrieval.study as study
 from priorattn.data.synthetic import NEEDLE_TOKEN, SyntheticTask
-from priorattn.studies.retrieval.report import run_retrieval_study
+from priorattn.studies.retrieval.run import run_retrieval_study
 from priorattn.studies.retrieval.study import (
     RetrievalStudyConfig,
     curriculum_length,
@@ -153,11 +153,11 @@ def test_a_fixed_step_run_says_so_in_its_results_and_report(tmp_path):
 
 def test_the_retrieval_command_passes_the_protocol_options(tmp_path, monkeypatch):
     from priorattn import cli
-    from priorattn.studies.retrieval import report as retrieval_report
+    from priorattn.studies.retrieval import run as retrieval_run
 
     given = []
     monkeypatch.setattr(
-        retrieval_report,
+        retrieval_run,
         "run_retrieval_study",
         lambda config, out, **options: given.append(config) or {"winners": []},
     )

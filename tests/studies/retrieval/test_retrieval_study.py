@@ -15,12 +15,13 @@ from priorattn.encodings import YaRNRoPE
 from priorattn.eval.synthetic import extended_rope, score_synthetic
 from priorattn.models import GPT, GPTConfig
 from priorattn.studies.retrieval.report import (
-    run_retrieval_study,
+    fmt,
     seed_claims,
     ssmax_effects,
     summarize,
     winners,
 )
+from priorattn.studies.retrieval.run import run_retrieval_study
 from priorattn.studies.retrieval.study import (
     DEFAULT_MECHANISMS,
     RetrievalStudyConfig,
@@ -445,11 +446,11 @@ def test_fox_and_every_registered_prior_are_mechanisms_of_the_study():
 
 def test_the_retrieval_command_runs_the_study(tmp_path, monkeypatch, capsys):
     from priorattn import cli
-    from priorattn.studies.retrieval import report as retrieval_report
+    from priorattn.studies.retrieval import run as retrieval_run
 
     given = []
     monkeypatch.setattr(
-        retrieval_report,
+        retrieval_run,
         "run_retrieval_study",
         lambda config, out, **options: (
             given.append((config, options))
@@ -466,3 +467,18 @@ def test_the_retrieval_command_runs_the_study(tmp_path, monkeypatch, capsys):
     config, options = given[0]
     assert config.mechanisms == ["bam+ssmax", "rope_pi"] and config.seeds == [0, 3]
     assert not config.token_shift and config.factors[-1] == 512 and options["workers"] == 1
+
+
+def test_learned_values_read_as_numbers_per_head_not_as_an_array():
+    assert fmt([0.5, -1.23456, 2e-6]) == "0.5, -1.23, 2e-06"
+    assert fmt(0.25) == "0.25"
+    assert fmt([[0.0, 1.5], [2.25, -3.0]]) == "h0: 0, 1.5; h1: 2.25, -3"  # GOAT's sink: a row per head
+
+
+def test_layers_with_equal_priors_are_drawn_once():
+    from priorattn.studies.retrieval.figures import layer_groups
+
+    fixed = [[[0.0, -1.0], [0.0, -2.0]]] * 3  # ALiBi: every layer the same
+    assert layer_groups(fixed) == [("layers 0, 1, 2", fixed[0])]
+    learned = [[[0.0, -1.0]], None, [[0.0, -3.0]], [[0.0, -1.0]]]
+    assert layer_groups(learned) == [("layers 0, 3", [[0.0, -1.0]]), ("layer 2", [[0.0, -3.0]])]

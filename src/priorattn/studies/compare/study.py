@@ -2,7 +2,7 @@
 evaluated alike, in one report (the main job; seed 003 Sec. 3 and App. D-E, seed 000 Sec. 6).
 
 Every model is the ``tiny`` preset trained with the same data, steps, seed and retrieval mix; only the
-way position enters differs (a mechanism of :mod:`priorattn.models.positions`). Each is then scored at
+way position enters differs (a mechanism of :mod:`priorattn.models.named`). Each is then scored at
 lengths from the training length ``T`` upwards: perplexity, and passkey accuracy at ``T``. Byte-level
 retrieval costs minutes per model, and a model that does not retrieve at ``T`` cannot show how retrieval
 survives beyond it, so the passkey past ``T`` and the NIAH run only for the models that retrieve at
@@ -29,9 +29,9 @@ from ...eval.retrieval import RETRIEVES
 from ...figures import RunScale
 from ...files import check_text_encoding, prepare_out, write_json_atomic
 from ...models import preset
-from ...models.positions import mechanism_fields, split_mechanism
+from ...models.named import mechanism_fields, split_mechanism
 from ...train import OtherSettings, TrainConfig, train
-from ..retrieval.report import run_retrieval_study
+from ..retrieval.run import run_retrieval_study
 from ..retrieval.study import RetrievalStudyConfig
 from ..styles import mechanism_label
 
@@ -50,7 +50,7 @@ class CompareConfig:
     sequences replaced by retrieval samples, and evaluates perplexity from T = 256 to 64 T and
     retrieval to 16 T.
 
-    - ``models``: the mechanisms trained (:mod:`priorattn.models.positions`), or prior specs that
+    - ``models``: the mechanisms trained (:mod:`priorattn.models.named`), or prior specs that
       are one of them, as ``train --prior`` writes them: ``goat(slope=none)`` is ``goat_noslope``.
     - ``data``: the corpus (:func:`priorattn.data.load_corpus`: a text file, folder, glob or
       ``hf:PATH``; ``None``: the embedded Shakespeare works).

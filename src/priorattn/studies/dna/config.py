@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...figures import RunScale
-from ...models.positions import mechanism_fields, split_mechanism
+from ...models.named import mechanism_fields, split_mechanism
 
 DEFAULT_GENOME = "~/.cache/priorattn/genomes/E.Coli/references/MG1655-K12.fasta.gz"
 DEFAULT_MODELS = ("goat", "rope", "alibi")
@@ -24,7 +24,7 @@ class DNAConfig:
     The default (budget 1) trains each tiny model for 400 steps of 8 x 512 bases of E. coli K-12
     MG1655 (``make genomes``) and samples 3 continuations of 200 bases after 256-base prompts.
 
-    - ``models``: the mechanisms trained (:mod:`priorattn.models.positions`).
+    - ``models``: the mechanisms trained (:mod:`priorattn.models.named`).
     - ``genome``: a FASTA file or directory (``make genomes`` fetches them).
     - ``preset``: the model size every mechanism is trained at (:data:`priorattn.models.PRESETS`).
     - ``seq_len``, ``steps``, ``batch_size``: the training length in bases, each model's optimizer

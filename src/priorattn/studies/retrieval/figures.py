@@ -85,15 +85,40 @@ def _plot_accuracy(config: RetrievalStudyConfig, summary: dict, path: Path) -> P
     return save(fig, path)
 
 
+#: The line style of each group of identical layers in :func:`plot_learned_priors`.
+LAYER_STYLES = ("-", "--", ":", "-.") * 8
+
+
+def layer_groups(layers: list) -> list[tuple[str, list]]:
+    """The layers' log-prior curves (``[layer][head][point]``, None for a layer without a prior)
+    grouped where they are equal (a fixed prior such as ALiBi gives every layer the same), so that
+    one group is drawn once: ``[("layers 0, 1", heads), ...]``."""
+    groups: list[tuple[list[int], list]] = []
+    for layer, heads in enumerate(layers):
+        if heads is None:
+            continue
+        same = next((g for g in groups if np.allclose(g[1], heads, rtol=0, atol=1e-9)), None)
+        if same is None:
+            groups.append(([layer], heads))
+        else:
+            same[0].append(layer)
+    return [
+        (("layer " if len(ids) == 1 else "layers ") + ", ".join(map(str, ids)), heads)
+        for ids, heads in groups
+    ]
+
+
 def plot_learned_priors(config: RetrievalStudyConfig, curves: dict, summary: dict, path: Path) -> Path:
     """Seed 0's log-prior for the last query of the longest input against the key's distance, one
-    panel per mechanism with a prior, one line per (layer, head)."""
+    panel per mechanism with a prior, one line per (layer, head), equal layers drawn once."""
     longest = config.lengths()[-1]
     caption = (
         f"What each learned prior tells attention (seed {config.seeds[0]}): the log-prior added to the "
         f"score of a key d tokens before the last query of a {longest}-token input, against d (log scale), "
-        "one line per layer and head, each shifted so that its largest value is 0. A needle whose log-prior "
-        "lies far below the nearby keys' needs a content score that much larger to be found. The dotted "
+        "one line per layer and head (a colour per head, a line style per layer; layers whose priors are "
+        "equal, as a fixed prior's are, drawn once), each shifted so that its largest value is 0. A needle "
+        "whose log-prior lies far below the nearby keys' needs a content score that much larger to be "
+        "found. The dotted "
         "line is the training length."
     )
     n = len(curves)
@@ -103,13 +128,11 @@ def plot_learned_priors(config: RetrievalStudyConfig, curves: dict, summary: dic
     axes = np.atleast_1d(panel.subplots(rows, cols, squeeze=False)).ravel()
     for ax, (mechanism, curve) in zip(axes, curves.items()):
         distance = np.asarray(curve["distance"]) + 1  # log axis: d + 1
-        for layer, heads in enumerate(curve["layers"]):
-            if heads is None:
-                continue
+        for style, (layers, heads) in zip(LAYER_STYLES, layer_groups(curve["layers"])):
             for head, values in enumerate(heads):
                 values = np.asarray(values)
-                ax.plot(distance, values - values.max(), linestyle="-" if layer == 0 else "--",
-                        label=f"layer {layer}, head {head}")  # fmt: skip
+                ax.plot(distance, values - values.max(), color=f"C{head}", linestyle=style,
+                        label=f"{layers}, head {head}")  # fmt: skip
         ax.axvline(config.train_len, color="0.5", linestyle=":", linewidth=1)
         ax.set(xscale="log", xlabel="key distance d + 1 (tokens)", ylabel="log-prior (max = 0)")
         ax.set_title(summary[mechanism]["label"], fontsize=12, color=mechanism_style(mechanism)["color"])

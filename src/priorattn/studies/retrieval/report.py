@@ -21,15 +21,9 @@ import numpy as np
 
 from ...eval.pages import STYLE, image, table
 from ...eval.verdicts import Estimate, compare_to, seed_interval, winner
-from ...files import prepare_out, write_atomic, write_json_atomic
+from ...files import write_atomic, write_json_atomic
 from ...provenance import environment
-from .study import (
-    RETRIEVES_AT_T,
-    SSMAX,
-    RetrievalStudyConfig,
-    label_of,
-    train_and_score,
-)
+from .study import RETRIEVES_AT_T, SSMAX, RetrievalStudyConfig, label_of
 
 KEEPS = 0.9  # "keeps near-perfect accuracy": the interval lies above this
 COLLAPSES = 0.5  # "collapses" / "fades" / "struggles": the interval lies below this
@@ -248,29 +242,10 @@ def best_of(found: dict) -> str:
 
 def summary_lines(data: dict) -> list[str]:
     """The study's best mechanism per task at its longest length (or the tie, or why none), as
-    console lines, from what :func:`run_retrieval_study` returned."""
+    console lines, from what :func:`~priorattn.studies.retrieval.run.run_retrieval_study` returned."""
     if not data["winners"]:
         return ["retrieval (synthetic): no mechanism retrieves at T, so none is judged beyond it"]
     return [f"retrieval (synthetic), {TASK_NAMES[w['task']]}: {best_of(w)}" for w in data["winners"]]
-
-
-def run_retrieval_study(
-    config: RetrievalStudyConfig,
-    out: str | Path,
-    *,
-    workers: int | None = None,
-    progress: bool = True,
-    log=print,
-    report: bool = True,
-) -> dict:
-    """The retrieval study (:mod:`priorattn.studies.retrieval.study`) into ``out``: every (mechanism,
-    seed) trained and scored (:func:`~priorattn.studies.retrieval.study.train_and_score`; ``workers``
-    processes side by side, so call it under ``if __name__ == "__main__":`` in a script, as
-    ``multiprocessing`` requires), then ``results.json``, the figures and (``report=True``)
-    ``report.html``. Returns the results."""
-    out = prepare_out(out)
-    runs, workers = train_and_score(config, out, workers=workers, progress=progress, log=log)
-    return write_study(config, runs, out, workers=workers, standalone=report)
 
 
 def write_study(
@@ -457,4 +432,10 @@ def learned_table(data: dict) -> str:
 
 
 def fmt(values) -> str:
-    return np.array2string(np.asarray(values, dtype=float), precision=3, separator=", ", suppress_small=True)
+    """Learned values as a reader wants them, three significant digits each: ``"0.5, -1.2"`` for one
+    per head, ``"h0: 0.5, 0.1; h1: ..."`` for a row per head (GOAT's sink at several positions)."""
+    array = np.asarray(values, dtype=float)
+    if array.ndim < 2:
+        return ", ".join(f"{x:.3g}" for x in np.atleast_1d(array))
+    rows = array.reshape(array.shape[0], -1)
+    return "; ".join(f"h{head}: " + ", ".join(f"{x:.3g}" for x in row) for head, row in enumerate(rows))

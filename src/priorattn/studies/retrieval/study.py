@@ -43,7 +43,7 @@ from ...eval.synthetic import exact_matches, score_synthetic
 from ...figures import RunScale
 from ...files import as_saved, prepare_out, read_json, sha256_of, write_atomic, write_json_atomic
 from ...models import GPT, GPTConfig
-from ...models.positions import SSMAX, positions, split_mechanism
+from ...models.named import SSMAX, positions, split_mechanism
 from ...priors import GGD, GOAT, with_defaults
 from ...ssmax import SSMax
 from ...train import TrainConfig
@@ -62,7 +62,7 @@ STEPS = 2000
 
 
 def study_positions() -> dict[str, dict]:
-    """The models' positions and their ``GPTConfig`` fields (:func:`priorattn.models.positions.positions`:
+    """The models' positions and their ``GPTConfig`` fields (:func:`priorattn.models.named.positions`:
     the named models and every registered prior) and the evaluation variants of :data:`EXTENSIONS`,
     RoPE's model scored with each of RoPE's context extensions."""
     table = positions()

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from ...eval.pages import STYLE, table
 from ...files import prepare_out, write_atomic, write_json_atomic
-from .report import TASK_NAMES, run_retrieval_study, study_html
+from .report import TASK_NAMES, study_html
+from .run import run_retrieval_study
 from .study import RetrievalStudyConfig, label_of
 
 SIZES = {"2x64": dict(n_layers=2, d_model=64, n_heads=2), "4x128": dict(n_layers=4, d_model=128, n_heads=4)}

@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ...priors import GOAT, FoldLanes, GOATSink, Prior, alibi_slopes
-from ...priors.base import concat_lanes, per_head
+from ...priors import GOAT, FoldLanes, PerHeadSink, Prior, alibi_slopes
+from ...priors.base import concat_lanes
+from ...priors.math import per_head
 from .positions import GridPositions, unpack_positions
 
 
@@ -29,7 +30,7 @@ class GOAT2D(Prior):
     with ``dy = y_i - y_j`` and ``dx = x_i - x_j``: Eq. 12 once over row displacement and once over
     column displacement (``rows`` and ``cols``, each a 1D :class:`~priorattn.priors.GOAT` without
     sink or slope), plus a key sink over 2D position factored the same way, ``u_h(y, x) =
-    u_row_h(y) + u_col_h(x)`` (Eq. 19, two :class:`~priorattn.priors.GOATSink` over the grid side).
+    u_row_h(y) + u_col_h(x)`` (Eq. 19, two :class:`~priorattn.priors.PerHeadSink` over the grid side).
 
     The class token: as a key it gets the per-head ``cls_bias`` from every query; as a query it
     gets the patch keys' sink only (no displacement to a token off the grid).
@@ -59,10 +60,10 @@ class GOAT2D(Prior):
         self.rows = GOAT(num_heads, num_freqs, **axis)
         self.cols = GOAT(num_heads, num_freqs, **axis)
         self.num_heads = num_heads
-        # Each sink axis normalises positions by the training grid's side (GOATSink's train_len).
+        # Each sink axis normalises positions by the training grid's side (PerHeadSink's train_len).
         sinks = dict(num_freqs=sink_freqs, hidden=sink_hidden, train_len=grid_size, freq_base=freq_base)
-        self.row_sink = GOATSink(num_heads, **sinks) if sink else None
-        self.col_sink = GOATSink(num_heads, **sinks) if sink else None
+        self.row_sink = PerHeadSink(num_heads, **sinks) if sink else None
+        self.col_sink = PerHeadSink(num_heads, **sinks) if sink else None
         self.cls_bias = nn.Parameter(torch.zeros(num_heads, dtype=torch.get_default_dtype()))
 
     def key_bias(self, k: GridPositions) -> Tensor:

@@ -7,7 +7,7 @@ import pytest
 
 from priorattn.layers import ForgetGate
 from priorattn.models import GPT, GPTConfig
-from priorattn.models.positions import (
+from priorattn.models.named import (
     NAMED_MODELS,
     mechanism_fields,
     mechanism_of_spec,
