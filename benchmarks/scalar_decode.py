@@ -37,7 +37,7 @@ tokens' queries, and the cache's own lower bound), the keys a query needs for 99
 the memory of both caches; and the exact mass that each of ``--mass-windows`` would hold (untimed),
 to choose the smallest sufficient window. ``--tau-scaling length`` replaces the trained tau by
 ``tau (256 / n)^2`` in both caches: the bandwidth that keeps as many keys within reach of a query
-at n as at the training length, the model option ``scalar_tau_length_scaling``
+at n as at the training length, the scalar option ``tau_length_scaling``
 (``priorattn.scalar.model.set_tau_length_scaling``; what it does to the model's perplexity:
 docs/scalar_decoding.md).
 
@@ -79,8 +79,8 @@ from tqdm import tqdm
 
 from priorattn.data import load_corpus
 from priorattn.data.store import default_cache_dir
-from priorattn.models import GPTConfig, preset
-from priorattn.scalar import SortedDecoding
+from priorattn.models import preset
+from priorattn.scalar import ScalarOptions, SortedDecoding
 from priorattn.scalar.model import sorted_caches
 from priorattn.scalar.sorted_cache import SortedScalarCache, scalar_attention_reference
 from priorattn.scalar.temperature import TAU_FLOOR, length_scaled_tau, rule_tau_init
@@ -219,23 +219,18 @@ def trained_run(
     scalar space, as seed 002's sorted-cache decoding presumes. With ``length_rule`` the model
     trains with the rule ``tau (T / n)^2`` at ``T = length_rule`` (docs/scalar_experiments.md
     section 8), tau starting where the bandwidth at 256 is the default 0.1."""
-    bandwidth = {} if tau_cap is None else dict(scalar_tau_init=tau_cap / 2, scalar_tau_cap=tau_cap)
+    bandwidth = {} if tau_cap is None else dict(tau_init=tau_cap / 2, tau_cap=tau_cap)
     if length_rule is not None:
-        init = rule_tau_init(GPTConfig.scalar_tau_init, preset("tiny").seq_len, length_rule)
-        bandwidth = dict(scalar_tau_length_scaling=length_rule, scalar_tau_init=init)
-    model_config = preset("tiny", attention=attention, **bandwidth)
+        init = rule_tau_init(ScalarOptions.tau_init, preset("tiny").seq_len, length_rule)
+        bandwidth = dict(tau_length_scaling=length_rule, tau_init=init)
     # docs/scalar_experiments.md section 7: L_spread 0.1 on (-3, 3) from a third of the steps (seed
     # 002 tuning notes: after initial convergence) with L_tau 0.1 and no L_align makes attention the
     # most local within 0.02 nats; L_align (experiment 3's 0.1, even 0.01) makes it less local.
-    config = TrainConfig(
-        steps=steps,
-        reg_spread=0.1,
-        reg_spread_range=(-3.0, 3.0),
-        reg_spread_start=steps // 3,
-        reg_tau=0.1,
-        eval_every=0,
-        save_every=0,
+    regularizers = dict(
+        reg_spread=0.1, reg_spread_range=(-3.0, 3.0), reg_spread_start=steps // 3, reg_tau=0.1
     )
+    model_config = preset("tiny", attention=attention, attention_options=bandwidth | regularizers)
+    config = TrainConfig(steps=steps, eval_every=0, save_every=0)
     configs = json.dumps([model_config.to_dict(), config.to_dict()], sort_keys=True)
     run_dir = default_cache_dir().parent / "scalar_decode" / hashlib.sha256(configs.encode()).hexdigest()[:16]
     return train(model_config, config, run_dir, resume=True)
@@ -265,7 +260,7 @@ def trained_tokens(args: argparse.Namespace, run_dir: Path, count: int) -> Token
         k_vec.append(k.permute(0, 2, 1, 3).flatten(0, 1))  # (B L, G, Dk), Dk = 0 unless hybrid
         q_vec.append(q.permute(0, 2, 1, 3).flatten(0, 1))  # (B L, H, Dk)
     tau = attn.temperature.per_head().detach()
-    kind, rule = run.model_config.attention, run.model_config.scalar_tau_length_scaling
+    kind, rule = run.model_config.attention, run.model_config.attention_options.tau_length_scaling
     note = f"keys of layer {args.layer} of the trained, regularized {kind} GPT {run_dir} (step {run.step})"
     if rule is not None:
         note += f", trained with the length rule at T = {rule}"
@@ -288,7 +283,9 @@ def compare_generation(args: argparse.Namespace, run_dir: Path) -> list[dict]:
     rows = []
     for window in args.generation:
         decoding = SortedDecoding(window, args.buffer_size)
-        tokens = model.generate(prompt, args.new_tokens, greedy=True, sorted_decoding=decoding)
+        tokens = model.generate(
+            prompt, args.new_tokens, greedy=True, decoding="sorted", decoding_options=decoding
+        )
         differ = (tokens != full)[0].nonzero()
         logits, _, kv = model(prompt)
         _, _, caches = model(prompt)

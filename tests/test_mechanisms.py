@@ -1,22 +1,27 @@
 """The mechanism registry: a mechanism registered here, and nowhere else, builds into a GPT, decodes
-from its caches and trains through ``priorattn.train``; unknown names and bad registrations are named."""
+from its caches and trains through ``priorattn.train``; its options, declared here and nowhere
+else, are saved with the model's config and are flags of ``priorattn train``; unknown names and bad
+registrations are named."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
 from factories import word_salad
 from torch import nn
 
+from priorattn import cli
+from priorattn.cli import train as train_command
 from priorattn.layers import PriorMultiheadAttention, standard_attention
 from priorattn.mechanisms import (
-    decoding_path,
+    decoding,
     mechanism,
     mechanism_names,
-    register_config_check,
     register_decoding,
     register_mechanism,
 )
@@ -43,6 +48,41 @@ class GatedAttention(nn.Module):
 
 
 register_mechanism("gated", GatedAttention)
+
+
+@dataclass(frozen=True)
+class ScaledOptions:
+    """The options of the ``"scaled"`` mechanism.
+
+    - ``output_scale``: the fixed factor of the standard layer's output.
+    """
+
+    output_scale: float = 1.0
+
+
+class ScaledAttention(nn.Module):
+    """The standard layer's output times ``output_scale``, an option of its own."""
+
+    def __init__(self, config, prior):
+        super().__init__()
+        self.inner = standard_attention(config, prior)
+        self.output_scale = config.attention_options.output_scale
+
+    @property
+    def prior(self):
+        return self.inner.prior
+
+    def forward(self, x, *, cache=None, **masks):
+        y, cache = self.inner(x, cache=cache, **masks)
+        return self.output_scale * y, cache
+
+
+def check_scaled(config):
+    if not config.attention_options.output_scale > 0:
+        raise ValueError(f"output_scale must be > 0, got {config.attention_options.output_scale!r}")
+
+
+register_mechanism("scaled", ScaledAttention, options=ScaledOptions, check=check_scaled)
 
 BASE = dict(vocab_size=256, seq_len=32, d_model=32, n_layers=2, n_heads=2, prior="alibi")
 
@@ -92,17 +132,72 @@ def test_an_unknown_mechanism_is_named_with_the_registered_ones():
 
 
 def test_other_packages_refuse_their_options_and_paths_for_a_registered_mechanism():
-    with pytest.raises(ValueError, match="scalar_sink configures scalar heads"):
-        GPTConfig(**BASE, attention="gated", scalar_sink=True)
+    with pytest.raises(ValueError, match="attention='gated' has no option 'sink': it takes none"):
+        GPTConfig(**BASE, attention="gated", attention_options=dict(sink=True))
     model = GPT(GPTConfig(**BASE, attention="gated"))
     with pytest.raises(ValueError, match="needs scalar heads, and this model has attention='gated'"):
-        model.generate(torch.randint(0, 256, (1, 4)), 2, sorted_decoding=SortedDecoding(8))
-    with pytest.raises(ValueError, match="the scalar regularizers .* need scalar heads"):
-        model.aux_losses(dict(tau=0.1))
-    aux = model.aux_losses(TrainConfig().regularization())  # no weight: nothing to add
+        model.generate(torch.randint(0, 256, (1, 4)), 2, decoding="sorted", decoding_options=dict(window=8))
+    aux = model.aux_losses()  # no scalar heads, no options: nothing to add
     aux.start(0)
     model(torch.randint(0, 256, (1, 4)))
     assert aux.losses() == {} and aux.logged() == {}
+
+
+def test_a_mechanisms_own_options_build_save_and_load_with_no_config_field():
+    config = GPTConfig(**BASE, attention="scaled", attention_options=dict(output_scale=0.5))
+    assert config.attention_options == ScaledOptions(0.5)
+    assert "output_scale" not in {f for f in GPTConfig.__dataclass_fields__}
+    assert "output_scale" not in {f for f in TrainConfig.__dataclass_fields__}
+    saved = json.loads(json.dumps(config.to_dict()))
+    assert saved["attention_options"] == {"output_scale": 0.5}
+    assert GPTConfig.from_dict(saved) == config
+    assert GPTConfig(**BASE, attention="scaled").attention_options == ScaledOptions()
+    torch.manual_seed(0)
+    standard = GPT(GPTConfig(**BASE))
+    torch.manual_seed(0)
+    scaled = GPT(config)
+    tokens = torch.randint(0, 256, (2, 6))
+    hidden = {}
+    for name, model in (("standard", standard), ("scaled", scaled)):
+        handle = model.blocks[0].attn.register_forward_hook(
+            lambda m, i, o, n=name: hidden.setdefault(n, o[0])
+        )
+        model(tokens)
+        handle.remove()
+    torch.testing.assert_close(hidden["scaled"], 0.5 * hidden["standard"])
+    with pytest.raises(ValueError, match="output_scale must be > 0, got 0.0"):
+        GPTConfig(**BASE, attention="scaled", attention_options=dict(output_scale=0.0))
+    with pytest.raises(
+        ValueError,
+        match=r"^attention='scaled' has no option 'scale': its options are output_scale$",
+    ):
+        GPTConfig(**BASE, attention="scaled", attention_options=dict(scale=2.0))
+
+
+def test_a_mechanisms_own_options_are_flags_of_train(capsys):
+    args = cli.build_parser().parse_args(
+        ["train", "--out", "run", "--attention", "scaled", "--output-scale", "2"]
+    )
+    model, _ = train_command.train_configs(args)
+    assert (model.attention, model.attention_options) == ("scaled", ScaledOptions(2.0))
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "attention options (scaled): --output-scale OUTPUT_SCALE" in shown
+    assert "the fixed factor of the standard layer's output. (1.0)" in shown
+
+
+def test_decodings_are_chosen_by_name():
+    entry, options = decoding("sorted", dict(window=8))
+    assert options == SortedDecoding(8) and entry.options is SortedDecoding
+    assert decoding("sorted", SortedDecoding(4))[1] == SortedDecoding(4)
+
+
+@dataclass
+class Mutable:
+    """Options that are not frozen."""
+
+    scale: float = 1.0
 
 
 @pytest.mark.parametrize(
@@ -112,9 +207,29 @@ def test_other_packages_refuse_their_options_and_paths_for_a_registered_mechanis
         (lambda: register_mechanism("", GatedAttention), ValueError, "name must be a non-empty str"),
         (lambda: register_mechanism("x", None), TypeError, "build must be callable, got NoneType"),
         (lambda: register_mechanism("x", GatedAttention, prior_heads=2), TypeError, "prior_heads must be"),
-        (lambda: register_config_check("scalar"), TypeError, "check must be callable, got str"),
-        (lambda: register_decoding(SortedDecoding(8), len), TypeError, "kind must be a class"),
-        (lambda: decoding_path("option", 8), TypeError, "option must be a SortedDecoding, got int"),
+        (
+            lambda: register_mechanism("x", GatedAttention, check="scalar"),
+            TypeError,
+            "check must be callable",
+        ),
+        (
+            lambda: register_mechanism("x", GatedAttention, options=dict),
+            TypeError,
+            "options must be a dataclass",
+        ),
+        (
+            lambda: register_mechanism("x", GatedAttention, options=argparse.Namespace),
+            TypeError,
+            "a dataclass",
+        ),
+        (
+            lambda: register_mechanism("x", GatedAttention, options=Mutable),
+            TypeError,
+            "must be a frozen dataclass",
+        ),
+        (lambda: register_decoding("x", SortedDecoding(8), len), TypeError, "options must be a class"),
+        (lambda: register_decoding("sorted", dict, len), ValueError, "'sorted' is already registered"),
+        (lambda: decoding("sortd"), ValueError, r"decoding must be one of \('sorted',"),
     ],
 )
 def test_bad_registrations_are_named(call, error, message):

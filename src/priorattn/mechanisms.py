@@ -4,23 +4,25 @@
 A mechanism package registers, when it is imported (``import priorattn`` imports every one):
 
 - its mechanisms, by the name ``GPTConfig.attention`` gives (:func:`register_mechanism`): how one
-  block's attention is built from the config and the layer's prior, and how many heads that prior
-  serves;
-- a check of the ``GPTConfig`` fields it reads (:func:`register_config_check`), run on every
-  config whichever mechanism it names, so that its options set for another mechanism are refused
-  by name;
+  block's attention is built from the config and the layer's prior, how many heads that prior
+  serves, the frozen dataclass of its options (``GPTConfig.attention_options`` holds one, saved
+  nested in the config; several mechanisms may share a class) and a check of them against the
+  rest of the config;
 - the auxiliary losses its layers add to the training loss (:func:`register_aux_losses`), built
-  for every model from the training settings that weigh them;
-- a decoding path (:func:`register_decoding`): a class of decoding options, and how one of them
-  turns a prefilled model's caches into the ones generation continues from.
+  for every model from the options that weigh them;
+- decoding paths by name (:func:`register_decoding`): a class of decoding options, and how one of
+  them turns a prefilled model's caches into the ones generation continues from.
 
-The prior layer (:mod:`priorattn.layers`) registers ``"standard"``; :mod:`priorattn.scalar`
-registers ``"scalar"``, ``"hybrid"`` and ``"mixed"``, its config fields' check, its regularizers
-(seed 002) and its sorted-cache decoding. The model and the training loop ask this module.
+The prior layer (:mod:`priorattn.layers`) registers ``"standard"`` and ``"fox"``;
+:mod:`priorattn.scalar` registers ``"scalar"``, ``"hybrid"`` and ``"mixed"`` with their options
+(:class:`~priorattn.scalar.ScalarOptions`: the heads' shape and the regularizers' weights), its
+regularizers (seed 002) and its ``"sorted"`` decoding. The model and the training loop ask this
+module.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -48,15 +50,39 @@ class Mechanism:
     with ``q_proj``, ``k_proj``, ``v_proj`` and ``out_proj`` get the GPT's initialisation.
 
     ``prior_heads(config)``: how many heads of a layer its prior serves.
+
+    ``options``: the frozen dataclass of its options, or ``None`` for a mechanism that takes none;
+    ``GPTConfig.attention_options`` holds an instance (:func:`attention_options`). Its docstring
+    documents each field with a ``- ``name``: ...`` bullet, as every config here does (the
+    ``train`` command's flags read them). A class attribute ``LEGACY_FIELDS``, where it has one,
+    maps the flattened fields a saved config held the options in (``scalar_heads``) to the options'
+    names (``heads``): :func:`legacy_fields`.
+
+    ``check(config)``: checks the options against the rest of a ``GPTConfig`` naming this
+    mechanism (``config.attention_options`` is an ``options`` instance then), raising a one-line
+    ``ValueError`` naming what is bad; it returns the options with the defaults that depend on the
+    config resolved (``dataclasses.replace``), or ``None`` to keep them.
     """
 
     build: Callable[[Any, nn.Module | None], nn.Module]
     prior_heads: Callable[[Any], int] = every_head
+    options: type | None = None
+    check: Callable[[Any], Any] | None = None
 
 
-_CONFIG_CHECKS: list[Callable[[Any], None]] = []
-_AUX_LOSSES: list[Callable[[nn.Module, Mapping[str, Any]], AuxLosses]] = []
-_DECODINGS: dict[type, Callable[[nn.Module, list, Any], list]] = {}
+_AUX_LOSSES: list[Callable[[nn.Module], AuxLosses]] = []
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """One decoding path, as :func:`register_decoding` records it: the class of its ``options``
+    and ``caches(model, prefilled_caches, options)``."""
+
+    options: type
+    caches: Callable[[nn.Module, list, Any], list]
+
+
+_DECODINGS: dict[str, Decoding] = {}
 
 
 def register_mechanism(
@@ -64,8 +90,11 @@ def register_mechanism(
     build: Callable[[Any, nn.Module | None], nn.Module],
     *,
     prior_heads: Callable[[Any], int] = every_head,
+    options: type | None = None,
+    check: Callable[[Any], Any] | None = None,
 ) -> None:
-    """Make ``name`` a value of ``GPTConfig.attention``, built by ``build`` (see :class:`Mechanism`).
+    """Make ``name`` a value of ``GPTConfig.attention``, built by ``build``, with the ``options``
+    dataclass it takes and their ``check`` (see :class:`Mechanism`).
 
     A name is registered once: registering it again is a ``ValueError``.
     """
@@ -76,7 +105,13 @@ def register_mechanism(
     for argument, value in (("build", build), ("prior_heads", prior_heads)):
         if not callable(value):
             raise TypeError(f"{argument} must be callable, got {type(value).__name__}")
-    registry.register("attention", name, Mechanism(build, prior_heads))
+    if options is not None and not (isinstance(options, type) and dataclasses.is_dataclass(options)):
+        raise TypeError(f"options must be a dataclass, got {options!r}")
+    if options is not None and not options.__dataclass_params__.frozen:
+        raise TypeError(f"options must be a frozen dataclass, and {options.__name__} is not")
+    if check is not None and not callable(check):
+        raise TypeError(f"check must be callable, got {type(check).__name__}")
+    registry.register("attention", name, Mechanism(build, prior_heads, options, check))
 
 
 def mechanism_names() -> tuple[str, ...]:
@@ -93,26 +128,78 @@ def mechanism(name: str) -> Mechanism:
     )
 
 
-def register_config_check(check: Callable[[Any], None]) -> None:
-    """Run ``check(config)`` on every ``GPTConfig`` (:func:`check_attention_config`): it raises a
-    one-line ``ValueError`` naming a field it reads that is bad, or set for a mechanism the config
-    does not name, and may resolve those fields' defaults in place."""
-    if not callable(check):
-        raise TypeError(f"check must be callable, got {type(check).__name__}")
-    _CONFIG_CHECKS.append(check)
+def options_classes() -> tuple[type, ...]:
+    """The registered mechanisms' options classes, each once, in the order they were registered."""
+    classes = (entry.options for entry in registry.entries("attention").values())
+    return tuple(dict.fromkeys(cls for cls in classes if cls is not None))
+
+
+def takers(cls: type) -> tuple[str, ...]:
+    """The mechanisms whose options are ``cls``."""
+    return tuple(name for name, entry in registry.entries("attention").items() if entry.options is cls)
+
+
+def attention_options(name: str, given: object) -> object:
+    """The options of mechanism ``name`` from ``given``: ``None`` (its defaults), a dict of some of
+    them, or an instance of its options class. A mechanism without options takes ``None`` or an
+    empty dict (and gives ``None``). Options it does not have are a one-line ``ValueError`` naming
+    them, the ones it has, and the mechanisms that have them."""
+    cls = mechanism(name).options
+    if given is None or (isinstance(given, Mapping) and not given and cls is None):
+        return None if cls is None else cls()
+    if cls is not None and isinstance(given, cls):
+        return given
+    if dataclasses.is_dataclass(given) and not isinstance(given, type):
+        owners = ", ".join(map(repr, takers(type(given)))) or "no mechanism"
+        takes = f"takes {cls.__name__}" if cls else "takes no options"
+        raise ValueError(
+            f"attention_options is a {type(given).__name__} (the options of {owners}), and "
+            f"attention={name!r} {takes}"
+        )
+    if not isinstance(given, Mapping):
+        raise ValueError(f"attention_options must be a dict or None, got {type(given).__name__}")
+    own = () if cls is None else tuple(f.name for f in dataclasses.fields(cls) if f.init)
+    unknown = [key for key in given if key not in own]
+    if unknown:
+        owners = [n for n in registry.names("attention") if set(unknown) <= option_names(n)]
+        names = ", ".join(map(repr, unknown))
+        plural = len(unknown) > 1
+        options = f"option{'s' if plural else ''} {names}"
+        elsewhere = f"; {names} {'are options' if plural else 'is an option'} of " if owners else ""
+        elsewhere += ", ".join(map(repr, owners))
+        valid = f"its options are {', '.join(own)}" if own else "it takes none"
+        raise ValueError(f"attention={name!r} has no {options}: {valid}{elsewhere}")
+    return cls(**given)
+
+
+def option_names(name: str) -> set[str]:
+    """The option names of mechanism ``name`` (empty for one without options)."""
+    cls = mechanism(name).options
+    return set() if cls is None else {f.name for f in dataclasses.fields(cls) if f.init}
+
+
+def legacy_fields() -> dict[str, tuple[type, str]]:
+    """Every flattened field a saved config held mechanism options in, with the options class and
+    the option it now is (each options class's ``LEGACY_FIELDS``)."""
+    return {
+        old: (cls, new) for cls in options_classes() for old, new in getattr(cls, "LEGACY_FIELDS", {}).items()
+    }
 
 
 def check_attention_config(config) -> None:
-    """Check a ``GPTConfig``'s ``attention`` (a registered name) and, with every registered check,
-    the fields the mechanism packages read."""
-    mechanism(config.attention)
-    for check in _CONFIG_CHECKS:
-        check(config)
+    """Check a ``GPTConfig``'s ``attention`` (a registered name), make ``attention_options`` its
+    options (:func:`attention_options`) and check them with the mechanism's ``check``."""
+    entry = mechanism(config.attention)
+    config.attention_options = attention_options(config.attention, config.attention_options)
+    if entry.check is not None:
+        resolved = entry.check(config)
+        if resolved is not None:
+            config.attention_options = resolved
 
 
 class AuxLosses(ABC):
     """The auxiliary losses a package's layers add to a model's training loss (seed 002's scalar
-    regularizers), weighed and scheduled by the training settings they were built with.
+    regularizers), weighed and scheduled by the options they were built with.
 
     Each optimizer step, :meth:`start` comes before its forward passes and :meth:`losses` after
     each of them; :meth:`logged` then gives what the step logs.
@@ -132,10 +219,10 @@ class AuxLosses(ABC):
         """What the step logs, by its name in ``metrics.jsonl``."""
 
 
-def register_aux_losses(build: Callable[[nn.Module, Mapping[str, Any]], AuxLosses]) -> None:
-    """Build a model's auxiliary losses with ``build(model, settings)`` (:func:`aux_losses`):
-    ``settings`` holds every package's training settings by name, ``build`` reads its own and
-    raises a one-line ``ValueError`` when they ask for a loss the model's layers cannot give."""
+def register_aux_losses(build: Callable[[nn.Module], AuxLosses]) -> None:
+    """Build a model's auxiliary losses with ``build(model)`` (:func:`aux_losses`), from the
+    options of the model's mechanism (``model.config.attention_options``) where they are the
+    package's: a model of another mechanism gets none."""
     if not callable(build):
         raise TypeError(f"build must be callable, got {type(build).__name__}")
     _AUX_LOSSES.append(build)
@@ -158,28 +245,48 @@ class _AllAuxLosses(AuxLosses):
         return {name: value for part in self.parts for name, value in part.logged().items()}
 
 
-def aux_losses(model: nn.Module, settings: Mapping[str, Any]) -> AuxLosses:
-    """The auxiliary losses of ``model`` under the training ``settings``: every registered
-    package's (each with nothing to add when the settings turn none of its losses on)."""
-    return _AllAuxLosses([build(model, settings) for build in _AUX_LOSSES])
+def aux_losses(model: nn.Module) -> AuxLosses:
+    """The auxiliary losses of ``model``: every registered package's (each with nothing to add
+    when the model's options turn none of its losses on)."""
+    return _AllAuxLosses([build(model) for build in _AUX_LOSSES])
 
 
-def register_decoding(kind: type, caches: Callable[[nn.Module, list, Any], list]) -> None:
-    """Make instances of ``kind`` decoding options of ``GPT.generate``: after the prefill,
-    ``caches(model, prefilled_caches, option)`` gives the caches generation continues from (and
-    raises a one-line ``ValueError`` for a model it cannot serve)."""
-    if not isinstance(kind, type):
-        raise TypeError(f"kind must be a class, got {type(kind).__name__}")
+def register_decoding(name: str, options: type, caches: Callable[[nn.Module, list, Any], list]) -> None:
+    """Make ``name`` a decoding of ``GPT.generate(decoding=...)``, with the dataclass of its
+    ``options``: after the prefill, ``caches(model, prefilled_caches, options)`` gives the caches
+    generation continues from (and raises a one-line ``ValueError`` for a model it cannot serve)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty str, got {name!r}")
+    if not isinstance(options, type):
+        raise TypeError(f"options must be a class, got {type(options).__name__}")
     if not callable(caches):
         raise TypeError(f"caches must be callable, got {type(caches).__name__}")
-    _DECODINGS[kind] = caches
+    taken = _DECODINGS.get(name)
+    if taken is not None and taken != Decoding(options, caches):
+        raise ValueError(f"the decoding {name!r} is already registered")
+    _DECODINGS[name] = Decoding(options, caches)
 
 
-def decoding_path(name: str, option: object) -> Callable[[nn.Module, list, Any], list]:
-    """The ``caches`` function registered for ``option``'s class; a ``TypeError`` naming the argument
-    ``name`` and the registered classes otherwise."""
-    for kind, caches in _DECODINGS.items():
-        if isinstance(option, kind):
-            return caches
-    kinds = " or ".join(kind.__name__ for kind in _DECODINGS) or "registered decoding option"
-    raise TypeError(f"{name} must be a {kinds}, got {type(option).__name__}")
+def decoding_names() -> tuple[str, ...]:
+    """The registered decodings' names."""
+    return tuple(_DECODINGS)
+
+
+def decoding(name: str, options: object = None) -> tuple[Decoding, object]:
+    """The decoding registered as ``name`` and its options from ``options``: ``None`` (its
+    defaults), a dict of them, or an instance of its options class. An unknown name, or options of
+    another kind, is a ``ValueError`` naming the argument and what it takes."""
+    if not isinstance(name, str) or name not in _DECODINGS:
+        raise ValueError(f"decoding must be one of {decoding_names()}, got {name!r}")
+    entry = _DECODINGS[name]
+    if isinstance(options, entry.options):
+        return entry, options
+    if options is None or isinstance(options, Mapping):
+        try:
+            return entry, entry.options(**(options or {}))
+        except TypeError as error:  # a missing or unknown option
+            raise ValueError(f"decoding_options for decoding={name!r}: {error}") from None
+    raise ValueError(
+        f"decoding_options for decoding={name!r} must be a dict or a {entry.options.__name__}, "
+        f"got {type(options).__name__}"
+    )

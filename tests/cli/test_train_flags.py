@@ -11,6 +11,7 @@ import pytest
 
 from priorattn import cli
 from priorattn.cli import train as train_command
+from priorattn.mechanisms import options_classes
 from priorattn.models import GPTConfig, preset
 from priorattn.train import TrainConfig
 
@@ -24,10 +25,12 @@ def configs(*flags: str):
     return train_command.train_configs(cli.build_parser().parse_args(["train", "--out", "run", *flags]))
 
 
-def test_every_field_of_both_configs_has_a_flag():
+def test_every_field_of_both_configs_and_every_mechanism_option_has_a_flag():
     dests = {action.dest for action in train_parser()._actions if action.option_strings}
     for config in (GPTConfig, TrainConfig):
-        assert {field.name for field in dataclasses.fields(config)} <= dests
+        assert {field.name for field in dataclasses.fields(config)} - {"attention_options"} <= dests
+    for options in options_classes():
+        assert {f"attention_options.{field.name}" for field in dataclasses.fields(options)} <= dests
 
 
 def test_the_flags_that_had_none_reach_the_configs():
@@ -42,13 +45,16 @@ def test_a_renamed_flag_keeps_the_fields_name_as_an_alias():
     for flag in ("--warmup", "--warmup-steps"):
         assert configs(flag, "7")[1].warmup_steps == 7
     for flag in ("--tau", "--scalar-tau"):
-        assert configs("--attention", "scalar", flag, "token")[0].scalar_tau == "token"
+        assert configs("--attention", "scalar", flag, "token")[0].attention_options.tau == "token"
+    for flag in ("--scalar-heads", "--heads"):
+        assert configs("--attention", "mixed", flag, "1")[0].attention_options.heads == 1
 
 
 def test_flags_with_their_own_reading_keep_it():
     assert configs("--grad-clip", "0")[1].grad_clip is None
-    assert configs("--reg-spread-range", "adaptive")[1].reg_spread_range is None
-    assert configs("--reg-spread-range=-2,2")[1].reg_spread_range == (-2.0, 2.0)
+    hybrid = ("--attention", "hybrid")
+    assert configs(*hybrid, "--reg-spread-range", "adaptive")[0].attention_options.reg_spread_range is None
+    assert configs(*hybrid, "--reg-spread-range=-2,2")[0].attention_options.reg_spread_range == (-2.0, 2.0)
     assert configs("--normalizer", "1.5")[0].normalizer == 1.5
     model, _ = configs("--encoding", "rope", "--rope-scaling", "yarn", "--rope-interpolation", "4")
     assert (model.rope_scaling, model.rope_interpolation) == ("yarn", 4.0)
@@ -87,14 +93,14 @@ def test_a_field_added_to_a_config_is_a_flag_with_no_edit_of_the_command_line(
 
 def test_a_field_removed_from_a_config_loses_its_flag_with_no_edit_of_the_command_line(monkeypatch):
     hints = typing.get_type_hints(TrainConfig)
-    kept = [f for f in dataclasses.fields(TrainConfig) if not f.name.startswith("reg_")]
+    kept = [f for f in dataclasses.fields(TrainConfig) if f.name != "checkpoint_activations"]
     slim = dataclasses.make_dataclass(
         "TrainConfig", [(f.name, hints[f.name], dataclasses.field(default=f.default)) for f in kept]
     )
     slim.__doc__ = TrainConfig.__doc__
     monkeypatch.setattr(train_command, "TrainConfig", slim)
     dests = {action.dest for action in train_parser()._actions}
-    assert "reg_align" not in dests and "steps" in dests
+    assert "checkpoint_activations" not in dests and "steps" in dests
 
 
 @pytest.mark.parametrize(
@@ -110,6 +116,18 @@ def test_a_field_removed_from_a_config_loses_its_flag_with_no_edit_of_the_comman
         (["--window", "none", "--encoding", "local_rope"], "sliding window: give --window"),
         (["--rope-scaling", "linear"], "argument --rope-scaling: invalid choice: 'linear'"),
         (["--rope-scaling", "ntk"], "--rope-scaling='ntk' scales RoPE: it needs --encoding='rope'"),
+        (
+            ["--attention", "mixed", "--scalar-heads", "4"],
+            "--scalar-heads must be in [1, n_heads - 1] = [1, 3]",
+        ),
+        (
+            ["--tau", "token"],
+            "--attention='standard' has no option 'tau': it takes none; 'tau' is an option of 'scalar'",
+        ),
+        (
+            ["--attention", "hybrid", "--reg-align", "-1"],
+            "the align regularizer weight must be a number >= 0",
+        ),
     ],
 )
 def test_a_bad_value_is_one_line_and_leaves_no_run_directory(tmp_path, capsys, args, message):

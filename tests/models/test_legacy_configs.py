@@ -87,7 +87,14 @@ def today(state: dict, key: str) -> torch.Tensor:
 def test_a_legacy_run_resumes_with_todays_config_of_the_same_model():
     configs, _, _ = saved("goat")
     today = GPTConfig(
-        **{key: value for key, value in configs["model"].items() if not key.startswith(("goat_", "ggd_"))}
+        **{
+            key: value
+            for key, value in configs["model"].items()
+            if not key.startswith(("goat_", "ggd_", "scalar_"))
+        }
         | dict(prior=SPECS["goat"])
     )
     assert saved_configs(configs)["model"] == today.to_dict()
+    # the scalar fields (at their defaults: a standard model) and the regularizers leave no trace
+    assert today.attention_options is None
+    assert not any(key.startswith("reg_") for key in saved_configs(configs)["train"])

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from priorattn.models import GPT, GPTConfig
-from priorattn.scalar import MixedMultiheadAttention, ScalarMultiheadAttention
+from priorattn.scalar import MixedMultiheadAttention, ScalarMultiheadAttention, ScalarOptions
 
 BASE = dict(vocab_size=64, seq_len=32, d_model=32, n_layers=2, n_heads=4)
 KINDS = {
-    "scalar": dict(attention="scalar", scalar_groups=2, scalar_sink=True),
-    "hybrid": dict(attention="hybrid", encoding="rope", prior="goat", scalar_tau="token"),
-    "mixed": dict(attention="mixed", scalar_heads=3, prior="alibi", scalar_tau="global"),
+    "scalar": dict(attention="scalar", attention_options=dict(groups=2, sink=True)),
+    "hybrid": dict(attention="hybrid", encoding="rope", prior="goat", attention_options=dict(tau="token")),
+    "mixed": dict(attention="mixed", prior="alibi", attention_options=ScalarOptions(heads=3, tau="global")),
 }
 
 
@@ -42,30 +42,66 @@ def test_attention_field_builds_its_layers():
 
 def test_a_config_saved_before_the_field_loads_as_standard():
     saved = GPTConfig(**BASE).to_dict()
-    for name in [name for name in saved if name == "attention" or name.startswith("scalar_")]:
+    for name in ("attention", "attention_options"):
         del saved[name]
     assert GPTConfig.from_dict(saved) == GPTConfig(**BASE)
     assert GPTConfig.from_dict(saved).attention == "standard"
+
+
+def test_the_options_are_saved_nested_and_load_as_given():
+    config = GPTConfig(**BASE, **KINDS["mixed"])
+    saved = config.to_dict()
+    assert saved["attention_options"]["heads"] == 3 and saved["attention_options"]["tau"] == "global"
+    assert GPTConfig.from_dict(saved) == config
+    assert GPTConfig(**BASE, attention="mixed").attention_options.heads == 2  # half of n_heads
+
+
+def test_a_config_saved_with_flattened_scalar_fields_loads_into_the_options():
+    flattened = dict(BASE, attention="mixed", prior="alibi", scalar_heads=3, scalar_tau="global")
+    flattened |= dict(scalar_groups=None, scalar_tau_init=0.1, scalar_tau_cap=None, scalar_sink=False)
+    assert GPTConfig.from_dict(flattened) == GPTConfig(**BASE, **KINDS["mixed"])
+    standard = dict(BASE, scalar_heads=None, scalar_tau="head", scalar_sink=False)  # every field saved
+    assert GPTConfig.from_dict(standard) == GPTConfig(**BASE)
+    with pytest.raises(
+        ValueError,
+        match=r"scalar_sink=True, an option of attention='scalar' or .*"
+        r"but its attention is 'standard': it cannot be represented",
+    ):
+        GPTConfig.from_dict(dict(BASE, scalar_sink=True))
 
 
 @pytest.mark.parametrize(
     "options, message",
     [
         (dict(attention="sorted"), "attention must be one of"),
-        (dict(scalar_sink=True), "scalar_sink configures scalar heads"),
-        (dict(scalar_groups=2), "scalar_groups configures scalar heads"),
-        (dict(attention="scalar", encoding="rope"), "has none"),
-        (dict(attention="mixed", scalar_heads=4), r"scalar_heads must be in \[1, n_heads - 1\]"),
-        (dict(attention="hybrid", scalar_heads=2), "scalar_heads is for attention='mixed'"),
-        (dict(attention="scalar", scalar_groups=3), "scalar_groups must be a positive int dividing 4"),
-        (dict(attention="scalar", n_kv_heads=2), "groups values with scalar_groups"),
-        (dict(attention="scalar", scalar_sink=True, prior="goat"), "scalar_sink has no position"),
-        (dict(attention="scalar", scalar_tau_init=-1.0), "scalar_tau_init must be a finite number > 0.0001"),
-        (dict(attention="scalar", scalar_tau="layer"), "scalar_tau must be one of"),
-        (dict(scalar_tau_length_scaling=8), "scalar_tau_length_scaling configures scalar heads"),
         (
-            dict(attention="scalar", scalar_tau_length_scaling=True),
-            "scalar_tau_length_scaling must be None or",
+            dict(attention_options=dict(sink=True)),
+            r"^attention='standard' has no option 'sink': it takes none; 'sink' is an option of "
+            r"'scalar', 'hybrid', 'mixed'$",
+        ),
+        (dict(attention_options=ScalarOptions(groups=2)), "attention='standard' takes no options"),
+        (dict(attention="scalar", attention_options=dict(sinks=True)), "its options are heads, groups, tau"),
+        (dict(attention="scalar", encoding="rope"), "has none"),
+        (dict(attention="mixed", attention_options=dict(heads=4)), r"heads must be in \[1, n_heads - 1\]"),
+        (dict(attention="hybrid", attention_options=dict(heads=2)), "heads is for attention='mixed'"),
+        (
+            dict(attention="scalar", attention_options=dict(groups=3)),
+            "groups must be a positive int dividing 4",
+        ),
+        (dict(attention="scalar", n_kv_heads=2), "groups values with the option groups"),
+        (dict(attention="scalar", attention_options=dict(sink=True), prior="goat"), "sink has no position"),
+        (
+            dict(attention="scalar", attention_options=dict(tau_init=-1.0)),
+            "tau_init must be a finite number > 0.0001",
+        ),
+        (dict(attention="scalar", attention_options=dict(tau="layer")), "tau must be one of"),
+        (
+            dict(attention="scalar", attention_options=dict(tau_length_scaling=True)),
+            "tau_length_scaling must be None or",
+        ),
+        (
+            dict(attention="scalar", attention_options=[1]),
+            "attention_options must be a dict or None, got list",
         ),
     ],
 )

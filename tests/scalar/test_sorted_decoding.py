@@ -11,10 +11,12 @@ from priorattn.scalar.model import sorted_caches
 
 LAYOUTS = {
     "scalar": dict(attention="scalar"),
-    "grouped values, per-token tau": dict(attention="scalar", scalar_groups=2, scalar_tau="token"),
-    "sink": dict(attention="scalar", scalar_sink=True),
+    "grouped values, per-token tau": dict(attention="scalar", attention_options=dict(groups=2, tau="token")),
+    "sink": dict(attention="scalar", attention_options=dict(sink=True)),
     "hybrid with rope": dict(attention="hybrid", encoding="rope"),
-    "hybrid, tau length-scaled past 8 tokens": dict(attention="hybrid", scalar_tau_length_scaling=8),
+    "hybrid, tau length-scaled past 8 tokens": dict(
+        attention="hybrid", attention_options=dict(tau_length_scaling=8)
+    ),
     "mixed, prior on the dot-product heads": dict(attention="mixed", prior="alibi"),
     "hybrid with token shift (its state goes along)": dict(attention="hybrid", token_shift=True),
 }
@@ -39,7 +41,10 @@ def test_sorted_decoding_with_a_window_over_the_whole_cache_is_full_attention(la
         torch.testing.assert_close(logits, expected, rtol=0, atol=1e-10)
         token = expected[:, -1:].argmax(dim=-1)
     greedy = model.generate(prompt, 10, greedy=True)
-    assert torch.equal(model.generate(prompt, 10, greedy=True, sorted_decoding=SortedDecoding(64)), greedy)
+    through_window = model.generate(
+        prompt, 10, greedy=True, decoding="sorted", decoding_options=dict(window=64)
+    )
+    assert torch.equal(through_window, greedy)
 
 
 def test_sorted_layer_output_is_within_what_the_mass_bound_allows():
@@ -79,15 +84,22 @@ def test_sorted_layer_output_is_within_what_the_mass_bound_allows():
 def test_sorted_decoding_refuses_models_it_cannot_serve(overrides, message):
     model = small_model(**overrides)
     with pytest.raises(ValueError, match=message):
-        model.generate(torch.randint(40, (1, 5)), 3, sorted_decoding=SortedDecoding(8))
+        model.generate(torch.randint(40, (1, 5)), 3, decoding="sorted", decoding_options=dict(window=8))
 
 
 def test_sorted_decoding_refuses_bad_arguments():
     model = small_model(attention="scalar")
     with pytest.raises(ValueError, match="holds one sequence, got a batch of 2"):
-        model.generate(torch.randint(40, (2, 5)), 3, sorted_decoding=SortedDecoding(8))
-    with pytest.raises(TypeError, match="sorted_decoding must be a SortedDecoding, got int"):
-        model.generate(torch.randint(40, (1, 5)), 3, sorted_decoding=8)
+        model.generate(torch.randint(40, (2, 5)), 3, decoding="sorted", decoding_options=SortedDecoding(8))
+    prompt = torch.randint(40, (1, 5))
+    with pytest.raises(ValueError, match=r"^decoding must be one of \('sorted',.*\), got 'sortd'$"):
+        model.generate(prompt, 3, decoding="sortd")
+    with pytest.raises(ValueError, match="must be a dict or a SortedDecoding, got int"):
+        model.generate(prompt, 3, decoding="sorted", decoding_options=8)
+    with pytest.raises(ValueError, match="decoding='sorted'.*missing 1 required .* 'window'"):
+        model.generate(prompt, 3, decoding="sorted")
+    with pytest.raises(ValueError, match="decoding_options are the options of a decoding: name it"):
+        model.generate(prompt, 3, decoding_options=SortedDecoding(8))
     with pytest.raises(ValueError, match="SortedDecoding.window must be an int >= 1, got 0"):
         SortedDecoding(0)
     layer = model.blocks[0].attn

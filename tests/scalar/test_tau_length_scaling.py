@@ -92,7 +92,7 @@ def test_set_tau_length_scaling_turns_the_rule_on_and_off_and_records_it():
     off = model.generate(prompt, 6, greedy=True)
     logits_off, _, _ = model(prompt)
     set_tau_length_scaling(model, 8)
-    assert model.config.scalar_tau_length_scaling == 8
+    assert model.config.attention_options.tau_length_scaling == 8
     assert all(block.attn.scalar.tau_length_scaling == 8 for block in model.blocks)
     logits_on, _, _ = model(prompt)
     torch.testing.assert_close(logits_on[:, :8], logits_off[:, :8], rtol=0, atol=0)
@@ -134,7 +134,7 @@ def test_a_run_trained_with_the_rule_keeps_it_and_refuses_a_second_one(corpus_di
     argv = ["train", "--preset", "tiny", "--seq-len", "32", "--batch-size", "4", "--eval-sequences", "4"]
     argv += ["--quiet", "--steps", "2", "--data", str(corpus_dir), "--attention", "scalar"]
     assert cli.main([*argv, "--out", str(run), "--tau-length-scaling", "8"]) == 0
-    assert read_json(run / "config.json")["model"]["scalar_tau_length_scaling"] == 8
+    assert read_json(run / "config.json")["model"]["attention_options"]["tau_length_scaling"] == 8
     assert {block.attn.tau_length_scaling for block in load_run(run).model.blocks} == {8}
     out = tmp_path / "ppl"
     ppl = ["eval", "ppl", "--run", str(run), "--lengths", "32,64", "--windows", "1", "--quiet"]
@@ -142,6 +142,6 @@ def test_a_run_trained_with_the_rule_keeps_it_and_refuses_a_second_one(corpus_di
     assert not read_json(out / "results.json")["tau_length_scaling"]
     capsys.readouterr()
     assert exit_code([*ppl, "--out", str(tmp_path / "again"), "--tau-length-scaling"]) == 2
-    assert "trained with the length rule (scalar_tau_length_scaling=8)" in capsys.readouterr().err
+    assert "trained with the length rule (--tau-length-scaling=8)" in capsys.readouterr().err
     assert exit_code(["sample", "--run", str(run), "--tau-length-scaling"]) == 2
     assert exit_code([*argv, "--out", str(tmp_path / "bad"), "--tau-length-scaling", "0"]) == 2

@@ -1,5 +1,6 @@
 """The model's auxiliary losses in training: the loop adds what the model gives, the scalar
-regularizers follow their schedule, and TrainConfig's ``reg_*`` settings are checked by name."""
+regularizers follow their schedule, and their ``reg_*`` options (``ScalarOptions``) are checked by
+name."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from conftest import small_model
 from priorattn.data.packing import IGNORE_INDEX
 from priorattn.mechanisms import AuxLosses
 from priorattn.models import GPT
+from priorattn.scalar import Regularization, ScalarOptions
 from priorattn.train import TrainConfig
 from priorattn.train.distributed import Process
 from priorattn.train.loop import train_step
@@ -54,9 +56,10 @@ def test_a_step_adds_the_mean_over_micro_batches_of_the_sum_of_the_models_losses
 
 
 def test_the_scalar_regularizers_are_the_models_weighted_losses_from_their_start_step():
-    model = GPT(small_model(attention="hybrid", scalar_tau="token")).train()
-    config = TrainConfig(reg_align=0.5, reg_spread=0.1, reg_spread_start=3, reg_tau=0.01)
-    aux = model.aux_losses(config.regularization())
+    options = dict(tau="token", reg_align=0.5, reg_spread=0.1, reg_spread_start=3, reg_tau=0.01)
+    model = GPT(small_model(attention="hybrid", attention_options=options)).train()
+    config = model.config.attention_options
+    aux = model.aux_losses()
     tokens = torch.randint(0, 256, (2, 16))
     for step, names in ((2, {"align", "tau"}), (3, {"align", "spread", "tau"})):
         aux.start(step)
@@ -73,23 +76,28 @@ def test_the_scalar_regularizers_are_the_models_weighted_losses_from_their_start
 @pytest.mark.parametrize(
     "options, message",
     [
-        (dict(reg_align=-1.0), "reg_align must be a number >= 0, got -1.0"),
-        (dict(reg_tau=True), "reg_tau must be a number >= 0, got True"),
-        (dict(reg_spread_start=-1), "reg_spread_start must be an int >= 0, got -1"),
-        (dict(reg_spread_range=(1.0, 0.0)), r"reg_spread_range must be \(a, b\) with a < b"),
+        (dict(reg_align=-1.0), "the align regularizer weight must be a number >= 0, got -1.0"),
+        (dict(reg_tau=True), "the tau regularizer weight must be a number >= 0, got True"),
+        (dict(reg_spread_start=-1), "spread_start must be an int >= 0 .*, got -1"),
+        (dict(reg_spread_range=(1.0, 0.0)), r"spread_range must be \(a, b\) with a < b"),
         (dict(reg_spread_range=(1.0,)), r"reg_spread_range must be two numbers \(a, b\) or None"),
     ],
 )
-def test_bad_regularizer_settings_are_named(options, message):
+def test_bad_regularizer_options_are_named(options, message):
     with pytest.raises(ValueError, match=message):
-        TrainConfig(**options)
+        ScalarOptions(**options)
 
 
-def test_regularizer_settings_survive_a_json_round_trip():
-    config = TrainConfig(reg_spread=0.1, reg_spread_range=(-2, 2))
-    assert config.reg_spread_range == (-2.0, 2.0)
-    loaded = TrainConfig.from_dict(json.loads(json.dumps(config.to_dict())))
-    assert loaded == config and loaded.regularization() == config.regularization()
-    assert config.regularization() == dict(
-        align=0.0, spread=0.1, tau=0.0, align_start=0, spread_start=0, tau_start=0, spread_range=(-2.0, 2.0)
-    )
+def test_regularizer_options_survive_a_json_round_trip():
+    config = small_model(attention="hybrid", attention_options=dict(reg_spread=0.1, reg_spread_range=(-2, 2)))
+    assert config.attention_options.reg_spread_range == (-2.0, 2.0)
+    loaded = type(config).from_dict(json.loads(json.dumps(config.to_dict())))
+    assert loaded == config
+    assert loaded.attention_options.regularization() == Regularization(spread=0.1, spread_range=(-2.0, 2.0))
+
+
+def test_training_configs_have_no_regularizer_fields():
+    with pytest.raises(TypeError, match="reg_align"):
+        TrainConfig(reg_align=0.1)
+    with pytest.raises(ValueError, match=r"\['reg_align'\] are now options of the attention mechanism"):
+        TrainConfig.from_dict(dict(reg_align=0.1))

@@ -49,7 +49,7 @@ class Flag:
     ``{default}`` (the field's default as the help shows it); ``type`` parses the text (and may
     return ``None``); ``choices`` are the values it accepts; ``group`` names the argument group
     (one of the groups given to :func:`add_config_flags`); ``required``: the command needs the flag
-    (its help then shows no default)."""
+    (its help then shows no default); ``aliases``: more names the flag answers to."""
 
     name: str | None = None
     help: str | None = None
@@ -58,6 +58,7 @@ class Flag:
     metavar: str | None = None
     group: str | None = None
     required: bool = False
+    aliases: tuple[str, ...] = ()
 
 
 def add_config_flags(
@@ -69,12 +70,14 @@ def add_config_flags(
     skip: Collection[str] = (),
     default: str | None = None,
     scaled: Collection[str] = (),
+    prefix: str = "",
 ) -> None:
     """A flag for every field of dataclass ``config`` but those in ``skip``, each added to
     ``groups[flags[name].group]`` or else to ``groups[group]``; ``flags`` writes some fields' flags
     their own way. The help ends with the field's default in parentheses, or with ``default`` (as
     ``"the preset's"``) when given; a field in ``scaled`` says that ``--budget`` scales its default
-    (:func:`budget_scaled`)."""
+    (:func:`budget_scaled`). Each flag's dest is ``prefix`` and the field's name (a nested config's
+    fields, as ``"attention_options."``: :func:`given` with the same ``prefix`` reads them)."""
     flags = flags or {}
     hints = typing.get_type_hints(config)
     docs = field_docs(config)
@@ -90,12 +93,14 @@ def add_config_flags(
             help = doc if flag.required else f"{doc} (%(shown_default)s)".lstrip()
         else:
             help = flag.help.replace("{default}", "%(shown_default)s")
-        names = [f"--{name.replace('_', '-')}" for name in (flag.name, field.name) if name]
-        metavar = flag.metavar or (flag.name.upper() if flag.name and not flag.choices else None)
-        options = dict(dest=field.name, help=help, metavar=metavar, required=flag.required)
+        names = [f"--{name.replace('_', '-')}" for name in (flag.name, field.name, *flag.aliases) if name]
+        named = flag.name or (field.name if prefix else None)  # not the dest's prefix
+        switch = is_switch(hints[field.name])
+        metavar = flag.metavar or (named.upper() if named and not flag.choices and not switch else None)
+        options = dict(dest=prefix + field.name, help=help, metavar=metavar, required=flag.required)
         options["default"] = argparse.SUPPRESS
         target = groups[flag.group or group]
-        if is_switch(hints[field.name]):
+        if switch:
             action = target.add_argument(*names, action=argparse.BooleanOptionalAction, **options)
         else:
             parse = field_parser(hints[field.name], field.name, flag.type)
@@ -152,13 +157,13 @@ def help_text(action: argparse.Action) -> str:
     return argparse.HelpFormatter("priorattn")._expand_help(action) if action.help else ""
 
 
-def given(args: argparse.Namespace, config: type, skip: Collection[str] = ()) -> dict:
+def given(args: argparse.Namespace, config: type, skip: Collection[str] = (), prefix: str = "") -> dict:
     """The fields of dataclass ``config`` (but those in ``skip``) whose flag the command line gave,
-    with the values given."""
+    with the values given (each flag's dest ``prefix`` and the field's name)."""
     return {
-        field.name: getattr(args, field.name)
+        field.name: getattr(args, prefix + field.name)
         for field in dataclasses.fields(config)
-        if field.name not in skip and hasattr(args, field.name)
+        if field.name not in skip and hasattr(args, prefix + field.name)
     }
 
 

@@ -32,10 +32,15 @@ FLAG_ALIASES = {"warmup_steps": "warmup"}
 def flag_names(message: str, parser: argparse.ArgumentParser) -> str:
     """``message`` with each argument name of ``parser``'s flags, where the library names an
     argument (``window=1``, ``lr must ...``), written as the flag: ``--window=1``, ``--lr must``;
-    a bare ``window=`` becomes ``--window`` and ``greedy=True`` of a switch ``--greedy``. A flag is
+    a bare ``window=`` becomes ``--window`` and ``greedy=True`` of a switch ``--greedy``; a flag
+    whose dest is a nested config's field (``attention_options.heads``) answers to the field's
+    name (``heads``). A flag is
     written by its first name (``--tau``, not its alias ``--scalar-tau``)."""
     flags = {action.dest: action for action in parser._actions if action.option_strings}
     flags |= {name: flags[dest] for name, dest in FLAG_ALIASES.items() if dest in flags}
+    # a nested config's field (``attention_options.heads``) is named by the library as ``heads``
+    nested = {dest.rpartition(".")[2]: action for dest, action in flags.items() if "." in dest}
+    flags = nested | flags
     names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
     pattern = re.compile(rf"(?<![\w.'-])({names})(=True\b|=|(?= must\b))")
 

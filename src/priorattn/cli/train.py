@@ -1,7 +1,8 @@
 """``priorattn train``, ``sample``, ``export`` and ``plot-runs``: train a GPT into a run directory,
 continue a prompt with it, copy it with its checkpoint as one file, draw its loss curves. ``train``
-has a flag for every field of ``GPTConfig`` and ``TrainConfig`` (:mod:`priorattn.cli.configs`);
-:data:`MODEL_FLAGS` and :data:`TRAIN_FLAGS` write some of them their own way."""
+has a flag for every field of ``GPTConfig`` and ``TrainConfig`` and of every registered
+mechanism's options (``GPTConfig.attention_options``, :mod:`priorattn.cli.configs`);
+:data:`MODEL_FLAGS`, :data:`OPTION_FLAGS` and :data:`TRAIN_FLAGS` write some of them their own way."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from pathlib import Path
 
 from ..data import KINDS as TOKENIZERS
 from ..encodings import ENCODINGS, ROPE_SCALINGS
-from ..mechanisms import mechanism_names
+from ..mechanisms import mechanism_names, options_classes, takers
 from ..models.gpt import GPTConfig
 from ..models.presets import PRESETS
+from ..scalar import ScalarOptions
 from ..scalar.temperature import TAU_KINDS
-from ..train.config import OPTIMIZERS, PARALLEL, POSITIONS, REG_TERMS, TrainConfig
+from ..train.config import OPTIMIZERS, PARALLEL, POSITIONS, TrainConfig
 from ..train.resume import DEFAULT_PRESET
 from .configs import Flag, add_config_flags, given
 from .parsing import fail, int_at_least, non_negative_number, positive_number, prior_specs
@@ -48,16 +50,35 @@ MODEL_FLAGS = {
     "window": Flag(type=int_at_least(1)),
     "rope_interpolation": Flag(type=positive_number),
     "rope_scaling": Flag(choices=tuple(ROPE_SCALINGS)),
-    "scalar_heads": Flag(group=SCALAR, type=int_at_least(1)),
-    "scalar_groups": Flag(group=SCALAR, type=int_at_least(1)),
-    "scalar_tau": Flag(name="tau", group=SCALAR, choices=TAU_KINDS),
-    "scalar_tau_init": Flag(name="tau_init", group=SCALAR, type=positive_number),
-    "scalar_tau_cap": Flag(name="tau_cap", group=SCALAR, type=positive_number),
-    "scalar_sink": Flag(group=SCALAR),
-    "scalar_tau_length_scaling": Flag(
-        name="tau_length_scaling", group=SCALAR, type=int_at_least(1), metavar="T"
-    ),
 }
+
+#: The options of each mechanism (``GPTConfig.attention_options``) are flags in the group of their
+#: class (:func:`option_group`), their dests ``attention_options.NAME``; these write some their own
+#: way, keeping the names the flags had when the options were fields of the configs.
+OPTION_PREFIX = "attention_options."
+OPTION_FLAGS = {
+    ScalarOptions: {
+        "heads": Flag(name="scalar_heads", type=int_at_least(1)),
+        "groups": Flag(name="scalar_groups", type=int_at_least(1)),
+        "tau": Flag(choices=TAU_KINDS, aliases=("scalar_tau",)),
+        "tau_init": Flag(type=positive_number, aliases=("scalar_tau_init",)),
+        "tau_cap": Flag(type=positive_number, aliases=("scalar_tau_cap",)),
+        "sink": Flag(name="scalar_sink"),
+        "tau_length_scaling": Flag(type=int_at_least(1), metavar="T"),
+        "reg_spread_range": Flag(type=spread_range),
+        **{f"reg_{term}": Flag(metavar="W") for term in ("align", "spread", "tau")},
+        **{
+            f"reg_{term}_start": Flag(type=int_at_least(0), metavar="STEP")
+            for term in ("align", "spread", "tau")
+        },
+    }
+}
+
+
+def option_group(options: type) -> str:
+    """The help group of a mechanism options class's flags: :data:`SCALAR` for the scalar heads',
+    ``"attention options (NAME, ...)"`` with the mechanisms that take them for another."""
+    return SCALAR if options is ScalarOptions else f"attention options ({', '.join(takers(options))})"
 
 
 def model_flags() -> dict[str, Flag]:
@@ -95,11 +116,7 @@ TRAIN_FLAGS = {
     "eval_sequences": Flag(group="run", type=int_at_least(1)),
     "save_every": Flag(group="run", type=int_at_least(0)),
     "keep_checkpoints": Flag(group="run", type=int_at_least(1)),
-    "reg_spread_range": Flag(group=SCALAR, type=spread_range),
 }
-for term in REG_TERMS:
-    TRAIN_FLAGS[f"reg_{term}"] = Flag(group=SCALAR, metavar="W")
-    TRAIN_FLAGS[f"reg_{term}_start"] = Flag(group=SCALAR, type=int_at_least(0), metavar="STEP")
 
 # Fields of both configs (the training length, the vocabulary): the flag sets the TrainConfig's,
 # and the model's follows from it.
@@ -142,14 +159,36 @@ def train_configs(args: argparse.Namespace) -> tuple[GPTConfig, TrainConfig]:
     from ..train import resolve_configs
 
     model, config = given(args, GPTConfig, skip=SHARED), given(args, TrainConfig)
+    options = {name: value for cls in options_classes() for name, value in given_options(args, cls).items()}
+    if options:
+        model["attention_options"] = options
     return resolve_configs(args.out, model, config, preset=args.preset, resume=args.resume)
+
+
+def given_options(args: argparse.Namespace, options: type) -> dict:
+    """The options of class ``options`` whose flag the command line gave."""
+    return given(args, options, prefix=OPTION_PREFIX)
+
+
+def add_option_flags(groups: dict, parser: argparse.ArgumentParser) -> None:
+    """A flag for every option of every registered mechanism (:func:`options_classes`), in the
+    group of its class (made here where new): an option whose name an earlier class has shares
+    that class's flag (one dest, ``attention_options.NAME``)."""
+    taken: set[str] = set()
+    for options in options_classes():
+        group = option_group(options)
+        if group not in groups:
+            groups[group] = parser.add_argument_group(group)
+        names = {field.name for field in dataclasses.fields(options)}
+        flags = OPTION_FLAGS.get(options, {})
+        add_config_flags(groups, options, group, flags, skip=taken, prefix=OPTION_PREFIX)
+        taken |= names
 
 
 def sample(args: argparse.Namespace) -> int:
     """Continue ``--prompt`` with the model a run trained; print the prompt and the continuation."""
     import torch
 
-    from ..scalar import SortedDecoding
     from ..scalar.model import add_inference_length_rule
     from ..train import load_run
 
@@ -167,7 +206,8 @@ def sample(args: argparse.Namespace) -> int:
             top_k=args.top_k,
             greedy=args.greedy,
             generator=torch.Generator().manual_seed(args.seed),
-            sorted_decoding=None if args.sorted_window is None else SortedDecoding(args.sorted_window),
+            decoding=None if args.sorted_window is None else "sorted",
+            decoding_options=None if args.sorted_window is None else dict(window=args.sorted_window),
         )
     except (ValueError, FileNotFoundError) as e:  # no run there, an empty prompt, a bad temperature
         fail(args, e)
@@ -217,7 +257,9 @@ def add_train_parser(commands) -> None:
         action="store_true",
         help="continue the run in --out with its arguments (those given must match; --steps may be raised)",
     )
-    add_config_flags(groups, GPTConfig, "model", model_flags(), skip=SHARED, default="the preset's")
+    skip = SHARED | {"attention_options"}
+    add_config_flags(groups, GPTConfig, "model", model_flags(), skip=skip, default="the preset's")
+    add_option_flags(groups, p)
     add_config_flags(groups, TrainConfig, "optimization", TRAIN_FLAGS)
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=train, parser=p)

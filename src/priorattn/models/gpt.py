@@ -26,10 +26,11 @@ from ..encodings import ROPE_SCALINGS, Sinusoidal
 from ..functional import BACKENDS
 from ..functional.api import check_normalizer
 from ..layers import KVCache
-from ..mechanisms import AuxLosses, aux_losses, check_attention_config, decoding_path, mechanism
+from ..mechanisms import AuxLosses, aux_losses, check_attention_config, legacy_fields, mechanism
+from ..mechanisms import decoding as decoding_path
 from ..priors import Prior, Uniform
 from ..token_shift import LayerCaches, TokenShift
-from .legacy import LEGACY_PRIOR_FIELDS, upgraded
+from .legacy import LEGACY_PRIOR_FIELDS, upgraded, with_attention_options
 from .named import prior_of_model
 
 PRIOR_INITS = ("uniform", "alibi")
@@ -93,20 +94,14 @@ class GPTConfig:
       ``"sparsemax"``, ``"entmax15"`` or an entmax ``alpha > 1`` (seed 004 Sec. 4; not softmax runs
       on the reference route).
     - ``attention``: the attention mechanism of every block, a name in the registry
-      (:mod:`priorattn.mechanisms`): ``"standard"``, or ``"scalar"``, ``"hybrid"`` or ``"mixed"``
-      heads (seed 002), with the ``scalar_*`` fields configuring the scalar heads
-      (:mod:`priorattn.scalar.model`):
-    - ``scalar_heads``: the scalar heads of a ``"mixed"`` layer, beside its dot-product heads
-      (``None``: half of ``n_heads``).
-    - ``scalar_groups``: the value groups of the scalar heads (``None``: one per head).
-    - ``scalar_tau``: how the bandwidth tau is shared: one for every head, one per head, or one per
-      head and token (``TAU_KINDS``).
-    - ``scalar_tau_init``: the starting bandwidth.
-    - ``scalar_tau_cap``: the largest bandwidth (``None``: no cap).
-    - ``scalar_tau_length_scaling``: a length ``T``: a query seeing ``n > T`` keys uses tau
-      ``(T / n)^2``, in training and after; with ``T`` below ``seq_len`` the model learns local
-      attention (docs/scalar_experiments.md section 8). ``None``: no rule.
-    - ``scalar_sink``: a sink key at 0 with a learned value on the scalar heads.
+      (:mod:`priorattn.mechanisms`): ``"standard"``, ``"fox"``, or ``"scalar"``, ``"hybrid"`` or
+      ``"mixed"`` heads (seed 002).
+    - ``attention_options``: the options of ``attention``, an instance of the dataclass its
+      mechanism registered (``"scalar"``, ``"hybrid"`` and ``"mixed"``:
+      :class:`~priorattn.scalar.ScalarOptions`), given as one or as a dict of some of them (the
+      others at their defaults), or ``None`` for all defaults; a mechanism without options takes
+      ``None``. Saved nested; a config saved with them flattened (``scalar_heads``, ...) loads
+      with them here (:meth:`from_dict`).
     - ``token_shift``: each token embedding ``e_t`` becomes ``e_t + W e_{t-1}`` before anything else
       (sinusoids included), with ``W`` a learned ``d_model x d_model`` matrix starting at zero
       (:class:`~priorattn.token_shift.TokenShift`; RWKV's token shift, Olsson et al. 2022's smeared
@@ -137,13 +132,7 @@ class GPTConfig:
     backend: str = "auto"
     normalizer: str | float = "softmax"
     attention: str = "standard"
-    scalar_heads: int | None = None
-    scalar_groups: int | None = None
-    scalar_tau: str = "head"
-    scalar_tau_init: float = 0.1
-    scalar_tau_cap: float | None = None
-    scalar_tau_length_scaling: int | None = None
-    scalar_sink: bool = False
+    attention_options: object | None = None
     token_shift: bool = False
 
     def __post_init__(self):
@@ -215,11 +204,14 @@ class GPTConfig:
     @classmethod
     def from_dict(cls, data: dict) -> GPTConfig:
         """The config :meth:`to_dict` gave, or one saved by an earlier version: fields added since
-        take their defaults, and the flattened prior fields become the options of ``prior``."""
-        unknown = set(data) - {f.name for f in fields(cls)} - set(LEGACY_PRIOR_FIELDS)
+        take their defaults, the flattened prior fields become the options of ``prior``, and the
+        flattened options of a mechanism (``scalar_heads``) its ``attention_options``
+        (:func:`~priorattn.models.legacy.with_attention_options`)."""
+        legacy = set(LEGACY_PRIOR_FIELDS) | set(legacy_fields())
+        unknown = set(data) - {f.name for f in fields(cls)} - legacy
         if unknown:
             raise ValueError(f"unknown GPTConfig fields {sorted(unknown)}")
-        return cls(**upgraded(data))
+        return cls(**with_attention_options(upgraded(data)))
 
 
 def build_prior(config: GPTConfig) -> Prior | None:
@@ -307,12 +299,11 @@ class GPT(nn.Module):
             for linear in (*(a.out_proj for a in attns), mlp.down):  # each adds to the residual stream
                 nn.init.normal_(linear.weight, std=std / math.sqrt(2 * self.config.n_layers))
 
-    def aux_losses(self, settings: Mapping[str, object]) -> AuxLosses:
-        """The auxiliary losses this model adds to its training loss, weighed and scheduled by the
-        training ``settings`` (:meth:`priorattn.train.TrainConfig.regularization`): those of every
-        package registered in :mod:`priorattn.mechanisms` (scalar heads' regularizers, seed 002).
-        A setting that asks for a loss this model's layers cannot give is a ``ValueError``."""
-        return aux_losses(self, settings)
+    def aux_losses(self) -> AuxLosses:
+        """The auxiliary losses this model adds to its training loss, weighed and scheduled by its
+        ``attention_options``: those of every package registered in :mod:`priorattn.mechanisms`
+        (scalar heads' regularizers, seed 002)."""
+        return aux_losses(self)
 
     @property
     def reads_absolute_positions(self) -> bool:
@@ -398,7 +389,8 @@ class GPT(nn.Module):
         top_k: int | None = None,
         greedy: bool = False,
         generator: torch.Generator | None = None,
-        sorted_decoding: object | None = None,
+        decoding: str | None = None,
+        decoding_options: Mapping | object | None = None,
     ) -> Tensor:
         """Extend ``tokens: (B, L)`` by ``max_new_tokens``: ``(B, L + max_new_tokens)``.
 
@@ -407,12 +399,14 @@ class GPT(nn.Module):
         generations may run past the training length (how well the model extrapolates is the
         experiment, not a limit here). Call ``model.eval()`` first if ``dropout > 0``.
 
-        ``sorted_decoding``: a decoding option registered by a mechanism package
-        (:func:`priorattn.mechanisms.register_decoding`), whose path replaces the caches after the
-        prefill. A :class:`priorattn.scalar.SortedDecoding`: scalar heads read a cache sorted by
-        scalar key and attend over the ``window`` keys nearest each query (seed 002 "Binary Search
-        at Inference", :func:`priorattn.scalar.model.sorted_caches`; one sequence, B = 1). Scalar
-        heads whose tau is length-scaled (``config.scalar_tau_length_scaling``, set by
+        ``decoding``: ``None`` decodes through the layers' own caches; else the name of a decoding
+        a mechanism package registered (:func:`priorattn.mechanisms.register_decoding`), whose path
+        replaces the caches after the prefill, with ``decoding_options`` its options (an instance
+        of its options class, or a dict of them). ``"sorted"``, options
+        :class:`priorattn.scalar.SortedDecoding` (``window`` required): scalar heads read a cache
+        sorted by scalar key and attend over the ``window`` keys nearest each query (seed 002
+        "Binary Search at Inference", :func:`priorattn.scalar.model.sorted_caches`; one sequence,
+        B = 1). Scalar heads whose tau is length-scaled (the option ``tau_length_scaling``, set by
         :func:`priorattn.scalar.model.set_tau_length_scaling`) apply it in both caches alike.
         """
         if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
@@ -421,10 +415,13 @@ class GPT(nn.Module):
             raise ValueError(f"temperature must be > 0 (or use greedy=True), got {temperature!r}")
         if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
             raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
-        decode = None if sorted_decoding is None else decoding_path("sorted_decoding", sorted_decoding)
+        if decoding is None and decoding_options is not None:
+            raise ValueError("decoding_options are the options of a decoding: name it with decoding=")
+        path = None if decoding is None else decoding_path(decoding, decoding_options)
         logits, _, caches = self(tokens)  # prefill: (B, L, V)
-        if decode is not None:
-            caches = decode(self, caches, sorted_decoding)
+        if path is not None:
+            entry, options = path
+            caches = entry.caches(self, caches, options)
         for step in range(max_new_tokens):
             if greedy:
                 next_token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)

@@ -1,14 +1,20 @@
-"""Configs saved before the prior registry, read today.
+"""Configs saved before the prior registry and mechanism options, read today.
 
 Before the prior registry a ``GPTConfig`` (and what ``priorattn.hf.add_prior`` recorded) named its prior
 (``"goat"``, ``"alibi+ggd"``) and held GOAT's and GGD's options as flattened fields of its own
 (:data:`LEGACY_PRIOR_FIELDS`). They are now options of the prior spec; :func:`legacy_spec` moves
 them there, so such a config builds the same model (same parameter names, same outputs:
-``tests/models/test_legacy_configs.py``).
+``tests/models/test_legacy_configs.py``). Likewise a ``GPTConfig`` held the options of scalar heads
+as flattened ``scalar_*`` fields, and a ``TrainConfig`` their regularizers as ``reg_*`` fields:
+they are now ``GPTConfig.attention_options`` (:func:`with_attention_options`,
+:func:`run_with_attention_options`).
 """
 
 from __future__ import annotations
 
+from dataclasses import fields
+
+from ..mechanisms import legacy_fields, mechanism, takers
 from ..priors import with_defaults
 
 #: Flattened field -> (the prior it configured, its option there).
@@ -52,3 +58,46 @@ def upgraded(data: dict) -> dict:
         return data
     kept = {key: value for key, value in data.items() if key not in LEGACY_PRIOR_FIELDS}
     return kept | dict(prior=legacy_spec(data.get("prior", "uniform"), flattened))
+
+
+def with_attention_options(data: dict) -> dict:
+    """A saved ``GPTConfig`` dict with the flattened options of a mechanism (``scalar_heads``,
+    and the ``reg_*`` a run's train section held: :func:`run_with_attention_options`) moved into
+    ``attention_options``. A flattened option of another mechanism than the config's loads where it
+    holds its default (every config then saved them all); another value cannot be represented and
+    is a ``ValueError`` naming it."""
+    legacy = legacy_fields()
+    flattened = {key: data[key] for key in legacy if key in data}
+    if not flattened:
+        return data
+    kept = {key: value for key, value in data.items() if key not in legacy}
+    attention = data.get("attention", "standard")
+    own = mechanism(attention).options
+    options = dict(kept.get("attention_options") or {})
+    for old, value in flattened.items():
+        cls, new = legacy[old]
+        if cls is own:
+            options.setdefault(new, value)
+            continue
+        default = next(f.default for f in fields(cls) if f.name == new)
+        if value != default and not (isinstance(default, tuple) and tuple(value) == default):
+            raise ValueError(
+                f"this config holds {old}={value!r}, an option of attention="
+                f"{' or '.join(map(repr, takers(cls)))}, but its attention is {attention!r}: "
+                "it cannot be represented (set attention, or drop the field)"
+            )
+    return kept | dict(attention_options=options or None)
+
+
+def run_with_attention_options(configs: dict) -> dict:
+    """A run's saved configs (``{"model": ..., "train": ...}``) with the mechanism options its train
+    section held (the scalar regularizers' ``reg_*``, :func:`legacy_fields`) moved to its model
+    section, where :func:`with_attention_options` reads them."""
+    train = configs.get("train")
+    if not isinstance(train, dict) or not isinstance(configs.get("model"), dict):
+        return configs
+    moved = {key: value for key, value in train.items() if key in legacy_fields()}
+    if not moved:
+        return configs
+    kept = {key: value for key, value in train.items() if key not in moved}
+    return configs | dict(model=configs["model"] | moved, train=kept)

@@ -5,13 +5,13 @@
 - :class:`ScalarMultiheadAttention`, :class:`MixedMultiheadAttention`: layers with a KV cache.
 - :class:`Temperature`: the learnable bandwidth (global, per head, per token; optional cap).
 - :class:`SortedScalarCache`: decoding that reads only the keys nearest each query's scalar;
-  :class:`SortedDecoding` runs ``GPT.generate`` through it.
+  :class:`SortedDecoding` are the options of ``GPT.generate(decoding="sorted")`` through it.
 - :mod:`.regularizers`: ``L_align``, ``L_spread``, ``L_tau`` and their schedule (:class:`Regularization`);
   :class:`Regularizer` makes them a model's auxiliary training losses.
 
 Importing the package registers (:mod:`.model`, :mod:`priorattn.mechanisms`) the ``"scalar"``,
-``"hybrid"`` and ``"mixed"`` attention of a GPT, the check of its ``scalar_*`` fields, the
-regularizers and sorted-cache decoding.
+``"hybrid"`` and ``"mixed"`` attention of a GPT with their options (:class:`ScalarOptions`), the
+regularizers and the ``"sorted"`` decoding.
 
 See ``docs/scalar.md``.
 """
@@ -19,6 +19,7 @@ See ``docs/scalar.md``.
 from .functional import scalar_attention
 from .layers import MixedCache, MixedMultiheadAttention, ScalarMultiheadAttention
 from .model import Regularizer
+from .options import ScalarOptions
 from .regularizers import Regularization, align_from_moments, align_values, spread_loss, tau_loss
 from .sorted_cache import DecodeStep, DensityMerge, GeometricEviction, SortedScalarCache
 from .sorted_decoding import SortedDecoding, SortedLayerCache
@@ -34,6 +35,7 @@ __all__ = [
     "Regularization",
     "Regularizer",
     "ScalarMultiheadAttention",
+    "ScalarOptions",
     "SortedDecoding",
     "SortedLayerCache",
     "SortedScalarCache",

@@ -1,7 +1,7 @@
 """How a :class:`~priorattn.models.GPTConfig` selects scalar attention, and what this package
 registers for a GPT (:mod:`priorattn.mechanisms`): the mechanisms ``"scalar"``, ``"hybrid"`` and
-``"mixed"``, the check of the ``scalar_*`` fields, the regularizers as auxiliary losses, and
-sorted-cache decoding.
+``"mixed"`` with their options (:class:`~priorattn.scalar.options.ScalarOptions`) and the check of
+them, the regularizers as auxiliary losses, and the ``"sorted"`` decoding.
 
 The config's ``attention`` field:
 
@@ -9,11 +9,11 @@ The config's ``attention`` field:
   saved before the field existed loads as.
 - ``"scalar"``: every head pure scalar (seed 002 "Mechanism").
 - ``"hybrid"``: every head scores ``q.k / sqrt(d) - (q_s - k_s)^2 / tau`` (seed 002 "Hybrid").
-- ``"mixed"``: ``scalar_heads`` scalar heads next to dot-product heads (seed 002 "Hybrid Architecture").
+- ``"mixed"``: ``heads`` scalar heads next to dot-product heads (seed 002 "Hybrid Architecture").
 
-The other ``scalar_*`` fields configure the scalar heads: ``scalar_groups`` value groups (default:
-one per scalar head), ``scalar_tau`` / ``scalar_tau_init`` / ``scalar_tau_cap`` the bandwidth,
-``scalar_sink`` a sink key, and ``scalar_tau_length_scaling`` (``None``, or a length ``T``) the rule
+The other options (``config.attention_options``) configure the scalar heads: ``groups`` value
+groups (default: one per scalar head), ``tau`` / ``tau_init`` / ``tau_cap`` the bandwidth,
+``sink`` a sink key, and ``tau_length_scaling`` (``None``, or a length ``T``) the rule
 ``tau (T / n)^2`` for a query seeing ``n > T`` keys
 (:func:`~priorattn.scalar.temperature.length_scaled_tau`). Set before training with ``T`` below
 ``seq_len``, the model learns with the rule, which is then its own attention at every length
@@ -25,9 +25,7 @@ dot-product heads of ``"mixed"`` layers.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import replace
 
 import torch
 from torch import Tensor, nn
@@ -37,41 +35,26 @@ from ..layers import config_rope
 from ..mechanisms import (
     AuxLosses,
     register_aux_losses,
-    register_config_check,
     register_decoding,
     register_mechanism,
 )
 from ..priors import Prior
 from ..token_shift import LayerCaches
 from .layers import MixedCache, MixedMultiheadAttention, ScalarMultiheadAttention
+from .options import ScalarOptions
 from .regularizers import Regularization
 from .sorted_decoding import SortedDecoding, SortedLayerCache
-from .temperature import TAU_FLOOR, TAU_KINDS, check_train_length
+from .temperature import check_train_length
 
 #: The mechanisms this package registers: the values of ``attention`` with scalar heads.
 KINDS = ("scalar", "hybrid", "mixed")
 
 
-def check_scalar_config(config) -> None:
-    """Check (and resolve defaults of) a ``GPTConfig``'s ``scalar_*`` fields, naming the field: run
-    on every config (:func:`~priorattn.mechanisms.register_config_check`), since the fields that
-    shape scalar heads are refused for a mechanism without them."""
-    if config.scalar_tau not in TAU_KINDS:
-        raise ValueError(f"scalar_tau must be one of {TAU_KINDS}, got {config.scalar_tau!r}")
-    init, cap = config.scalar_tau_init, config.scalar_tau_cap
-    number = isinstance(init, (int, float)) and not isinstance(init, bool)
-    if not number or not math.isfinite(init) or init <= TAU_FLOOR:
-        raise ValueError(f"scalar_tau_init must be a finite number > {TAU_FLOOR}, got {init!r}")
-    if cap is not None and not (isinstance(cap, (int, float)) and math.isfinite(cap) and cap > init):
-        raise ValueError(f"scalar_tau_cap must be a finite number above scalar_tau_init={init}, got {cap!r}")
-    check_train_length(config.scalar_tau_length_scaling, "scalar_tau_length_scaling")
-    if config.attention not in KINDS:
-        names = ("scalar_heads", "scalar_groups", "scalar_tau_length_scaling")
-        given = [name for name in names if getattr(config, name) is not None]
-        if given or config.scalar_sink:
-            name = given[0] if given else "scalar_sink"
-            raise ValueError(f"{name} configures scalar heads: set attention to 'scalar', 'hybrid', 'mixed'")
-        return
+def check_scalar_config(config) -> ScalarOptions:
+    """Check a ``GPTConfig`` naming a mechanism of :data:`KINDS` against its options
+    (``config.attention_options``, a :class:`ScalarOptions`), naming what is bad; the options with
+    the default scalar heads of ``"mixed"`` (half of ``n_heads``) resolved."""
+    options = config.attention_options
     if not regularizer(config.normalizer).is_softmax:
         raise ValueError(
             f"normalizer={config.normalizer!r} replaces the softmax of dot-product heads only; "
@@ -80,7 +63,7 @@ def check_scalar_config(config) -> None:
     if config.n_kv_heads is not None:
         raise ValueError(
             f"n_kv_heads={config.n_kv_heads} groups dot-product heads; attention={config.attention!r} "
-            "groups values with scalar_groups"
+            "groups values with the option groups"
         )
     if config.attention == "scalar" and config.encoding in ("rope", "local_rope"):
         raise ValueError(
@@ -88,30 +71,31 @@ def check_scalar_config(config) -> None:
             "none (use 'hybrid' or 'mixed', or encoding='none')"
         )
     if config.attention == "mixed":
-        if config.scalar_heads is None:
-            config.scalar_heads = config.n_heads // 2
-        if not 0 < config.scalar_heads < config.n_heads:
+        if options.heads is None:
+            options = replace(options, heads=config.n_heads // 2)
+        if not 0 < options.heads < config.n_heads:
             raise ValueError(
-                f"scalar_heads must be in [1, n_heads - 1] = [1, {config.n_heads - 1}] for mixed "
-                f"attention, got {config.scalar_heads!r}"
+                f"heads must be in [1, n_heads - 1] = [1, {config.n_heads - 1}] for mixed "
+                f"attention, got {options.heads!r}"
             )
-    elif config.scalar_heads is not None:
-        raise ValueError(f"scalar_heads is for attention='mixed', got attention={config.attention!r}")
-    heads = scalar_heads(config)
-    groups = heads if config.scalar_groups is None else config.scalar_groups
-    if not isinstance(groups, int) or groups < 1 or heads % groups:
-        raise ValueError(f"scalar_groups must be a positive int dividing {heads} scalar heads, got {groups}")
-    if config.scalar_sink and (
+    elif options.heads is not None:
+        raise ValueError(f"heads is for attention='mixed', got attention={config.attention!r}")
+    heads = options.heads if config.attention == "mixed" else config.n_heads
+    groups = heads if options.groups is None else options.groups
+    if heads % groups:
+        raise ValueError(f"groups must be a positive int dividing {heads} scalar heads, got {groups}")
+    if options.sink and (
         config.window is not None or (config.prior != "uniform" and config.attention != "mixed")
     ):
-        raise ValueError("scalar_sink has no position: it takes no prior and no window on its heads")
+        raise ValueError("sink has no position: it takes no prior and no window on its heads")
+    return options
 
 
 def scalar_heads(config) -> int:
     """How many heads of a layer are scalar."""
     if config.attention not in KINDS:
         return 0
-    return config.scalar_heads if config.attention == "mixed" else config.n_heads
+    return config.attention_options.heads if config.attention == "mixed" else config.n_heads
 
 
 def prior_heads(config) -> int:
@@ -121,13 +105,14 @@ def prior_heads(config) -> int:
 
 def attention_layer(config, prior: Prior | None) -> nn.Module:
     """The attention of one block for ``config.attention`` in :data:`KINDS`."""
+    options = config.attention_options
     scalar = dict(
-        value_groups=config.scalar_groups,
-        tau=config.scalar_tau,
-        tau_init=config.scalar_tau_init,
-        tau_cap=config.scalar_tau_cap,
-        tau_length_scaling=config.scalar_tau_length_scaling,
-        sink=config.scalar_sink,
+        value_groups=options.groups,
+        tau=options.tau,
+        tau_init=options.tau_init,
+        tau_cap=options.tau_cap,
+        tau_length_scaling=options.tau_length_scaling,
+        sink=options.sink,
         causal=True,
         head_dim=config.head_dim,
         window=config.window,
@@ -136,7 +121,7 @@ def attention_layer(config, prior: Prior | None) -> nn.Module:
     rope = config_rope(config)
     if config.attention == "mixed":
         return MixedMultiheadAttention(
-            config.d_model, config.n_heads, config.scalar_heads, prior=prior, encoding=rope, **scalar
+            config.d_model, config.n_heads, options.heads, prior=prior, encoding=rope, **scalar
         )
     hybrid = config.attention == "hybrid"
     encoding = rope if hybrid else None
@@ -162,7 +147,7 @@ def set_tau_length_scaling(model, train_len: int | None) -> None:
             f"tau length scaling changes scalar heads, and this model has attention={attention!r}"
         )
     check_train_length(train_len)
-    config.scalar_tau_length_scaling = train_len
+    config.attention_options = replace(config.attention_options, tau_length_scaling=train_len)
     for block in model.blocks:
         attention_parts(block.attn)[-1].tau_length_scaling = train_len
 
@@ -171,10 +156,11 @@ def add_inference_length_rule(model, train_len: int) -> None:
     """:func:`set_tau_length_scaling` ``(model, train_len)`` on a model trained without the rule:
     what ``sample`` and ``eval ppl`` ``--tau-length-scaling`` do. A model trained with its own rule
     already applies it at every length, and replacing its ``T`` would change what it learned."""
-    own = getattr(model.config, "scalar_tau_length_scaling", None)
+    options = getattr(model.config, "attention_options", None)
+    own = getattr(options, "tau_length_scaling", None)
     if own is not None:
         raise ValueError(
-            f"this model was trained with the length rule (scalar_tau_length_scaling={own}), which "
+            f"this model was trained with the length rule (tau_length_scaling={own}), which "
             "it applies at every length: drop --tau-length-scaling"
         )
     set_tau_length_scaling(model, train_len)
@@ -264,16 +250,18 @@ class Regularizer(AuxLosses):
         return logged
 
 
-def regularizer_of(model: nn.Module, settings: Mapping[str, object]) -> Regularizer:
-    """The :class:`Regularizer` of ``model`` from the training ``settings`` named as the fields of
-    :class:`Regularization` (``align``, ``spread_start``, ``spread_range``...; an absent one takes
-    its default, and other packages' settings are left to them)."""
-    own = {f.name for f in fields(Regularization)}
-    return Regularizer(model, Regularization(**{k: v for k, v in settings.items() if k in own}))
+def regularizer_of(model: nn.Module) -> Regularizer:
+    """The :class:`Regularizer` of ``model``: its options' ``reg_*`` weights where they are a
+    :class:`ScalarOptions`, else none (a model of another mechanism has no scalar heads)."""
+    options = model.config.attention_options
+    if not isinstance(options, ScalarOptions):
+        return Regularizer(model, Regularization())
+    return Regularizer(model, options.regularization())
 
 
 for _kind in KINDS:
-    register_mechanism(_kind, attention_layer, prior_heads=prior_heads)
-register_config_check(check_scalar_config)
+    register_mechanism(
+        _kind, attention_layer, prior_heads=prior_heads, options=ScalarOptions, check=check_scalar_config
+    )
 register_aux_losses(regularizer_of)
-register_decoding(SortedDecoding, sorted_caches)
+register_decoding("sorted", SortedDecoding, sorted_caches)

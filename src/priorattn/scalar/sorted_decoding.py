@@ -3,7 +3,7 @@
 After the prompt is prefilled with the ordinary :class:`~priorattn.KVCache`, each scalar attention
 layer's cache is moved into a :class:`~priorattn.scalar.SortedScalarCache`; every later token is
 appended to it and its query attends over the ``window`` entries nearest its scalar query, per head.
-``GPT.generate(..., sorted_decoding=SortedDecoding(window))`` does this (see
+``GPT.generate(..., decoding="sorted", decoding_options=SortedDecoding(window))`` does this (see
 :func:`priorattn.scalar.model.sorted_caches`); docs/scalar_decoding.md.
 """
 

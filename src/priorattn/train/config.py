@@ -7,9 +7,9 @@ from dataclasses import asdict, dataclass, fields
 from ..checks import check_int
 from ..data import KINDS as TOKENIZERS
 from ..files import check_text_encoding
+from ..mechanisms import legacy_fields
 
 OPTIMIZERS = ("adamw", "radam")
-REG_TERMS = ("align", "spread", "tau")  # the scalar regularizers' terms (seed 002)
 POSITIONS = ("document", "window")
 PARALLEL = ("ddp", "fsdp")
 
@@ -86,13 +86,9 @@ class TrainConfig:
       an older one when the newest is damaged.
     - ``init_from``: a run directory whose final model weights start this run (the optimizer starts
       fresh), e.g. to continue training at a longer ``seq_len``.
-    - ``reg_*``: the scalar heads' regularizers (seed 002 "Regularization for Efficient Inference"),
-      plain data: the model makes them its auxiliary losses (:meth:`regularization`,
-      :class:`priorattn.scalar.Regularization`).
-    - ``reg_align``, ``reg_spread``, ``reg_tau``: the weights of ``L_align``, ``L_spread``, ``L_tau``.
-    - ``reg_align_start``, ``reg_spread_start``, ``reg_tau_start``: the step each term starts at.
-    - ``reg_spread_range``: ``L_spread``'s target range ``(a, b)`` with ``a < b``; ``None`` (the
-      flag's ``adaptive``): the mean +- 3 standard deviations.
+
+    The auxiliary losses a model adds (the scalar heads' regularizers) are options of its attention
+    mechanism (``GPTConfig.attention_options``), not fields here.
     """
 
     data: str | None = None
@@ -126,13 +122,6 @@ class TrainConfig:
     parallel: str = "ddp"
     mixed_precision: bool = False
     checkpoint_activations: bool = False
-    reg_align: float = 0.0
-    reg_spread: float = 0.0
-    reg_tau: float = 0.0
-    reg_align_start: int = 0
-    reg_spread_start: int = 0
-    reg_tau_start: int = 0
-    reg_spread_range: tuple[float, float] | None = (-3.0, 3.0)
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "grad_accum", "keep_checkpoints"):
@@ -177,36 +166,22 @@ class TrainConfig:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
         if self.grad_clip is not None and not self.grad_clip > 0:
             raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
-        for name in REG_TERMS:
-            weight = getattr(self, f"reg_{name}")
-            if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight >= 0:
-                raise ValueError(f"reg_{name} must be a number >= 0, got {weight!r}")
-            check_int(f"reg_{name}_start", getattr(self, f"reg_{name}_start"), low=0)
-        if self.reg_spread_range is not None:
-            spread_range = tuple(self.reg_spread_range)  # a list after a JSON round trip
-            if len(spread_range) != 2 or not all(isinstance(x, int | float) for x in spread_range):
-                raise ValueError(f"reg_spread_range must be two numbers (a, b) or None, got {spread_range!r}")
-            if not spread_range[0] < spread_range[1]:
-                raise ValueError(f"reg_spread_range must be (a, b) with a < b, got {spread_range!r}")
-            self.reg_spread_range = (float(spread_range[0]), float(spread_range[1]))
-
-    def regularization(self) -> dict:
-        """The ``reg_*`` fields without their prefix (``align``, ``spread_start``, ``spread_range``...):
-        the training settings a model weighs its auxiliary losses with
-        (:meth:`priorattn.models.GPT.aux_losses`)."""
-        return {
-            f.name.removeprefix("reg_"): getattr(self, f.name)
-            for f in fields(self)
-            if f.name.startswith("reg_")
-        }
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:
-        """A saved config; fields it predates take :data:`BEFORE_FIELD_EXISTED` or their defaults."""
+        """A saved config; fields it predates take :data:`BEFORE_FIELD_EXISTED` or their defaults.
+        Fields that are now options of an attention mechanism (the ``reg_*`` of scalar heads) are
+        read with the run's model config (:func:`priorattn.train.runs.read_run_configs`)."""
         unknown = set(data) - {f.name for f in fields(cls)}
+        moved = sorted(unknown & set(legacy_fields()))
+        if moved:
+            raise ValueError(
+                f"TrainConfig fields {moved} are now options of the attention mechanism "
+                "(GPTConfig.attention_options): read a run's config.json with read_run_configs"
+            )
         if unknown:
             raise ValueError(f"unknown TrainConfig fields {sorted(unknown)}")
         return cls(**(BEFORE_FIELD_EXISTED | data))

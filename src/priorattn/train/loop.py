@@ -118,7 +118,7 @@ def _train(model_config, config, run_dir, resume, progress, process: Process) ->
             batches = RetrievalMix(batches, config.retrieval_mix, data.tokenizer, tokens, seed=config.seed)
         torch.manual_seed(config.seed)  # the same initial weights on every process
         model = GPT(model_config).to(process.device)
-        aux = model.aux_losses(config.regularization())
+        aux = model.aux_losses()
         if config.init_from is not None:
             _start_from(Path(config.init_from), model, data.tokenizer)
     except BaseException:

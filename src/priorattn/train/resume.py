@@ -33,8 +33,9 @@ def resolve_configs(
     ``train`` (the others keep their defaults), as :func:`priorattn.train.train` then takes them:
 
     - ``resume=True`` where ``run_dir`` holds a run: the run's configs with the given fields
-      replaced (``train`` then refuses a field that differs from the run's, except a raised
-      ``steps``). With ``preset``, the model is built as for a fresh run instead.
+      replaced, and of given ``attention_options`` those they name (``train`` then refuses a field
+      that differs from the run's, except a raised ``steps``). With ``preset``, the model is built
+      as for a fresh run instead.
     - ``train["init_from"]``, a run directory: a context extension. The model is that run's, with
       only :data:`EXTENSION_FIELDS` replaceable (to extend RoPE to the longer context); no other
       ``model`` field and no ``preset`` may be given. The data fields (:data:`SAME_DATA`) are that
@@ -50,7 +51,7 @@ def resolve_configs(
         saved = read_run_configs(saved_path)
         config = TrainConfig.from_dict(saved["train"] | train)
         if preset is None:
-            return GPTConfig.from_dict(saved["model"] | model), config
+            return GPTConfig.from_dict(with_given(saved["model"], model)), config
     elif train.get("init_from") is not None:
         return extension_configs(Path(train["init_from"]), model, train, preset)
     else:
@@ -59,6 +60,15 @@ def resolve_configs(
     if config.seq_len is not None:
         sizes["seq_len"] = config.seq_len
     return preset_config(preset or DEFAULT_PRESET, **sizes | model), config
+
+
+def with_given(saved: dict, model: dict) -> dict:
+    """A saved model config with the ``model`` fields given replacing its own; given
+    ``attention_options`` replace only the options they name."""
+    merged = saved | model
+    if isinstance(model.get("attention_options"), Mapping):
+        merged["attention_options"] = dict(saved.get("attention_options") or {}) | model["attention_options"]
+    return merged
 
 
 def extension_configs(

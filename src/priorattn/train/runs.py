@@ -16,6 +16,7 @@ from pathlib import Path
 from ..data import Tokenizer, load_tokenizer, read_data_record
 from ..files import as_saved, prepare_out, read_json, write_atomic
 from ..models import GPT, GPTConfig, build_prior
+from ..models.legacy import run_with_attention_options
 from ..priors import read_spec, registered
 from . import checkpoint as ckpt
 from .config import TrainConfig
@@ -49,7 +50,7 @@ def read_run_configs(path: Path) -> dict:
         if not isinstance(configs.get(part), dict):
             found = "nothing" if part not in configs else f"a JSON {type(configs[part]).__name__}"
             raise ValueError(f"{path} holds {found} under {part!r}: a run's config.json is {shape}")
-    return configs
+    return run_with_attention_options(configs)
 
 
 def configs_of(configs: dict, path: Path) -> tuple[GPTConfig, TrainConfig]:
@@ -102,6 +103,7 @@ def run_configs(model_config: GPTConfig, config: TrainConfig) -> dict:
 def saved_configs(configs: dict) -> dict:
     """Configs read from a run, with fields added to the library since it was written at their
     defaults, so a run from an earlier version still resumes."""
+    configs = run_with_attention_options(configs)
     return run_configs(GPTConfig.from_dict(configs["model"]), TrainConfig.from_dict(configs["train"]))
 
 

@@ -40,7 +40,7 @@ def test_rank_correlation_is_spearmans_over_the_visible_keys():
 def test_pure_scalar_heads_are_perfectly_local():
     """Without a sink the weight is exp(-d^2 / tau) / Z: it falls with distance alone (distinct
     tokens, so no two keys of the first layer tie; a wide tau, so no weight underflows to a tie at 0)."""
-    model = tiny_gpt("scalar", scalar_tau_init=20.0)
+    model = tiny_gpt("scalar", tau_init=20.0)
     tokens = torch.stack([torch.randperm(32)[:16] for _ in range(2)])
     assert layer_alignment(attention_maps(model, tokens)[0])["rank_correlation"] == pytest.approx(-1.0)
     summary = alignment_summary(attention_maps(model, tokens))

@@ -9,11 +9,18 @@ from priorattn.models import GPT, GPTConfig
 from priorattn.studies.scalar.capture import capture_scalar_layers, nearest_mass
 
 
-def tiny_gpt(attention: str, **options) -> GPT:
-    """A 2-layer GPT with random non-trivial scalar parameters (the sink starts at zero)."""
+def tiny_gpt(attention: str, encoding: str = "none", **options) -> GPT:
+    """A 2-layer GPT of ``attention`` with its ``options``, with random non-trivial scalar
+    parameters (the sink starts at zero)."""
     torch.manual_seed(0)
     config = GPTConfig(
-        vocab_size=32, seq_len=16, d_model=32, n_layers=2, n_heads=4, attention=attention, **options
+        vocab_size=32,
+        seq_len=16,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        attention=attention,
+        attention_options=options,
     )
     model = GPT(config).double()
     with torch.no_grad():
@@ -28,9 +35,9 @@ def tiny_gpt(attention: str, **options) -> GPT:
 @pytest.mark.parametrize(
     "attention, options",
     [
-        ("scalar", dict(scalar_groups=2, scalar_tau="token", scalar_sink=True)),
+        ("scalar", dict(groups=2, tau="token", sink=True)),
         ("hybrid", dict(encoding="rope")),
-        ("mixed", dict(scalar_heads=2, scalar_sink=True)),
+        ("mixed", dict(heads=2, sink=True)),
     ],
 )
 def test_captured_weights_reproduce_each_layers_output(attention, options):
@@ -71,7 +78,7 @@ def test_pure_scalar_weights_are_a_softmax_of_the_negative_squared_distance_over
 
 
 def test_sink_weight_is_the_sink_column_of_the_dense_softmax():
-    model = tiny_gpt("scalar", scalar_sink=True)
+    model = tiny_gpt("scalar", sink=True)
     tokens = torch.randint(0, 32, (1, 6))
     c = capture_scalar_layers(model, tokens)[1]
     _, sink = c.weights()

@@ -79,7 +79,8 @@ def test_experiment_8_scores_the_length_rule_in_training_against_own_tau_and_at_
     assert own["loss"][0] == at_inference["loss"][0]  # within the training length the rule is off
     assert own["loss"][1:] != at_inference["loss"][1:]
     saved = json.loads((tmp_path / "out" / "runs" / "rule8" / "config.json").read_text())["model"]
-    assert saved["scalar_tau_length_scaling"] == 8 and saved["scalar_tau_init"] == pytest.approx(6.4)
+    options = saved["attention_options"]
+    assert options["tau_length_scaling"] == 8 and options["tau_init"] == pytest.approx(6.4)
     for entry in evaluations.values():
         masses = list(entry["mass_captured"]["nearest"].values())
         assert masses == sorted(masses) and 0 < masses[0] and masses[-1] <= 1 + 1e-6

@@ -30,7 +30,7 @@ def test_a_window_holding_every_key_is_exact(attention):
 def test_the_decode_attends_over_the_k_nearest_keys_renormalized(attention):
     """The output error is that of the k keys nearest in scalar distance with their weights
     renormalized, so ``missed`` is the mass of the window the cache actually reads."""
-    c = capture_scalar_layers(tiny_gpt(attention, scalar_tau_init=5.0), torch.randint(0, 32, (2, 14)))[0]
+    c = capture_scalar_layers(tiny_gpt(attention, tau_init=5.0), torch.randint(0, 32, (2, 14)))[0]
     k, queries = 3, 5
     errors = decode_errors(c, queries, ks=(k,))
     L = c.length
@@ -62,7 +62,7 @@ def test_bandwidth_keys_count_keys_within_sqrt_tau():
 
 
 def test_a_sink_is_refused_and_queries_are_checked():
-    c = capture_scalar_layers(tiny_gpt("scalar", scalar_sink=True), torch.randint(0, 32, (1, 8)))[0]
+    c = capture_scalar_layers(tiny_gpt("scalar", sink=True), torch.randint(0, 32, (1, 8)))[0]
     with pytest.raises(ValueError, match="without a sink"):
         decode_errors(c, 2)
     c = capture_scalar_layers(tiny_gpt("scalar"), torch.randint(0, 32, (1, 8)))[0]

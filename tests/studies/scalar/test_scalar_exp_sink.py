@@ -15,7 +15,7 @@ from priorattn.studies.scalar.capture import capture_scalar_layers
 
 
 def test_sink_mass_in_row_blocks_is_the_sink_column_of_the_dense_softmax(monkeypatch):
-    model = tiny_gpt("hybrid", scalar_sink=True)
+    model = tiny_gpt("hybrid", sink=True)
     c = capture_scalar_layers(model, torch.randint(0, 32, (2, 10)))[1]
     monkeypatch.setattr(sink, "ROWS_PER_BLOCK", 3)
     mass = sink.sink_mass(c)
@@ -32,7 +32,7 @@ def test_sink_mass_in_row_blocks_is_the_sink_column_of_the_dense_softmax(monkeyp
 
 
 def test_nearest_key_distance_is_in_bandwidths():
-    c = capture_scalar_layers(tiny_gpt("scalar", scalar_sink=True), torch.randint(0, 32, (1, 6)))[0]
+    c = capture_scalar_layers(tiny_gpt("scalar", sink=True), torch.randint(0, 32, (1, 6)))[0]
     got = sink.nearest_key_distance(c)
     i, h = 4, 1
     expected = (c.q_s[0, h, i] - c.k_s[0, h, : i + 1]).abs().min() / c.tau[0, h, i].sqrt()
@@ -40,7 +40,7 @@ def test_nearest_key_distance_is_in_bandwidths():
 
 
 def test_queries_near_sink_counts_queries_within_one_bandwidth_of_its_key():
-    c = capture_scalar_layers(tiny_gpt("scalar", scalar_tau_init=30.0), torch.randint(0, 32, (2, 9)))[0]
+    c = capture_scalar_layers(tiny_gpt("scalar", tau_init=30.0), torch.randint(0, 32, (2, 9)))[0]
     expected = ((c.q_s.abs() < c.tau.sqrt()).double().mean()).item()  # no sink: the key 0
     assert 0 < expected < 1
     assert sink.queries_near_sink(c) == pytest.approx(expected)
@@ -52,7 +52,7 @@ def test_binned_means_leaves_empty_bins_empty():
 
 
 def test_summary_by_position_and_length(tmp_path):
-    model = tiny_gpt("scalar", scalar_sink=True)
+    model = tiny_gpt("scalar", sink=True)
     documents = [np.random.default_rng(0).integers(0, 32, 100)]
     windows = {n: torch.from_numpy(np.stack(pick_windows(documents, n, 2, 0)))[:, :n] for n in (8, 16)}
     records = sink.sink_by_length(model, windows.get, lengths=(8, 16))

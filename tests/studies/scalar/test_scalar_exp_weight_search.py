@@ -28,7 +28,7 @@ def test_a_setting_trains_a_hybrid_with_its_regularizers_and_spread_schedule():
     variant = setting.variant(Settings(steps=200), "-seed1")
     assert variant.name == "align0.01_spread0.1-adaptive-from0.25_tau0.1-seed1"
     assert variant.model == dict(attention="hybrid")
-    assert variant.train == dict(
+    assert variant.train == {} and variant.options == dict(
         reg_align=0.01, reg_spread=0.1, reg_tau=0.1, reg_spread_range=None, reg_spread_start=50
     )
     assert BASELINE.name == "none"

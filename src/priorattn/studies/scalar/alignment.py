@@ -54,7 +54,12 @@ def variants(settings: Settings) -> list[Variant]:
     return [
         HYBRID,
         replace(ablation["align"], label=f"hybrid + L_align (weight {regularizer_ablation.ALIGN:g})"),
-        Variant("align_x10", f"hybrid + L_align (weight {STRONG_ALIGN:g})", dict(attention="hybrid"), strong),
+        Variant(
+            "align_x10",
+            f"hybrid + L_align (weight {STRONG_ALIGN:g})",
+            dict(attention="hybrid"),
+            options=strong,
+        ),
         replace(ablation["all"], label="hybrid + L_align + L_spread + L_tau"),
     ]
 

@@ -36,12 +36,15 @@ MASS_KS = (8, 16, 32, 64)
 @dataclass(frozen=True)
 class Variant:
     """One model an experiment trains: ``name`` (its run directory ``runs/NAME``), ``label`` (for
-    legends), the :class:`GPTConfig` fields it sets and the :class:`TrainConfig` fields it sets."""
+    legends), the :class:`GPTConfig` fields it sets, the :class:`TrainConfig` fields it sets and
+    the options of its attention mechanism it sets (``GPTConfig.attention_options``: the scalar
+    heads' shape and regularizers, :class:`~priorattn.scalar.ScalarOptions`)."""
 
     name: str
     label: str
     model: dict = field(default_factory=dict)
     train: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -86,6 +89,8 @@ class Settings:
 
     def model_config(self, variant: Variant) -> GPTConfig:
         fields = dict(seq_len=self.seq_len, vocab_size=vocab_size_of("byte")) | variant.model
+        if variant.options:
+            fields["attention_options"] = variant.options
         return preset(self.preset, **fields)
 
     def train_config(self, variant: Variant) -> TrainConfig:

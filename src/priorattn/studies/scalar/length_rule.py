@@ -30,6 +30,7 @@ from pathlib import Path
 from ...eval import evaluate_ppl
 from ...eval.jobs import eval_documents
 from ...figures import RunScale, seed_expectation
+from ...scalar import ScalarOptions
 from ...scalar.model import add_inference_length_rule
 from ...scalar.temperature import rule_tau_init
 from .common import (
@@ -56,7 +57,7 @@ PPL_WINDOWS = 64
 #: head, layer and window).
 LOCALITY_KS = (16, 64, 256)
 LOCALITY_WINDOWS = 2
-TAU_INIT = 0.1  # the GPTConfig default: own's start
+TAU_INIT = ScalarOptions.tau_init  # own's start
 REGULARIZERS = dict(reg_spread=0.1, reg_spread_range=(-3.0, 3.0), reg_tau=0.1)
 
 
@@ -69,12 +70,12 @@ def variants(settings: Settings) -> list[Variant]:
     L = train_length(settings)
     regularized = REGULARIZERS | dict(reg_spread_start=settings.steps // 3)
     scalar = dict(attention="scalar", seq_len=L)
-    own = Variant("own", f"own tau (trained at {L})", scalar, regularized)
+    own = Variant("own", f"own tau (trained at {L})", scalar, options=regularized)
     rules = []
     for fraction in RULE_FRACTIONS:
         T = round(L * fraction)
-        rule = dict(scalar_tau_length_scaling=T, scalar_tau_init=rule_tau_init(TAU_INIT, L, T))
-        rules.append(Variant(f"rule{T}", f"rule in training, T = {T}", scalar | rule, regularized))
+        rule = dict(tau_length_scaling=T, tau_init=rule_tau_init(TAU_INIT, L, T))
+        rules.append(Variant(f"rule{T}", f"rule in training, T = {T}", scalar, options=regularized | rule))
     return [own, *rules]
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ...figures import RunScale, seed_expectation
-from ...models import GPTConfig
+from ...scalar import ScalarOptions
 from ...scalar.layers import ScalarAttentionMap
 from .common import (
     MASS_KS,
@@ -44,10 +44,10 @@ def variants(settings: Settings) -> list[Variant]:
     hybrid = dict(attention="hybrid")
     return [
         Variant("none", "no regularizer", hybrid),
-        Variant("align", "L_align", hybrid, align),
-        Variant("align_tau", "L_align + L_tau", hybrid, align | tau),
-        Variant("align_spread", "L_align + L_spread", hybrid, align | spread),
-        Variant("all", "L_align + L_spread + L_tau", hybrid, align | spread | tau),
+        Variant("align", "L_align", hybrid, options=align),
+        Variant("align_tau", "L_align + L_tau", hybrid, options=align | tau),
+        Variant("align_spread", "L_align + L_spread", hybrid, options=align | spread),
+        Variant("all", "L_align + L_spread + L_tau", hybrid, options=align | spread | tau),
     ]
 
 
@@ -57,7 +57,7 @@ CAPTION = (
     "third of the steps), all three. A regularizer costs loss where its curve lies above 'no regularizer'."
 )
 #: Where every hybrid's tau starts.
-TAU_START = GPTConfig.__dataclass_fields__["scalar_tau_init"].default
+TAU_START = ScalarOptions.tau_init
 TAU_CAPTION = (
     f"The bandwidth tau (mean over layers and heads) during training; every run starts at {TAU_START:g}. "
     "A wider tau widens the window a sorted cache must read (radius sqrt(-tau log eps))."
@@ -75,7 +75,7 @@ def run(settings: Settings, out: Path, *, progress: bool = True, log=print) -> d
         trained = train_variant(variant, settings, out, progress=progress, log=log)
         results[variant.name] = summary(variant, trained)
         results[variant.name]["tau_curve"] = metric_curve(trained.run_dir, "tau")
-        results[variant.name]["reg_tau"] = variant.train.get("reg_tau", 0.0)
+        results[variant.name]["reg_tau"] = variant.options.get("reg_tau", 0.0)
         maps = window_maps(trained.run_dir, settings)
         results[variant.name]["mass_captured"] = mass_summary(maps)
         results[variant.name]["scalar_space"] = scalar_space(maps)

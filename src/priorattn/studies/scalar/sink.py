@@ -34,9 +34,9 @@ from .hybrid_vs_standard import VARIANTS as EXPERIMENT_1
 SCALAR = next(v for v in EXPERIMENT_1 if v.name == "scalar")  # pure scalar, no sink
 VARIANTS = (
     SCALAR,
-    Variant("scalar-sink", "pure scalar + sink", dict(attention="scalar", scalar_sink=True)),
+    Variant("scalar-sink", "pure scalar + sink", dict(attention="scalar"), options=dict(sink=True)),
     HYBRID,
-    Variant("hybrid-sink", "hybrid + sink", dict(attention="hybrid", scalar_sink=True)),
+    Variant("hybrid-sink", "hybrid + sink", dict(attention="hybrid"), options=dict(sink=True)),
 )
 #: Validation windows per length.
 WINDOWS = 2
@@ -57,7 +57,7 @@ def sink_mass(capture: ScalarLayerCapture) -> Tensor:
     """The sink's attention weight ``(B, H, L)`` float64 of every query (the sink's column of the
     dense softmax), computed a block of rows at a time."""
     if capture.layer.sink_value is None:
-        raise ValueError("the model has no sink: train it with scalar_sink=True (--scalar-sink)")
+        raise ValueError("the model has no sink: train it with the option sink=True (--scalar-sink)")
     return torch.cat([capture.weights(rows)[1] for rows in row_blocks(capture.length)], dim=-1)
 
 
@@ -232,7 +232,7 @@ def run(settings: Settings, out: Path, *, progress: bool = True, log=print) -> d
         result = summary(variant, trained) | dict(
             tau_curve=tau, queries_near_sink=float(np.mean([queries_near_sink(c) for c in captures]))
         )
-        if variant.model.get("scalar_sink"):
+        if variant.options.get("sink"):
             result["sink"] = by_length[variant.label] = sink_by_length(model_run.model, windows_at, lengths)
         variants[variant.name] = result
         tau_curves[variant.label] = (tau["steps"], tau["tau"])

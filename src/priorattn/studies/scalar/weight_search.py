@@ -77,7 +77,7 @@ class Setting:
             reg_spread_range=self.spread_range,
             reg_spread_start=round(self.spread_start * settings.steps),
         )
-        return Variant(self.name + suffix, self.name, dict(attention="hybrid"), fields)
+        return Variant(self.name + suffix, self.name, dict(attention="hybrid"), options=fields)
 
 
 BASELINE = Setting()
