@@ -292,6 +292,10 @@ class LagPrior(Prior):
     ) -> Tensor:
         return self.by_lag.toeplitz(q_start, Lq, k_start, Lk, device, dtype)
 
+    def lag_values(self, lags: Tensor) -> Tensor:
+        """The table at ``lags`` ``(n,)``, ``(H, n)``: no key at 0 to subtract."""
+        return self.by_lag(lags)
+
 
 def cat_lanes(lanes: list[Tensor]) -> Tensor:
     """``lanes`` side by side along the last dimension, broadcast over the others."""
