@@ -139,7 +139,9 @@ class Prior(nn.Module):
         return False
 
     def fold(self, q_pos: Tensor, k_pos: Tensor) -> FoldLanes:
-        """Lanes to append to q and k; see :class:`FoldLanes`."""
+        """Lanes to append to q and k; see :class:`FoldLanes`. Routes pass one tensor as ``q_pos`` and
+        ``k_pos`` where queries and keys hold the same positions, so that a prior may compute what
+        the two share once (``q_pos is k_pos``)."""
         raise TypeError(f"{type(self).__name__} cannot be folded into q/k lanes")
 
     def fold_slope(self) -> Tensor | None:
