@@ -174,6 +174,16 @@ def query_lanes(q: Tensor, q_lanes: Tensor, row_factor: Tensor | None) -> Tensor
     return q_lanes.to(q.dtype).expand(B, H, lq, q_lanes.shape[-1])
 
 
+def fold_at(prior: Prior, masking: Masking) -> FoldLanes:
+    """``prior.fold`` at the call's positions. Where the queries and keys hold the same run of
+    positions (self-attention without a cache) it passes one tensor for both, so that a prior may
+    compute what the two share once (:meth:`~priorattn.priors.Prior.fold`: GOAT's phases)."""
+    q_pos, k_pos = masking.q_pos, masking.k_pos
+    if masking.starts is not None and masking.starts[0] == masking.starts[1] and q_pos.shape == k_pos.shape:
+        q_pos = k_pos
+    return prior.fold(q_pos, k_pos)
+
+
 def lane_inputs(
     q: Tensor,
     k: Tensor,
@@ -273,7 +283,7 @@ def split_prior(
     if key_bias is not None:
         key_bias = key_bias.to(torch.promote_types(key_bias.dtype, q.dtype))
     if prior is not None and prior.can_fold(masking.causal):
-        lanes = prior.fold(masking.q_pos, masking.k_pos)
+        lanes = fold_at(prior, masking)
         q2, k2 = lane_inputs(q, k, lanes, scale, factor, row_factor)
         own = None if lanes.key_bias is None else lanes.key_bias.to(q.dtype)
         slope = None if lanes.slope is None else lanes.slope.to(q.dtype)

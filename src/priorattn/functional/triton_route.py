@@ -30,6 +30,7 @@ from ..ssmax import Scaling
 from .masks import Masking
 from .prior_inputs import (
     content_queries,
+    fold_at,
     interpolates,
     lag_table,
     prior_factor,
@@ -122,7 +123,7 @@ def triton_attention(
     if key_bias is not None:
         key_bias = key_bias.to(torch.promote_types(key_bias.dtype, dtype))
     if prior is not None and prior.can_fold(masking.causal):
-        lanes = with_key_bias(prior.fold(masking.q_pos, masking.k_pos), key_bias)
+        lanes = with_key_bias(fold_at(prior, masking), key_bias)
         if lanes.q.shape[-1]:  # the key lanes, shared by every head and row, stay a broadcast view
             q_lanes = query_lanes(content, lanes.q, row_factor)
             k_lanes = lanes.k.to(k.dtype).expand(B, k.shape[1], Lk, lanes.q.shape[-1])

@@ -22,7 +22,9 @@ A prior never knows about routes, masks, caches or models.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import operator
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -137,7 +139,9 @@ class Prior(nn.Module):
         return False
 
     def fold(self, q_pos: Tensor, k_pos: Tensor) -> FoldLanes:
-        """Lanes to append to q and k; see :class:`FoldLanes`."""
+        """Lanes to append to q and k; see :class:`FoldLanes`. Routes pass one tensor as ``q_pos`` and
+        ``k_pos`` where queries and keys hold the same positions, so that a prior may compute what
+        the two share once (``q_pos is k_pos``)."""
         raise TypeError(f"{type(self).__name__} cannot be folded into q/k lanes")
 
     def fold_slope(self) -> Tensor | None:
@@ -292,17 +296,25 @@ class LagPrior(Prior):
     ) -> Tensor:
         return self.by_lag.toeplitz(q_start, Lq, k_start, Lk, device, dtype)
 
+    def lag_values(self, lags: Tensor) -> Tensor:
+        """The table at ``lags`` ``(n,)``, ``(H, n)``: no key at 0 to subtract."""
+        return self.by_lag(lags)
+
 
 def cat_lanes(lanes: list[Tensor]) -> Tensor:
-    """``lanes`` side by side along the last dimension, broadcast over the others."""
+    """``lanes`` side by side along the last dimension, broadcast over the others; a part's own
+    lanes as a view where every other part has none (ALiBi's beside GOAT's)."""
     shape = torch.broadcast_shapes(*(t.shape[:-1] for t in lanes))
+    wide = [t for t in lanes if t.shape[-1]]
+    if len(wide) == 1:
+        return wide[0].expand(*shape, wide[0].shape[-1])
     return torch.cat([t.expand(*shape, t.shape[-1]) for t in lanes], dim=-1)
 
 
 def sum_of_present(terms: list[Tensor | None]) -> Tensor | None:
-    """The sum of the terms that are not None; None if none is."""
+    """The sum of the terms that are not None (one alone as it is); None if none is."""
     present = [t for t in terms if t is not None]
-    return sum(present) if present else None
+    return functools.reduce(operator.add, present) if present else None
 
 
 def concat_lanes(parts: list[FoldLanes]) -> FoldLanes:

@@ -56,21 +56,31 @@ class FIRE(Prior):
         nn.init.zeros_(self.mlp[2].weight)
         nn.init.zeros_(self.mlp[2].bias)
 
-    def psi(self, x: Tensor) -> Tensor:
-        """``log(c x + 1)``, continued as an odd function below 0."""
-        return x.sign() * torch.log1p(F.softplus(self.theta_c) * x.abs())
+    def psi(self, x: Tensor, c: Tensor | None = None) -> Tensor:
+        """``log(c x + 1)``, continued as an odd function below 0, for real or integer ``x`` (the
+        product with ``c``, :attr:`c` unless given, widens integers)."""
+        c = self.c if c is None else c
+        return torch.copysign(torch.log1p(c * x.abs()), x)
 
-    def normaliser(self, q_pos: Tensor) -> Tensor:
+    @property
+    def c(self) -> Tensor:
+        """``c = softplus(theta_c)``, positive."""
+        return F.softplus(self.theta_c)
+
+    def normaliser(self, q_pos: Tensor, c: Tensor | None = None) -> Tensor:
         """``psi(max(L, i))`` at query positions ``i``: progressive interpolation, the scale that maps
-        each query's lags into ``[0, 1]``."""
-        return self.psi(torch.maximum(F.softplus(self.theta_L), q_pos.to(self.theta_c.dtype)))
+        each query's lags into ``[0, 1]``. Its argument is positive (``L > 0``), where ``psi`` is
+        ``log(c x + 1)``; ``torch.maximum`` widens integer positions itself."""
+        c = self.c if c is None else c
+        return torch.log1p(c * torch.maximum(F.softplus(self.theta_L), q_pos))
 
     def log_prior(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         dtype = self.theta_c.dtype
         lag = pairwise_lags(q_pos, k_pos).to(dtype)  # (..., Lq, Lk), exact integers
         with in_own_dtype(lag.device):
+            c = self.c
             K = self.mlp(
-                (self.psi(lag) / self.normaliser(q_pos)[..., :, None])[..., None]
+                (self.psi(lag, c) / self.normaliser(q_pos, c)[..., :, None])[..., None]
             )  # (..., Lq, Lk, H)
         return K.movedim(-1, -3)  # (..., H, Lq, Lk)
 
@@ -85,8 +95,9 @@ class FIRE(Prior):
         is exact on every cell without a kink, and off by at most :meth:`grid_error_bound` inside one."""
         dtype = self.theta_c.dtype
         with in_own_dtype(lags.device):
-            lag_scale = self.psi(lags.to(dtype))
-            row_scale = 1.0 / self.normaliser(q_pos)
+            c = self.c
+            lag_scale = self.psi(lags, c)
+            row_scale = torch.reciprocal(self.normaliser(q_pos, c))
             points = torch.linspace(0.0, 1.0, cells + 1, dtype=dtype, device=lags.device)
             grid = self.mlp(points[:, None]).T  # (H, cells + 1)
         return ScaledLag(lag_scale, row_scale, grid)

@@ -61,10 +61,9 @@ class GGD(LagPrior):
 
     def of_lag(self, lag: Tensor) -> Tensor:
         """``b`` at lags ``d = i - j`` ``(n,)``, ``(H, n)``."""
-        offset = -lag.to(self.theta_alpha.dtype)  # j - i
-        mu = torch.exp(self.theta_mu) - torch.exp(-self.theta_mu)
-        gap = (offset - mu[:, None]).abs() + self.eps
-        return -self.theta_alpha.exp()[:, None] * gap ** self.theta_beta[:, None]
+        # |(j - i) - mu| = |d + 2 sinh(theta_mu)|; the sum widens the integer lags itself
+        gap = torch.add(lag, torch.sinh(self.theta_mu)[:, None], alpha=2).abs() + self.eps
+        return -(self.theta_alpha.exp()[:, None] * gap ** self.theta_beta[:, None])
 
     def extra_repr(self) -> str:
         trainable = [n for n in PARAMETERS if getattr(self, f"theta_{n}").requires_grad]

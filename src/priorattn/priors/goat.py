@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from ..checks import check_int
 from .base import FoldLanes, PositionTable, Prior, in_own_dtype
-from .math import alibi_slopes, geometric_freqs, inverse_softplus, pairwise_lags, phases
+from .math import alibi_slopes, angles, geometric_freqs, inverse_softplus, pairwise_lags, phases
 from .registry import Choice, FromModel, register
 from .score_mod import ScoreTerms
 
@@ -42,15 +42,19 @@ class KeySink(nn.Module):
         self.by_position = PositionTable(self, self.evaluate)
 
     def features(self, k_pos: Tensor) -> Tensor:
-        """The MLP's inputs ``(..., Lk, 2 * sink_freqs + 2)`` for integer key positions ``(..., Lk)``."""
-        dtype = self.freqs.dtype
-        cos, sin = phases(k_pos, self.freqs)
-        position = k_pos.to(dtype)[..., None]
+        """The MLP's inputs ``(..., Lk, 2 * sink_freqs + 2)`` for integer key positions ``(..., Lk)``,
+        in ``freqs.dtype``: computed in float64 (the angles must be, :func:`angles`) and rounded once."""
+        position = k_pos.to(torch.float64)[..., None]  # (..., Lk, 1), exact integers
+        angle = position * self.freqs  # (..., Lk, R), float64: the product widens the frequencies
         # odd continuation of log(1 + j): log1p alone is NaN below j = -1
-        log_position = position.sign() * torch.log1p(position.abs())
-        return torch.cat(
-            [cos, sin, position / self.train_len, log_position / math.log1p(self.train_len)], dim=-1
-        )
+        log_position = torch.copysign(torch.log1p(position.abs()), position)
+        inputs = [
+            angle.cos(),
+            angle.sin(),
+            position / self.train_len,
+            log_position / math.log1p(self.train_len),
+        ]
+        return torch.cat(inputs, dim=-1).to(self.freqs.dtype)
 
     def forward(self, k_pos: Tensor) -> Tensor:
         """``u_h(j)`` as ``(..., H, Lk)`` for integer key positions ``(..., Lk)``."""
@@ -59,6 +63,15 @@ class KeySink(nn.Module):
     def evaluate(self, k_pos: Tensor) -> Tensor:
         """``u_h(j)`` computed afresh, ``(..., H, Lk)``, in the parameters' dtype (:func:`in_own_dtype`)."""
         raise NotImplementedError
+
+
+def rotation_phases(pos: Tensor, freqs: Tensor) -> Tensor:
+    """``[cos(w_r pos), sin(w_r pos), -cos(w_r pos)]`` ``(..., L, 3R)`` in ``freqs.dtype`` (angles
+    in float64, :func:`angles`): the first ``2R`` are the fold's key lanes, and the windows ``[cos,
+    sin]`` and ``[sin, -cos]`` give its query lanes as two products with the spectral weights."""
+    angle = angles(pos, freqs)
+    cos = angle.cos()
+    return torch.cat([cos, angle.sin(), -cos], dim=-1).to(freqs.dtype)
 
 
 def sink_mlp(in_features: int, hidden: int, out_features: int) -> nn.Sequential:
@@ -96,9 +109,8 @@ class SharedSink(KeySink):
 
     def evaluate(self, k_pos: Tensor) -> Tensor:
         with in_own_dtype(self.freqs.device):
-            shared = self.mlp(self.features(k_pos))  # (..., Lk, 1)
-            bos = (k_pos == 0).to(self.gain.dtype)[..., None]  # (..., Lk, 1)
-            u = shared * self.gain + bos * self.bump  # (..., Lk, H)
+            u = self.mlp(self.features(k_pos)) * self.gain  # (..., Lk, H)
+            u = torch.where((k_pos == 0)[..., None], u + self.bump, u)
         return u.transpose(-1, -2)
 
 
@@ -127,9 +139,10 @@ class PerHeadSink(KeySink):
         self.mlp = sink_mlp(2 * num_freqs + 2, hidden, num_heads)
 
     def evaluate(self, k_pos: Tensor) -> Tensor:
-        position = k_pos.to(self.freqs.dtype)[..., None]
         with in_own_dtype(self.freqs.device):
-            u = self.mlp(self.features(k_pos)) - self.decay * position / self.train_len  # (..., Lk, H)
+            u = (
+                self.mlp(self.features(k_pos)) - self.decay * k_pos[..., None] / self.train_len
+            )  # (..., Lk, H)
         return u.transpose(-1, -2)
 
 
@@ -371,14 +384,20 @@ class GOAT(Prior):
         return causal or self.slope_kind == "none"
 
     def fold(self, q_pos: Tensor, k_pos: Tensor) -> FoldLanes:
-        # seed 000 Eq. 17-18: spectral rotation of q, Fourier features of k.
-        cos_q, sin_q = (t[..., None, :, :] for t in phases(q_pos, self.freqs))  # (..., 1, Lq, R)
-        cos_k, sin_k = phases(k_pos, self.freqs)
-        alpha, beta = self.alpha[:, None, :], self.beta[:, None, :]  # (H, 1, R)
+        # seed 000 Eq. 17-18: spectral rotation of q, Fourier features of k; one set of phases where
+        # the queries' positions are the keys' (self-attention without a cache)
+        R = self.alpha.shape[-1]
+        k_phases = rotation_phases(k_pos, self.freqs)  # (..., Lk, 3R)
+        q_phases = k_phases if q_pos is k_pos else rotation_phases(q_pos, self.freqs)
+        cos_sin = q_phases[..., None, :, : 2 * R].unflatten(-1, (2, R))  # (..., 1, Lq, 2, R)
+        sin_neg_cos = q_phases[..., None, :, R:].unflatten(-1, (2, R))
+        alpha, beta = self.alpha[:, None, None, :], self.beta[:, None, None, :]  # (H, 1, 1, R)
+        # [alpha cos + beta sin, alpha sin - beta cos], (..., H, Lq, 2R)
+        q_lanes = torch.addcmul(alpha * cos_sin, beta, sin_neg_cos).flatten(-2)
         key_bias = None if self.sink is None else self.sink(k_pos)  # Eq. 19: <1, u_h(j)>
         return FoldLanes(
-            torch.cat([alpha * cos_q + beta * sin_q, alpha * sin_q - beta * cos_q], dim=-1),
-            torch.cat([cos_k, sin_k], dim=-1)[..., None, :, :],
+            q_lanes,
+            k_phases[..., None, :, : 2 * R],  # [cos, sin]
             key_bias,
             self.fold_slope(),  # Prop. F.6: -m (i - j) = m j + row constant
         )

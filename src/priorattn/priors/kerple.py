@@ -62,11 +62,11 @@ class KERPLE(LagPrior):
 
     def of_lag(self, lag: Tensor) -> Tensor:
         """``K`` at lags ``d = i - j`` ``(n,)``, ``(H, n)``."""
-        distance = lag.to(self.theta_r1.dtype).abs()  # (n,)
+        distance = lag.abs()  # (n,), integers: the products below widen them
         r1, r2 = self.r1[:, None], self.r2[:, None]  # (H, 1)
         if self.variant == "log":
-            return -r1 * torch.log1p(r2 * distance)  # the logarithmic variant
-        return -r1 * distance**r2  # the power variant
+            return -(r1 * torch.log1p(r2 * distance))  # the logarithmic variant
+        return -(r1 * distance**r2)  # the power variant
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}, variant={self.variant!r}"

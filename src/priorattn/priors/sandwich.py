@@ -7,7 +7,7 @@ from torch import Tensor
 
 from ..checks import check_int
 from .base import FoldLanes, LagPrior, PositionTable
-from .math import phases
+from .math import angles, phases
 from .registry import register
 
 __all__ = ["Sandwich"]
@@ -47,11 +47,11 @@ class Sandwich(LagPrior):
 
     def freqs(self, device: torch.device) -> Tensor:
         """``w_k = 10000^(-2k / d)``, ``(d/2,)`` float64: not a buffer, so no cast can round them."""
-        return 10_000.0 ** (-torch.arange(0, self.dim, 2, dtype=torch.float64, device=device) / self.dim)
+        return 10_000.0 ** (torch.arange(0, -self.dim, -2, dtype=torch.float64, device=device) / self.dim)
 
     def of_lag(self, lag: Tensor) -> Tensor:
         """``K`` at lags ``d`` ``(n,)``, ``(H, n)``; the angles in float64."""
-        cos, _ = phases(lag, self.freqs(lag.device))  # (n, d/2)
+        cos = angles(lag, self.freqs(lag.device)).cos()  # (n, d/2)
         return self.head_scales[:, None] * cos.sum(-1).to(self.head_scales.dtype)
 
     def can_fold(self, causal: bool) -> bool:
@@ -64,12 +64,11 @@ class Sandwich(LagPrior):
             )
         dtype = self.head_scales.dtype
         freqs = self.freqs(q_pos.device)
-        cos_q, sin_q = phases(q_pos, freqs)  # (..., Lq, d/2), float64
-        cos_k, sin_k = phases(k_pos, freqs)
+        k_lanes = torch.cat(phases(k_pos, freqs), dim=-1)[..., None, :, :]  # (..., 1, Lk, d), float64
+        # one set of phases where the queries' positions are the keys'
+        q_lanes = k_lanes if q_pos is k_pos else torch.cat(phases(q_pos, freqs), dim=-1)[..., None, :, :]
         scales = self.head_scales[:, None, None].double()  # (H, 1, 1): 1 / r_h
-        q_lanes = torch.cat([cos_q, sin_q], dim=-1)[..., None, :, :] * scales  # (..., H, Lq, d)
-        k_lanes = torch.cat([cos_k, sin_k], dim=-1)[..., None, :, :]  # (..., 1, Lk, d)
-        return FoldLanes(q_lanes.to(dtype), k_lanes.to(dtype))
+        return FoldLanes((q_lanes * scales).to(dtype), k_lanes.to(dtype))
 
     def fold_slope(self) -> None:
         return None

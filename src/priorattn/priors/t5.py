@@ -55,6 +55,12 @@ class T5Bias(LagPrior):
         self.num_heads = num_heads
         self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
         self.bias = nn.Parameter(torch.zeros(num_heads, num_buckets, dtype=torch.get_default_dtype()))
+        # The bucket of every lag in [-max_distance, max_distance] (of 0 .. max_distance when causal);
+        # every farther lag shares its side's last. A call reads its lags' buckets from it in one
+        # gather. It depends on the options alone, so it never goes stale.
+        self.first_lag = -max_distance if bidirectional else 0
+        lags = torch.arange(self.first_lag, max_distance + 1)
+        self.register_buffer("buckets", self.bucket(lags), persistent=False)
         self.by_lag = PositionTable(self, self.of_lag)
 
     def constant_beyond(self) -> int:
@@ -81,7 +87,10 @@ class T5Bias(LagPrior):
 
     def of_lag(self, lag: Tensor) -> Tensor:
         """``b_h[bucket(d)]`` at lags ``d`` ``(n,)``, ``(H, n)``."""
-        return self.bias.index_select(1, self.bucket(lag))
+        index = lag.clamp(self.first_lag, self.max_distance)
+        if self.first_lag:
+            index = index - self.first_lag
+        return self.bias.index_select(1, self.buckets.index_select(0, index))
 
     def extra_repr(self) -> str:
         return (

@@ -16,6 +16,7 @@ from ...priors import FoldLanes, Prior
 from ...ssmax import Scaling
 from ..masks import Masking
 from ..prior_inputs import (
+    fold_at,
     fold_dtype,
     key_bias_drift,
     key_rates,
@@ -91,7 +92,7 @@ def folded_attention(
     if prior is None:
         lanes = FoldLanes(q.new_zeros(1, q.shape[2], 0), q.new_zeros(1, k.shape[2], 0))
     else:
-        lanes = prior.fold(masking.q_pos, masking.k_pos)
+        lanes = fold_at(prior, masking)
     # A key bias sizes runs of queries as a slope of its drift per key would.
     rates = key_rates(lanes.slope, key_bias_drift(key_bias))
     lanes = with_key_bias(lanes, key_bias)
