@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import priorattn  # noqa: F401  (every kind registered)
+import priorattn.studies.vision  # noqa: F401  (the grid positions)
 from priorattn import registry
 from priorattn.encodings import ENCODINGS
 from priorattn.mechanisms import mechanism, mechanism_names
@@ -19,6 +20,7 @@ def test_every_kind_reads_its_names_from_the_registry():
     assert {"standard", "fox", "scalar", "hybrid", "mixed"} <= set(mechanism_names())
     assert registry.names("encoding") == tuple(ENCODINGS)
     assert set(NAMED_MODELS) <= set(registry.names("model"))
+    assert registry.names("grid position") == ("goat", "rope", "alibi", "learned")  # the ViT's
 
 
 def test_a_name_given_as_the_wrong_kind_says_what_it_is():

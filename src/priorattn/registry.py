@@ -7,6 +7,10 @@
   (:func:`priorattn.mechanisms.register_mechanism`).
 - ``"model"``: a named model, the ``GPTConfig`` fields that make it: NoPE, RoPE, BAM (GGD), GOAT's
   ablations (each a spec of GOAT's options), FoX (:mod:`priorattn.models.named`).
+- ``"grid position"``: a position mechanism over a 2-D grid of patches, what the vision study's ViT
+  takes in every layer (its 2-D GOAT and ALiBi priors, 2-D RoPE, learned embeddings;
+  :mod:`priorattn.studies.vision.model`). Not a ``"prior"``: its positions are packed grid cells,
+  which no sequence model has.
 
 Each kind's own module registers and reads its entries with its own checks; this module keeps them
 in one place, so that a name is looked up once and a name given as the wrong kind is answered with
@@ -24,6 +28,7 @@ KINDS = {
     "encoding": "an encoding",
     "attention": "an attention mechanism",
     "model": "a model",
+    "grid position": "a grid position",
 }
 
 _ENTRIES: dict[str, dict[str, object]] = {kind: {} for kind in KINDS}

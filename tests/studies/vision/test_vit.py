@@ -29,7 +29,9 @@ def test_vit_refuses_an_image_the_patches_do_not_tile():
         ViT(ViTConfig("goat", **SMALL))(torch.randn(1, 1, 30, 30))
     with pytest.raises(ValueError, match=r"images must be \(B, 1, S, S\)"):
         ViT(ViTConfig("goat", **SMALL))(torch.randn(1, 28, 28))
-    with pytest.raises(ValueError, match="position must be one of"):
+    with pytest.raises(
+        ValueError, match="unknown grid position 'sinusoidal': use one of goat, rope, alibi, learned"
+    ):
         ViTConfig("sinusoidal")
 
 

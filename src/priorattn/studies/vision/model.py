@@ -16,19 +16,21 @@ Any image size that is a multiple of the patch size runs: the patch grid grows w
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ... import registry
+from ...encodings import RoPE
 from ...layers import PriorMultiheadAttention
 from ...models.gpt import SwiGLU
+from ...priors import Prior
 from .positions import grid_positions
 from .priors import GOAT2D, ALiBi2D
 from .rope import RoPE2D
-
-POSITIONS = ("goat", "rope", "alibi", "learned")
 
 
 @dataclass
@@ -53,8 +55,7 @@ class ViTConfig:
     norm_eps: float = 1e-5
 
     def __post_init__(self):
-        if self.position not in POSITIONS:
-            raise ValueError(f"position must be one of {POSITIONS}, got {self.position!r}")
+        registry.lookup("grid position", self.position)
         sizes = ("image_size", "patch_size", "channels", "num_classes", "d_model", "n_layers", "n_heads")
         for name in sizes + ("mlp_hidden", "goat_freqs"):
             value = getattr(self, name)
@@ -78,23 +79,45 @@ def check_image_size(size: int, patch_size: int) -> None:
         raise ValueError(f"image size {size} is not a multiple of patch_size={patch_size}")
 
 
+@dataclass(frozen=True)
+class GridPosition:
+    """A position mechanism of the ViT (the ``"grid position"`` kind of :mod:`priorattn.registry`):
+    ``parts(config)`` is what each attention layer takes, ``(prior, rope)`` (either ``None``), and
+    ``embedded`` whether the patches get learned absolute embeddings instead."""
+
+    parts: Callable[[ViTConfig], tuple[Prior | None, RoPE | None]]
+    embedded: bool = False
+
+
+def goat_parts(config: ViTConfig) -> tuple[Prior, None]:
+    """GOAT in 2-D (seed 000 App. H): :class:`~.priors.GOAT2D` over the training grid."""
+    prior = GOAT2D(
+        config.n_heads,
+        config.goat_freqs,
+        sink=config.goat_sink,
+        freq_base=config.goat_freq_base,
+        grid_size=config.grid_size,
+    )
+    return prior, None
+
+
+#: The ViT's position mechanisms by ``ViTConfig.position``, registered as grid positions.
+GRID_POSITIONS = {
+    "goat": GridPosition(goat_parts),
+    "rope": GridPosition(lambda config: (None, RoPE2D(config.d_model // config.n_heads, config.rope_base))),
+    "alibi": GridPosition(lambda config: (ALiBi2D(config.n_heads), None)),
+    "learned": GridPosition(lambda config: (None, None), embedded=True),
+}
+for _name, _position in GRID_POSITIONS.items():
+    registry.register("grid position", _name, _position)
+#: Their names.
+POSITIONS = tuple(GRID_POSITIONS)
+
+
 def attention_layer(config: ViTConfig) -> PriorMultiheadAttention:
     """One layer's bidirectional attention with the config's position mechanism inside."""
-    H, head_dim = config.n_heads, config.d_model // config.n_heads
-    prior = encoding = None
-    if config.position == "goat":
-        prior = GOAT2D(
-            H,
-            config.goat_freqs,
-            sink=config.goat_sink,
-            freq_base=config.goat_freq_base,
-            grid_size=config.grid_size,
-        )
-    elif config.position == "alibi":
-        prior = ALiBi2D(H)
-    elif config.position == "rope":
-        encoding = RoPE2D(head_dim, config.rope_base)
-    return PriorMultiheadAttention(config.d_model, H, prior=prior, encoding=encoding, causal=False)
+    prior, rope = registry.lookup("grid position", config.position).parts(config)
+    return PriorMultiheadAttention(config.d_model, config.n_heads, prior=prior, encoding=rope, causal=False)
 
 
 class Block(nn.Module):
@@ -121,7 +144,7 @@ class ViT(nn.Module):
         d, G = config.d_model, config.grid_size
         self.patch_embed = nn.Conv2d(config.channels, d, config.patch_size, stride=config.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
-        learned = config.position == "learned"
+        learned = registry.lookup("grid position", config.position).embedded
         self.pos_embed = nn.Parameter(torch.randn(1, d, G, G) * 0.02) if learned else None
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.norm = nn.RMSNorm(d, eps=config.norm_eps)
