@@ -110,7 +110,7 @@ def make_prior(name: str) -> Prior:
     if name == "GGD-flat":  # as GGD starts in training: a constant bias, no key can be skipped
         return GGD(HEADS, init="uniform")
     if name == "GOAT":
-        return GOAT(HEADS, num_freqs=GOAT_FREQS, init="recency")
+        return GOAT(HEADS, num_freqs=GOAT_FREQS, init="alibi")
     if name == "T5":  # the defaults: 32 causal buckets up to distance 128
         return T5Bias(HEADS)
     if name == "KERPLE":  # the logarithmic variant, at the authors' random start

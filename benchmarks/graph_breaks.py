@@ -22,11 +22,11 @@ PRIORS = {
     "none": (lambda: None, "auto"),
     "uniform": (Uniform, "auto"),
     "goat (no slope)": (lambda: GOAT(4, 3, slope=False), "auto"),
-    "goat": (lambda: GOAT(4, 3, init="recency"), "auto"),
+    "goat": (lambda: GOAT(4, 3, init="alibi"), "auto"),
     "alibi": (lambda: ALiBi(4), "auto"),
     "alibi + goat (no slope)": (lambda: Sum(ALiBi(4), GOAT(4, 2, slope=False)), "auto"),
     "ggd": (lambda: GGD(4, init="alibi"), "auto"),
-    "goat + ssmax": (lambda: GOAT(4, 3, init="recency"), "auto"),
+    "goat + ssmax": (lambda: GOAT(4, 3, init="alibi"), "auto"),
     "goat (no slope) via memeff": (lambda: GOAT(4, 3, slope=False), "memeff"),
     **{
         name: (lambda name=name: build_prior(name, 4), "auto")

@@ -1,6 +1,6 @@
 """The `sdpa` route's call plans under a slope, side by side against plain causal SDPA.
 
-ALiBi and GOAT (`init="recency"`) fold their slope into a lane re-centred on every run of queries
+ALiBi and GOAT (`init="alibi"`) fold their slope into a lane re-centred on every run of queries
 (`functional/sdpa/`). How those runs are planned, three ways, each timed in one process against
 plain SDPA (the `attention.py` op rows: B=1, H=4, head width 64 in all, causal, float32, fwd+bwd):
 

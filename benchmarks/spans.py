@@ -59,7 +59,7 @@ def packed_kwargs(lib: ModuleType) -> dict:
     """A packed row, causal, with GOAT (recency init: sink, spectral lanes and the ALiBi slope)."""
     lengths = torch.tensor(DOC_LENGTHS)
     doc_ids = torch.repeat_interleave(torch.arange(len(lengths)), lengths)[None]
-    return dict(prior=lib.priors.GOAT(HEADS, 8, init="recency"), doc_ids=doc_ids, backend="sdpa")
+    return dict(prior=lib.priors.GOAT(HEADS, 8, init="alibi"), doc_ids=doc_ids, backend="sdpa")
 
 
 def saved_tensors(lib: ModuleType) -> tuple[int, int, int]:

@@ -92,10 +92,10 @@ LAYERS = {
     "uniform": lambda: dict(prior=Uniform()),
     "alibi": lambda: dict(prior=ALiBi(4)),
     "ggd": lambda: dict(prior=GGD(4, init="alibi")),
-    "goat": lambda: dict(prior=GOAT(4, 3, init="recency", train_len=16)),
+    "goat": lambda: dict(prior=GOAT(4, 3, init="alibi", train_len=16)),
     "goat_noslope": lambda: dict(prior=GOAT(4, 3, slope=False, train_len=16)),
     "alibi+goat": lambda: dict(prior=Sum(ALiBi(4), GOAT(4, 2, slope=False, train_len=16))),
-    "ssmax": lambda: dict(prior=GOAT(4, 3, init="recency", train_len=16), ssmax=True),
+    "ssmax": lambda: dict(prior=GOAT(4, 3, init="alibi", train_len=16), ssmax=True),
     "goat_noslope via memeff": lambda: dict(prior=GOAT(4, 3, slope=False, train_len=16), backend="memeff"),
     "fox": lambda: dict(prior=None, forget_gate=True),
     **{

@@ -87,7 +87,7 @@ def test_heads_in_runs_of_their_own_match_the_reference(Hkv, chunk, monkeypatch)
     gradient against the float64 reference."""
     monkeypatch.setitem(prior_inputs.SLOPE_MAGNITUDE, torch.float64, 2.0**4)  # runs of 16 / |m|
     monkeypatch.setattr(route, "heads_per_thread_team", lambda batch, threads: chunk)
-    prior = GOAT(4, 2, init="recency").double()
+    prior = GOAT(4, 2, init="alibi").double()
     with torch.no_grad():
         prior.slope_raw.copy_(
             inverse_softplus(torch.tensor([0.5, 0.5, 0.01, 0.2]))
@@ -462,7 +462,7 @@ def test_one_call_keeps_its_graph_for_a_second_backward_and_runs_say_they_cannot
     the same gradients again. Runs of heads write their gradients into the saved q' and k' (memory at
     long lengths, :class:`~priorattn.functional.sdpa.flash.FoldedCalls`), so autograd refuses a
     second pass."""
-    prior = GOAT(2, 2, init="recency").double()
+    prior = GOAT(2, 2, init="alibi").double()
     q, k, v = (torch.randn(1, 2, 40, 6, dtype=torch.float64, requires_grad=True) for _ in range(3))
 
     def gradients():
@@ -492,7 +492,7 @@ def saved_elements(run) -> int:
     return sum(kept.values())
 
 
-@pytest.mark.parametrize("prior", [ALiBi(4), GOAT(4, 4, init="recency")], ids=["alibi", "goat"])
+@pytest.mark.parametrize("prior", [ALiBi(4), GOAT(4, 4, init="alibi")], ids=["alibi", "goat"])
 def test_a_slope_re_centred_on_every_run_of_queries_saves_only_o_of_l(prior, monkeypatch):
     """Issue 13: autograd through the re-centred runs kept each run's k' = [k, lanes, slope lane],
     O(L^2 / run) in all (1.5x plain SDPA's peak memory at L = 16384). The route keeps one q', k', v'

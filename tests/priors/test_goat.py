@@ -182,7 +182,7 @@ def test_goat_fixed_slope_attends_exactly_like_alibi():
     q, k, v = (torch.randn(2, H, L, D, generator=gen, dtype=torch.float64) for _ in range(3))
     logits = (q @ k.transpose(-1, -2) / math.sqrt(D) + alibi).masked_fill(j > i, -math.inf)
     expected = torch.softmax(logits, -1) @ v
-    fixed, learned = GOAT(H, 8, slope="fixed").double(), GOAT(H, 8, init="recency").double()
+    fixed, learned = GOAT(H, 8, slope="fixed").double(), GOAT(H, 8, init="alibi").double()
     for backend in ("reference", "sdpa", "memeff"):
         out = priorattn.attention(q, k, v, prior=fixed, backend=backend)
         assert torch.allclose(out, expected, rtol=0, atol=1e-12), backend
@@ -193,7 +193,7 @@ def test_goat_fixed_slope_attends_exactly_like_alibi():
 
 def test_goat_recency_without_slope_approximates_alibi_under_causal_mask():
     L = 256
-    goat = GOAT(4, 16, slope=False, init="recency", train_len=L).double()
+    goat = GOAT(4, 16, slope=False, init="alibi", train_len=L).double()
     q_pos, k_pos = grid(L, L)
     causal = k_pos[None, :] <= q_pos[:, None]
     probs = torch.softmax(goat.log_prior(q_pos, k_pos).masked_fill(~causal, -torch.inf), -1)
@@ -207,7 +207,7 @@ def test_goat_learnable_freqs_get_the_reference_gradient_through_every_route():
     """Open question 2 of the paper: frequencies as parameters, exact through the fold too."""
     grads = {}
     for backend in ("reference", "sdpa", "memeff"):
-        prior = GOAT(2, 3, learnable_freqs=True, init="recency").double()
+        prior = GOAT(2, 3, learnable_freqs=True, init="alibi").double()
         assert isinstance(prior.freqs, torch.nn.Parameter)
         gen = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, 2, 12, 4, generator=gen, dtype=torch.float64) for _ in range(3))

@@ -12,7 +12,7 @@ from priorattn.priors import GOAT, ALiBi, Sum, alibi_slopes, build_prior, canoni
 
 
 def test_a_learned_slope_pushed_down_never_goes_negative():
-    prior = GOAT(4, 2, init="recency", train_len=32)
+    prior = GOAT(4, 2, init="alibi", train_len=32)
     optimizer = torch.optim.SGD(prior.parameters(), lr=10.0)
     for _ in range(50):
         optimizer.zero_grad()
@@ -27,7 +27,7 @@ def test_a_learned_slope_pushed_down_never_goes_negative():
 
 def test_the_slope_kinds():
     learned, fixed = GOAT(4, 2), GOAT(4, 2, slope="fixed")
-    for start in (learned, GOAT(4, 2, init="recency")):  # "seeded" (the default) and "recency"
+    for start in (learned, GOAT(4, 2, init="alibi")):  # "seeded" (the default) and "alibi"
         torch.testing.assert_close(start.fold_slope().double(), alibi_slopes(4), rtol=1e-6, atol=0)
     assert "slopes" in dict(fixed.named_buffers()) and not any(
         "slope" in n for n, _ in fixed.named_parameters()
@@ -108,3 +108,15 @@ def test_a_sum_refuses_a_gated_part():
 def test_bad_options_are_refused_by_name(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         GOAT(2, 1, **bad)
+
+
+def test_goats_alibi_start_keeps_its_earlier_name():
+    """``init="recency"`` (GOAT's word before GGD's and the model's ``"alibi"`` named it too) builds
+    the same start, from the constructor and from a spec saved with it."""
+    torch.manual_seed(0)
+    new = GOAT(4, 2, init="alibi", slope="none", train_len=32)
+    torch.manual_seed(0)
+    old = GOAT(4, 2, init="recency", slope="none", train_len=32)
+    assert all(torch.equal(a, b) for a, b in zip(new.state_dict().values(), old.state_dict().values()))
+    old, new = (build_prior(f"goat(init={start})", 4) for start in ("recency", "alibi"))
+    assert torch.equal(old.slope_raw, new.slope_raw)

@@ -29,7 +29,7 @@ BUILT_IN = {
     "uniform": lambda: Uniform(),
     "alibi": lambda: ALiBi(4),
     "ggd": lambda: GGD(4, init="alibi", trainable=["alpha", "mu"], eps=1e-3),
-    "goat": lambda: GOAT(4, 3, slope=False, init="recency", freq_base=500, train_len=64, sink_hidden=5),
+    "goat": lambda: GOAT(4, 3, slope=False, init="alibi", freq_base=500, train_len=64, sink_hidden=5),
     "sum": lambda: Sum(ALiBi(4), GOAT(4, 2, sink=False)),
     "nested sum": lambda: Sum(GGD(4), Sum(ALiBi(4), GOAT(4, 1))),
 }
@@ -46,7 +46,7 @@ def test_an_options_type_and_default_are_its_constructor_arguments():
     assert (goat["num_freqs"].kind, goat["num_freqs"].default) == (int, 8)
     assert (goat["freq_base"].kind, goat["freq_base"].default) == (float, 10_000.0)
     assert goat["train_len"].from_model.key == "train_len"
-    assert goat["init"].from_model.values == {"uniform": "uniform", "alibi": "recency"}
+    assert goat["init"].from_model.values == {"uniform": "uniform", "alibi": "alibi"}
     assert (options("ggd")["trainable"].kind, options("ggd")["trainable"].default) == (
         tuple[str, ...],
         ("alpha", "beta"),
@@ -71,13 +71,13 @@ def test_every_prior_describes_itself_and_is_built_again_the_same(name):
 
 
 def test_a_spec_names_every_option_as_it_was_given():
-    assert GOAT(4, 3, slope="none", init="recency", freq_base=500, train_len=64).spec() == dict(
+    assert GOAT(4, 3, slope="none", init="alibi", freq_base=500, train_len=64).spec() == dict(
         name="goat",
         num_freqs=3,
         sink="shared",
         slope="none",
         gate=False,
-        init="recency",
+        init="alibi",
         learnable_freqs=False,
         freq_base=500.0,
         train_len=64,

@@ -32,7 +32,7 @@ from priorattn.priors import (
         ("ggd(trainable=[alpha, mu], eps=1e-3)", dict(name="ggd", trainable=("alpha", "mu"), eps=1e-3)),
         ("ggd(trainable=mu)", dict(name="ggd", trainable=("mu",))),  # one word for a tuple of one
         ("ggd(trainable=[])", dict(name="ggd", trainable=())),
-        ('goat(init="recency", freq_base=500)', dict(name="goat", init="recency", freq_base=500.0)),
+        ('goat(init="alibi", freq_base=500)', dict(name="goat", init="alibi", freq_base=500.0)),
         ('goat(init="a \\"b\\"")', dict(name="goat", init='a "b"')),
         ("goat(max_slope=inf)", dict(name="goat", max_slope=float("inf"))),
         ("goat(sink=false, slope=TRUE)", dict(name="goat", sink="none", slope="learned")),  # before issue 28
@@ -126,7 +126,7 @@ def test_a_spec_builds_its_priors_in_order_and_sums_as_a_list_nests():
 
 def test_the_model_fills_the_options_a_spec_leaves_out_and_the_spec_wins():
     goat = build_prior("goat", 2, train_len=64, init="alibi")
-    assert (goat.spec()["train_len"], goat.spec()["init"]) == (64, "recency")  # 'alibi' is GOAT's 'recency'
+    assert (goat.spec()["train_len"], goat.spec()["init"]) == (64, "alibi")  # the model's word is GOAT's
     assert goat.fold_slope().tolist() == pytest.approx([0.0625, 0.00390625])  # the ALiBi slopes of 2 heads
     own = build_prior("goat(train_len=16, init=uniform)", 2, train_len=64, init="alibi")
     assert (own.spec()["train_len"], own.spec()["init"]) == (16, "uniform")

@@ -94,13 +94,11 @@ def spike_sink(sink: PerHeadSink | SharedSink, height: Tensor) -> None:
 def illustrative_goat(num_heads: int, length: int, sink: bool = True) -> GOAT:
     """GOAT with ALiBi-like spectral weights and, with ``sink``, a spike at key 0.
 
-    ``init="recency", slope=False`` fits ``-m_h d`` over lags ``d < length`` with the spectral terms
+    ``init="alibi", slope=False`` fits ``-m_h d`` over lags ``d < length`` with the spectral terms
     alone (seed 000 Eq. 12); the sink spike ``u_h(0) = m_h length / 4`` outweighs that recency for
     the first quarter of the queries, so both behaviours show.
     """
-    prior = GOAT(
-        num_heads, init="recency", slope="none", sink="per_head" if sink else "none", train_len=length
-    )
+    prior = GOAT(num_heads, init="alibi", slope="none", sink="per_head" if sink else "none", train_len=length)
     if sink:
         spike_sink(prior.sink, alibi_slopes(num_heads).to(prior.alpha.dtype) * length / 4)
     return prior
@@ -314,7 +312,7 @@ def plot_goat_decomposition(out: Path, length: int = 512, num_heads: int = 8, he
         "parameters are set by hand to show the two behaviours GOAT can learn, not trained: (a) a "
         f"sink bonus of {u[0]:.3g} on key 0 and none elsewhere (seed 000 Eq. 19); (b) the relative "
         f"part's spectral weights fitted to ALiBi's recency penalty -{slope:g} |i - j| (seed 000 "
-        "Eq. 12; GOAT(init='recency', slope=False)). (c) is their sum; shifting a row does not "
+        "Eq. 12; GOAT(init='alibi', slope=False)). (c) is their sum; shifting a row does not "
         "change attention, so each row is drawn with mean 0.\n\n"
         "Look for in (d): the bright column at key 0 (enlarged in the inset) is the sink. The first "
         "quarter of the queries put nearly all their attention there, because the sink's bonus is "

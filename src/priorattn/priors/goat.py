@@ -150,7 +150,10 @@ class PerHeadSink(KeySink):
 SINKS = {"shared": SharedSink, "per_head": PerHeadSink}
 SLOPES = ("learned", "fixed", "none")
 #: GOAT's starts, ``GOAT(init=...)``.
-INITS = ("seeded", "uniform", "recency")
+INITS = ("seeded", "uniform", "alibi")
+#: GOAT's earlier names of its starts: ``"recency"`` is ``"alibi"``, as GGD and ``GPTConfig.prior_init``
+#: name the ALiBi start (so specs and configs saved with it still build).
+EARLIER_INITS = {"recency": "alibi"}
 #: What ``sink`` and ``slope`` given as True or False (switched on or off) read as: the arguments, a
 #: spec's ``true``/``false`` and a JSON spec's or saved config's booleans alike.
 SINK_OF_BOOL = {True: "shared", False: "none"}
@@ -195,7 +198,8 @@ class GOAT(Prior):
       and it stays there (docs/priors.md).
     - ``"uniform"``: standard attention, every term 0, a learned slope at ``softplus(-30)`` = 1e-13
       (goat-attention's ``prior_init="uniform"``; in practice a constant 0, as above).
-    - ``"recency"``: ALiBi. A learned slope takes the ALiBi slopes (as ``"seeded"``); with
+    - ``"alibi"``: ALiBi (``"recency"`` is its earlier name). A learned slope takes the ALiBi slopes
+      (as ``"seeded"``); with
       ``slope="none"`` the spectral weights are fitted by least squares to ``-m_h d`` over lags ``d``
       in ``[0, train_len)`` (so it matches ALiBi under a causal mask; future keys are not fitted).
 
@@ -258,6 +262,7 @@ class GOAT(Prior):
             raise ValueError(f"freq_base must be a finite number > 1, got {freq_base!r}")
         if not (isinstance(max_slope, int | float) and 0 < max_slope < math.inf):
             raise ValueError(f"max_slope must be a positive finite number, got {max_slope!r}")
+        init = EARLIER_INITS.get(init, init)
         if init not in INITS:
             raise ValueError(f"init must be one of {', '.join(INITS)}, got {init!r}")
         dtype = torch.get_default_dtype()
@@ -284,7 +289,7 @@ class GOAT(Prior):
         if self.slope_raw is not None and init != "uniform":
             with torch.no_grad():
                 self.slope_raw.copy_(inverse_softplus(alibi_slopes(num_heads)))
-        elif self.slope_kind == "none" and init == "recency":
+        elif self.slope_kind == "none" and init == "alibi":
             self._fit_recency(train_len)
 
     @torch.no_grad()
@@ -439,16 +444,14 @@ register(
     gate="goat-attention's query-norm gate sigmoid(b_h - softplus(s_h) ||q_i||) on query i's log-prior",
     init=FromModel(
         "'seeded' (goat-attention's: a learned slope at ALiBi's, the rest 0), 'uniform' (K = 0: "
-        "standard attention; a learned slope then stays ~0) or 'recency' (ALiBi); a model starting at "
-        "'uniform' or 'alibi' gives 'uniform' or 'recency'",
+        "standard attention; a learned slope then stays ~0) or 'alibi' (ALiBi; 'recency' is its "
+        "earlier name); a model starting at 'uniform' or 'alibi' gives the same",
         "init",
-        {"uniform": "uniform", "alibi": "recency"},
+        {"uniform": "uniform", "alibi": "alibi"},  # the model's two starts, GOAT's words for them
     ),
     learnable_freqs="train the frequencies w_r too (the paper's open question 2)",
     freq_base="the lowest frequency is 1 / freq_base radians per token (relative part and sink)",
-    train_len=FromModel(
-        "the length the sink's inputs are normalised by, and init='recency' fits", "train_len"
-    ),
+    train_len=FromModel("the length the sink's inputs are normalised by, and init='alibi' fits", "train_len"),
     sink_freqs="the sink MLP's sinusoidal input frequencies",
     sink_hidden="the sink MLP's hidden width",
     max_slope="m_h is capped at max_slope",

@@ -41,8 +41,8 @@ KINDS = (bool, int, float, str, tuple[str, ...])
 @dataclass(frozen=True)
 class FromModel:
     """An option that the model fills where a spec leaves it out: with its context value ``key``
-    (:data:`CONTEXT`), translated through ``values`` where given (GOAT's ``init`` is ``"recency"``
-    where a model starts its priors at ``"alibi"``)."""
+    (:data:`CONTEXT`), translated through ``values`` where given (a prior whose words for its starts
+    are not the model's)."""
 
     doc: str
     key: str
