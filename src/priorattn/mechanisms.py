@@ -158,10 +158,10 @@ def attention_options(name: str, given: object) -> object:
         )
     if not isinstance(given, Mapping):
         raise ValueError(f"attention_options must be a dict or None, got {type(given).__name__}")
-    own = () if cls is None else tuple(f.name for f in dataclasses.fields(cls) if f.init)
+    own = option_names(name)
     unknown = [key for key in given if key not in own]
     if unknown:
-        owners = [n for n in registry.names("attention") if set(unknown) <= option_names(n)]
+        owners = [n for n in registry.names("attention") if set(unknown) <= set(option_names(n))]
         names = ", ".join(map(repr, unknown))
         plural = len(unknown) > 1
         options = f"option{'s' if plural else ''} {names}"
@@ -172,10 +172,10 @@ def attention_options(name: str, given: object) -> object:
     return cls(**given)
 
 
-def option_names(name: str) -> set[str]:
-    """The option names of mechanism ``name`` (empty for one without options)."""
+def option_names(name: str) -> tuple[str, ...]:
+    """The option names of mechanism ``name``, in their class's order (empty for one without options)."""
     cls = mechanism(name).options
-    return set() if cls is None else {f.name for f in dataclasses.fields(cls) if f.init}
+    return () if cls is None else tuple(f.name for f in dataclasses.fields(cls) if f.init)
 
 
 def legacy_fields() -> dict[str, tuple[type, str]]:

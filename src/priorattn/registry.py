@@ -46,7 +46,7 @@ def register(kind: str, name: str, entry: object) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError(f"a name must be a non-empty str, got {name!r}")
     taken = _ENTRIES[kind].get(name)
-    if taken is not None and taken is not entry and taken != entry:
+    if taken is not None and taken != entry:
         raise ValueError(f"{KINDS[kind]} named {name!r} is already registered")
     _ENTRIES[kind][name] = entry
 

@@ -148,8 +148,8 @@ class GPTConfig:
             )
         if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
-        if isinstance(self.prior, str) and prior_of_model(self.prior) is not None:
-            self.prior = prior_of_model(self.prior)  # a named model that is a prior alone: "bam"
+        if isinstance(self.prior, str) and (named := prior_of_model(self.prior)) is not None:
+            self.prior = named  # a named model that is a prior alone: "bam"
         try:
             self.prior = priors.canonical_spec(self.prior)
         except ValueError as error:
