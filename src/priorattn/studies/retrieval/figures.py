@@ -137,7 +137,7 @@ def plot_learned_priors(config: RetrievalStudyConfig, curves: dict, summary: dic
         ax.set(xscale="log", xlabel="key distance d + 1 (tokens)", ylabel="log-prior (max = 0)")
         ax.set_title(summary[mechanism]["label"], fontsize=12, color=mechanism_style(mechanism)["color"])
         ax.grid(alpha=0.3, which="both")
-    axes[0].legend(fontsize=9)
+        ax.legend(fontsize=8)  # each panel's own: its groups of equal layers are its own
     for ax in axes[n:]:
         ax.set_visible(False)
     panel.suptitle("The log-priors the models learned", fontsize=13)
